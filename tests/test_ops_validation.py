@@ -1,0 +1,102 @@
+"""Every bad input to the public ops is a ValueError that says what was wrong."""
+
+import pytest
+import torch
+
+from trtllm_bole import ops
+from trtllm_bole.testing import forest, random_gdn_inputs, topk_parents
+
+
+@pytest.fixture
+def case(gen):
+    tree = forest([topk_parents(6, 2, 3), [-1]])
+    return tree, random_gdn_inputs(tree.num_nodes, 2, 2, 4, 8, 4, generator=gen).cast(torch.float32)
+
+
+def verify(x, tree, **overrides):
+    args = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, state=x.state)
+    args.update(overrides)
+    return ops.gdn_tree_verify(**args, parents=tree, scale=x.scale)
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        (lambda x: {"q": x.q[:, :1]}, r"q and k must both be \[N, H, dk\]"),
+        (lambda x: {"q": x.q[:-1], "k": x.k[:-1]}, "must have N=7 rows"),
+        (lambda x: {"v": x.v[:, :3], "g": x.g[:, :3], "beta": x.beta[:, :3]}, "multiple of key heads"),
+        (lambda x: {"g": x.g[:, :2]}, r"g must be \[N=7, HV=4\]"),
+        (lambda x: {"beta": x.beta[:-1]}, r"beta must be \[N=7, HV=4\]"),
+        (lambda x: {"state": x.state[:, :, :4]}, r"state must be \[S, HV=4, dk=8, dv=4\]"),
+        (lambda x: {"state": x.state.bfloat16()}, "float32 or float64"),
+        (lambda x: {"v": x.v.int()}, "v must be a floating-point tensor"),
+        (lambda x: {"state": x.state[:1]}, "state holds 1 rows but the tree has 2 requests"),
+    ],
+)
+def test_verify_rejects(case, override, match):
+    tree, x = case
+    with pytest.raises(ValueError, match=match):
+        verify(x, tree, **override(x))
+
+
+def test_tree_arguments(case):
+    tree, x = case
+    with pytest.raises(ValueError, match="cu_seqlens is required"):
+        ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, x.state, tree.parents)
+    with pytest.raises(ValueError, match="not both"):
+        ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, x.state, tree, tree.cu_seqlens)
+    o, _ = ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, x.state, tree.parents, tree.cu_seqlens)
+    assert o.shape == x.v.shape
+
+
+@pytest.mark.parametrize(
+    ("indices", "match"),
+    [
+        (torch.tensor([0]), r"integer tensor \[B=2\]"),
+        (torch.tensor([0.0, 1.0]), r"integer tensor \[B=2\]"),
+        (torch.tensor([0, 5]), r"must lie in \[0, 3\)"),
+        (torch.tensor([1, 1]), "distinct slots"),
+    ],
+)
+def test_state_indices_rejected(case, indices, match):
+    tree, x = case
+    pool = torch.zeros(3, *x.state.shape[1:])
+    with pytest.raises(ValueError, match=match):
+        ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, pool, tree, state_indices=indices)
+
+
+def test_commit_rejects_mismatched_state_and_leaves(case):
+    tree, x = case
+    _, factors = verify(x, tree)
+    with pytest.raises(ValueError, match=r"state must be \[S, HV, dk, dv\]"):
+        ops.gdn_commit(x.state[None], factors, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match=r"request 1: accepted_leaf 1 is outside \[-1, 1\)"):
+        ops.gdn_commit(x.state, factors, torch.tensor([0, 1]))
+    stacked = ops.stack_factors([factors, factors])
+    with pytest.raises(ValueError, match="holds 3 layers but the factors 2"):
+        ops.gdn_commit(torch.stack([x.state] * 3), stacked, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="at least one"):
+        ops.stack_factors([])
+
+
+def test_conv_rejects(case, gen):
+    tree, _ = case
+    x = torch.randn(tree.num_nodes, 6, generator=gen)
+    w = torch.randn(6, 4, generator=gen)
+    state = torch.zeros(2, 6, 3)
+    with pytest.raises(ValueError, match=r"x must be \[N=7, C\]"):
+        ops.tree_conv1d(x[:-1], w, state, tree)
+    with pytest.raises(ValueError, match=r"weight must be \[C=6, W>=2\]"):
+        ops.tree_conv1d(x, w[:5], state, tree)
+    with pytest.raises(ValueError, match=r"conv_state must be \[S, C=6, W-1=3\]"):
+        ops.tree_conv1d(x, w, state[:, :, :2], tree)
+    with pytest.raises(ValueError, match="activation"):
+        ops.tree_conv1d(x, w, state, tree, activation="gelu")
+    with pytest.raises(ValueError, match=r"expected x \[\(L,\) N, C\]"):
+        ops.conv_state_commit(state, x[:-1], tree, torch.tensor([0, 0]))
+
+
+def test_prefill_rejects_bad_offsets(case):
+    _, x = case
+    with pytest.raises(ValueError, match="increase strictly"):
+        ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, x.state, torch.tensor([0, 7, 7]))

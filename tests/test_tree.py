@@ -1,0 +1,102 @@
+import itertools
+
+import pytest
+import torch
+
+from trtllm_bole.testing import chain_parents, forest, random_parents, star_parents, topk_parents
+from trtllm_bole.tree import TreeBatch
+
+
+def brute_force_ancestors(parents: list[int]) -> list[set[int]]:
+    out = []
+    for i in range(len(parents)):
+        anc, j = {i}, parents[i]
+        while j >= 0:
+            anc.add(j)
+            j = parents[j]
+        out.append(anc)
+    return out
+
+
+@pytest.mark.parametrize(
+    "trees",
+    [
+        [[-1]],
+        [chain_parents(7)],
+        [star_parents(9)],
+        [topk_parents(63, 4, 8), chain_parents(3), star_parents(2)],
+        [[-1, -1, 0, 1, 2, 0, -1, 6]],
+    ],
+)
+def test_metadata_matches_brute_force(trees):
+    tree = forest(trees)
+    offset = 0
+    for b, parents in enumerate(trees):
+        anc = brute_force_ancestors(parents)
+        mask = tree.ancestor_mask(b)
+        for i in range(len(parents)):
+            assert int(tree.depth[offset + i]) == len(anc[i])
+            assert int(tree.request[offset + i]) == b
+            assert {int(x) - offset for x in tree.path(offset + i)} == anc[i]
+            path = tree.path(offset + i).tolist()
+            assert path[-1] == offset + i and all(
+                parents[c - offset] == p - offset for p, c in itertools.pairwise(path)
+            )
+            for j in range(len(parents)):
+                assert bool(mask[i, j]) == (j in anc[i])
+        offset += len(parents)
+    whole = tree.ancestor_mask()
+    assert not whole[: len(trees[0]), len(trees[0]) :].any()  # requests never relate
+
+
+def test_chains_helper():
+    tree = TreeBatch.chains([3, 1])
+    assert tree.parents.tolist() == [-1, 0, 1, -1]
+    assert tree.depth.tolist() == [1, 2, 3, 1]
+    assert tree.max_depth == 3
+
+
+@pytest.mark.parametrize(
+    ("parents", "cu", "match"),
+    [
+        ([-1, 1], [0, 2], "request 0, node 1: parent 1"),
+        ([-1, 0, -1, 5], [0, 2, 4], "request 1, node 1: parent 5"),
+        ([-1, -2], [0, 2], "request 0, node 1: parent -2"),
+        ([-1, -1], [0, 2, 2], "request 1: offsets not increasing"),
+        ([-1, -1], [0, 1], "ends at 1 but parents holds 2"),
+        ([-1], [1, 1], "must start at 0"),
+        ([], [0], "empty batch"),
+    ],
+)
+def test_invalid_forests_name_request_node_and_rule(parents, cu, match):
+    with pytest.raises(ValueError, match=match):
+        TreeBatch.build(torch.tensor(parents, dtype=torch.long), torch.tensor(cu))
+
+
+def test_too_deep_is_refused_with_the_limit():
+    with pytest.raises(ValueError, match=r"request 0, node 4: tree depth 5 exceeds the supported maximum 4"):
+        TreeBatch.build(torch.arange(6) - 1, torch.tensor([0, 6]), max_supported_depth=4)
+
+
+def test_wrong_types_and_shapes():
+    with pytest.raises(ValueError, match="integer"):
+        TreeBatch.build(torch.tensor([-1.0]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="1-D"):
+        TreeBatch.build(torch.tensor([[-1]]), torch.tensor([0, 1]))
+
+
+def test_accepted_nodes_range_checked():
+    tree = forest([chain_parents(3), star_parents(2)])
+    assert tree.accepted_nodes(torch.tensor([2, -1])).tolist() == [2, -1]
+    assert tree.accepted_nodes(torch.tensor([0, 1])).tolist() == [0, 4]
+    with pytest.raises(ValueError, match=r"request 1: accepted_leaf 2 is outside \[-1, 2\)"):
+        tree.accepted_nodes(torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="shape"):
+        tree.accepted_nodes(torch.tensor([0]))
+
+
+def test_random_trees_respect_depth(gen):
+    for _ in range(20):
+        parents = random_parents(40, 5, gen)
+        tree = forest([parents])
+        assert tree.max_depth <= 5

@@ -1,0 +1,383 @@
+"""The one public dispatch point for Bole's operators: CPU tensors run the torch reference, CUDA
+tensors run the Triton kernels (``trtllm_bole.kernels``). Inputs are validated here, once.
+
+Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
+
+- q, k ``[N, H, dk]``; v ``[N, HV, dv]``; g (log decay, <= 0) and beta (0..1) ``[N, HV]``;
+  ``HV`` a multiple of ``H`` (value head ``h`` reads key head ``h // (HV // H)``);
+- state ``[B, HV, dk, dv]`` (float32/float64), or a slot pool ``[S, HV, dk, dv]`` with
+  ``state_indices`` int ``[B]``; a commit may also take every GDN layer at once, ``[L, S, HV, dk, dv]``
+  with factors stacked by :func:`stack_factors`;
+- the tree as ``parents`` int ``[N]`` (local index, -1 = child of the committed root) and
+  ``cu_seqlens`` int ``[B + 1]``, or a prebuilt :class:`~trtllm_bole.tree.TreeBatch` in place of
+  ``parents`` (then ``cu_seqlens`` is omitted), which saves rebuilding it for every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trtllm_bole.reference import conv_tree, gdn_tree
+from trtllm_bole.tree import TreeBatch
+
+__all__ = [
+    "GDNTreeFactors",
+    "as_tree",
+    "conv_state_commit",
+    "gdn_commit",
+    "gdn_prefill",
+    "gdn_snapshot_commit",
+    "gdn_tree_verify",
+    "gdn_tree_verify_serial",
+    "stack_factors",
+    "tree_conv1d",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class GDNTreeFactors:
+    """What the factored commit needs from a verify (BOLE.md §3): per node ``(logP_i, k_i, u_i)``.
+
+    ``log_decay [(L,) N, HV]`` and ``u [(L,) N, HV, dv]`` in the state's dtype; ``k [(L,) N, H, dk]`` as
+    given to the verify. A leading layer dimension ``L`` is present after :func:`stack_factors`.
+    """
+
+    tree: TreeBatch
+    k: torch.Tensor
+    u: torch.Tensor
+    log_decay: torch.Tensor
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.u.shape[0] if self.u.dim() == 4 else None
+
+
+def stack_factors(factors: list[GDNTreeFactors]) -> GDNTreeFactors:
+    """Stack the factors of several GDN layers (same tree) for a one-launch commit of all layers."""
+    if not factors:
+        raise ValueError("stack_factors needs at least one GDNTreeFactors")
+    tree = factors[0].tree
+    if any(f.tree is not tree for f in factors) or any(f.num_layers is not None for f in factors):
+        raise ValueError("stack_factors takes unstacked factors of one verify step (one shared TreeBatch)")
+    return GDNTreeFactors(
+        tree,
+        torch.stack([f.k for f in factors]),
+        torch.stack([f.u for f in factors]),
+        torch.stack([f.log_decay for f in factors]),
+    )
+
+
+def as_tree(parents: torch.Tensor | TreeBatch, cu_seqlens: torch.Tensor | None = None) -> TreeBatch:
+    if isinstance(parents, TreeBatch):
+        if cu_seqlens is not None:
+            raise ValueError("pass either a TreeBatch, or parents and cu_seqlens, not both")
+        return parents
+    if cu_seqlens is None:
+        raise ValueError("cu_seqlens is required when parents is a tensor")
+    return TreeBatch.build(parents, cu_seqlens)
+
+
+# ----------------------------------------------------------------------------------------- #
+# Gated DeltaNet                                                                             #
+# ----------------------------------------------------------------------------------------- #
+
+
+def gdn_tree_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    parents: torch.Tensor | TreeBatch,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    state_indices: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, GDNTreeFactors]:
+    """Closed-form tree verification (BOLE.md §2). Returns ``o [N, HV, dv]`` and the factors.
+
+    The committed state is read, never written. ``scale`` multiplies q when given.
+    """
+    tree = as_tree(parents, cu_seqlens)
+    _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
+    _check_tree_device(tree, state.device)
+    if state.is_cuda:
+        from trtllm_bole.kernels import gdn_tree_verify as kernel
+
+        o, u, log_p = kernel.gdn_tree_verify(
+            q, k, v, g, beta, state, tree, scale=scale, state_indices=state_indices
+        )
+    else:
+        o, u, log_p = gdn_tree.closed_form_tree_verify(
+            q, k, v, g, beta, state, tree, scale=scale, state_indices=state_indices
+        )
+        u, log_p = u.to(state.dtype), log_p.to(state.dtype)
+    return o, GDNTreeFactors(tree, k, u, log_p)
+
+
+def gdn_commit(
+    state: torch.Tensor,
+    factors: GDNTreeFactors,
+    accepted_leaf: torch.Tensor,
+    *,
+    state_indices: torch.Tensor | None = None,
+) -> None:
+    """Factored commit ``S_new = P_a S_pre + (D_a K_a)^T U_a`` in place (BOLE.md §3).
+
+    ``accepted_leaf`` int ``[B]``: local index of each request's deepest accepted node, -1 = nothing
+    accepted (that state stays bit-identical). With stacked factors, ``state`` is ``[L, S, HV, dk, dv]``
+    and all layers commit in one launch on CUDA.
+    """
+    tree = factors.tree
+    stacked = factors.num_layers is not None
+    if state.dim() != (5 if stacked else 4):
+        raise ValueError(
+            f"state must be {'[L, S, HV, dk, dv] for stacked' if stacked else '[S, HV, dk, dv] for'} "
+            f"factors, got shape {tuple(state.shape)}"
+        )
+    if stacked and state.shape[0] != factors.num_layers:
+        raise ValueError(f"state holds {state.shape[0]} layers but the factors {factors.num_layers}")
+    _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device)
+    if state.is_cuda:
+        from trtllm_bole.kernels import gdn_commit as kernel
+
+        kernel.gdn_commit(state, factors, accepted_leaf, state_indices=state_indices)
+        return
+    layers = (
+        zip(state, factors.k, factors.u, factors.log_decay, strict=True)
+        if stacked
+        else [(state, factors.k, factors.u, factors.log_decay)]
+    )
+    for layer_state, k, u, log_p in layers:
+        gdn_tree.factored_commit(layer_state, k, u, log_p, tree, accepted_leaf, state_indices=state_indices)
+
+
+def gdn_tree_verify_serial(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    parents: torch.Tensor | TreeBatch,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    state_indices: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Today's scheme (SGLang's tree path, vLLM/TRT-LLM's chain path): node-by-node recurrence that
+    writes a full state snapshot per node. Returns ``o`` and ``snapshots [N, HV, dk, dv]``."""
+    tree = as_tree(parents, cu_seqlens)
+    _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
+    _check_tree_device(tree, state.device)
+    if state.is_cuda:
+        from trtllm_bole.kernels.baselines import tree_serial as kernel
+
+        return kernel.gdn_tree_verify_serial(
+            q, k, v, g, beta, state, tree, scale=scale, state_indices=state_indices
+        )
+    o, snapshots = gdn_tree.serial_tree_recurrence(
+        q, k, v, g, beta, state, tree, scale=scale, state_indices=state_indices
+    )
+    return o, snapshots.to(state.dtype)
+
+
+def gdn_snapshot_commit(
+    state: torch.Tensor,
+    snapshots: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    *,
+    state_indices: torch.Tensor | None = None,
+) -> None:
+    """Copy each request's accepted snapshot into its state slot (the serial schemes' commit)."""
+    _check_slots(state.shape[0], tree.num_requests, state_indices, state.device)
+    if snapshots.shape[0] != tree.num_nodes or snapshots.shape[1:] != state.shape[1:]:
+        raise ValueError(
+            f"snapshots must be [N={tree.num_nodes}, {', '.join(map(str, state.shape[1:]))}], "
+            f"got {tuple(snapshots.shape)}"
+        )
+    gdn_tree.snapshot_commit(state, snapshots, tree, accepted_leaf, state_indices=state_indices)
+
+
+def gdn_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    state_indices: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Whole prompts (one chain per request) through the recurrence; ``state`` updated in place."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point:
+        raise ValueError(f"cu_seqlens must be an integer tensor [B + 1], got {tuple(cu_seqlens.shape)}")
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    if int(cu_seqlens[0]) != 0 or bool((lengths <= 0).any()):
+        raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {cu_seqlens.tolist()}")
+    _check_gdn(q, k, v, g, beta, state, int(cu_seqlens[-1]), lengths.numel(), state_indices)
+    return gdn_tree.chunked_prefill(
+        q, k, v, g, beta, state, cu_seqlens,
+        scale=scale, state_indices=state_indices, chunk_size=chunk_size,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------- #
+# Short causal conv                                                                          #
+# ----------------------------------------------------------------------------------------- #
+
+
+def tree_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    parents: torch.Tensor | TreeBatch,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    state_indices: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Tree-aware depthwise causal conv1d (+ SiLU) over ``x [N, C]`` (BOLE.md §4).
+
+    weight ``[C, W]``; conv_state ``[S, C, W - 1]``, the committed last inputs (oldest first), read-only.
+    """
+    tree = as_tree(parents, cu_seqlens)
+    _check_conv(x, weight, conv_state, tree, state_indices)
+    if x.is_cuda:
+        from trtllm_bole.kernels import tree_conv1d as kernel
+
+        return kernel.tree_conv1d(
+            x, weight, conv_state, tree, bias=bias, activation=activation, state_indices=state_indices
+        )
+    return conv_tree.tree_conv1d(
+        x, weight, conv_state, tree, bias=bias, activation=activation, state_indices=state_indices
+    )
+
+
+def conv_state_commit(
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    *,
+    state_indices: torch.Tensor | None = None,
+) -> None:
+    """New conv state = the last ``W - 1`` inputs along each accepted path, in place.
+
+    ``conv_state [S, C, W - 1]`` with ``x [N, C]``, or every layer at once: ``[L, S, C, W - 1]`` with
+    ``x [L, N, C]``.
+    """
+    if x.dim() != conv_state.dim() - 1 or x.shape[-2:] != (tree.num_nodes, conv_state.shape[-2]):
+        raise ValueError(
+            f"x {tuple(x.shape)} does not match conv_state {tuple(conv_state.shape)} and "
+            f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
+        )
+    _check_slots(conv_state.shape[-3], tree.num_requests, state_indices, conv_state.device)
+    if conv_state.is_cuda:
+        from trtllm_bole.kernels import gdn_commit as kernel
+
+        kernel.conv_state_commit(conv_state, x, tree, accepted_leaf, state_indices=state_indices)
+        return
+    layers = zip(conv_state, x, strict=True) if x.dim() == 3 else [(conv_state, x)]
+    for layer_state, layer_x in layers:
+        conv_tree.conv_state_commit(layer_state, layer_x, tree, accepted_leaf, state_indices=state_indices)
+
+
+# ----------------------------------------------------------------------------------------- #
+# Validation                                                                                 #
+# ----------------------------------------------------------------------------------------- #
+
+
+def _check_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    n: int,
+    num_requests: int,
+    state_indices: torch.Tensor | None,
+) -> None:
+    if q.dim() != 3 or k.shape != q.shape:
+        raise ValueError(f"q and k must both be [N, H, dk], got {tuple(q.shape)} and {tuple(k.shape)}")
+    if v.dim() != 3 or v.shape[0] != n or q.shape[0] != n:
+        raise ValueError(
+            f"q/k/v must have N={n} rows (the tree's nodes), got q {tuple(q.shape)}, v {tuple(v.shape)}"
+        )
+    h, dk = q.shape[1:]
+    hv, dv = v.shape[1:]
+    if hv % h:
+        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (n, hv):
+            raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
+    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv):
+        raise ValueError(f"state must be [S, HV={hv}, dk={dk}, dv={dv}], got {tuple(state.shape)}")
+    if state.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"state must be float32 or float64, got {state.dtype}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if t.device != state.device:
+            raise ValueError(f"{name} is on {t.device} but state is on {state.device}")
+    _check_slots(state.shape[0], num_requests, state_indices, state.device)
+
+
+def _check_tree_device(tree: TreeBatch, device: torch.device) -> None:
+    if tree.parents.device != device:
+        raise ValueError(f"the tree is on {tree.parents.device} but the data is on {device}")
+
+
+def _check_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    tree: TreeBatch,
+    state_indices: torch.Tensor | None,
+) -> None:
+    if x.dim() != 2 or x.shape[0] != tree.num_nodes:
+        raise ValueError(f"x must be [N={tree.num_nodes}, C], got {tuple(x.shape)}")
+    c = x.shape[1]
+    if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 2:
+        raise ValueError(f"weight must be [C={c}, W>=2], got {tuple(weight.shape)}")
+    if conv_state.dim() != 3 or conv_state.shape[1:] != (c, weight.shape[1] - 1):
+        raise ValueError(
+            f"conv_state must be [S, C={c}, W-1={weight.shape[1] - 1}], got {tuple(conv_state.shape)}"
+        )
+    for name, t in (("weight", weight), ("conv_state", conv_state)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    _check_tree_device(tree, x.device)
+    _check_slots(conv_state.shape[0], tree.num_requests, state_indices, x.device)
+
+
+def _check_slots(
+    num_slots: int, num_requests: int, state_indices: torch.Tensor | None, device: torch.device
+) -> None:
+    if state_indices is None:
+        if num_slots != num_requests:
+            raise ValueError(
+                f"state holds {num_slots} rows but the tree has {num_requests} requests; "
+                f"pass state_indices to address a slot pool"
+            )
+        return
+    if state_indices.shape != (num_requests,) or state_indices.dtype.is_floating_point:
+        raise ValueError(
+            f"state_indices must be an integer tensor [B={num_requests}], got "
+            f"{state_indices.dtype} {tuple(state_indices.shape)}"
+        )
+    if state_indices.device != device:
+        raise ValueError(f"state_indices is on {state_indices.device} but the state is on {device}")
+    if int(state_indices.min()) < 0 or int(state_indices.max()) >= num_slots:
+        raise ValueError(f"state_indices must lie in [0, {num_slots}), got {state_indices.tolist()}")
+    if torch.unique(state_indices).numel() != num_requests:
+        raise ValueError(f"state_indices must name distinct slots, got {state_indices.tolist()}")

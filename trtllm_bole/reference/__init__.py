@@ -1,0 +1,1 @@
+"""Plain-torch truth for every Bole operator (float64 capable): the oracle of all tests."""

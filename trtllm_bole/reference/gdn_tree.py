@@ -1,0 +1,257 @@
+"""Gated DeltaNet on draft trees, in plain torch: the truth every kernel is tested against.
+
+Shapes (packed forest of B requests, N nodes): q, k ``[N, H, dk]``; v ``[N, HV, dv]``;
+g (log decay, <= 0) and beta ``[N, HV]``; state ``[S, HV, dk, dv]`` with ``S = B`` or a slot pool
+addressed by ``state_indices`` ``[B]``. Value head ``h`` reads key head ``h // (HV // H)``.
+
+Everything is computed in the promoted dtype of the inputs and the state (float64 in, float64 out),
+so the same code is the float64 oracle and the CPU serving path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_bole.tree import TreeBatch
+
+# --------------------------------------------------------------------------------------------- #
+# The serial oracle (BOLE.md §1, applied node by node; each node starts from its parent's state) #
+# --------------------------------------------------------------------------------------------- #
+
+
+def serial_tree_recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    tree: TreeBatch,
+    *,
+    scale: float | None = None,
+    state_indices: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``o [N, HV, dv]`` and every node's post-update state ``[N, HV, dk, dv]``."""
+    out_dtype, dtype = v.dtype, _compute_dtype(q, k, v, state)
+    q, k = _per_value_head(q, k, v.shape[1], dtype, scale)
+    v, g, beta = v.to(dtype), g.to(dtype), beta.to(dtype)
+    pre = _pre_states(state, state_indices).to(dtype)
+    states = torch.empty((tree.num_nodes, *pre.shape[1:]), dtype=dtype, device=v.device)
+    o = torch.empty(v.shape, dtype=dtype, device=v.device)
+    for i in range(tree.num_nodes):
+        parent = int(tree.global_parents[i])
+        prev = pre[int(tree.request[i])] if parent < 0 else states[parent]
+        decayed = torch.exp(g[i])[:, None, None] * prev
+        u = beta[i][:, None] * (v[i] - torch.einsum("hkv,hk->hv", decayed, k[i]))
+        states[i] = decayed + k[i][:, :, None] * u[:, None, :]
+        o[i] = torch.einsum("hkv,hk->hv", states[i], q[i])
+    return o.to(out_dtype), states
+
+
+def snapshot_commit(
+    state: torch.Tensor,
+    snapshots: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    *,
+    state_indices: torch.Tensor | None = None,
+) -> None:
+    """Copy the accepted node's snapshot into each request's state (the tree-serial commit)."""
+    accepted = tree.accepted_nodes(accepted_leaf)
+    slots = _slots(state, tree.num_requests, state_indices)
+    keep = accepted >= 0
+    state[slots[keep]] = snapshots[accepted[keep]].to(state.dtype)
+
+
+# ------------------------------------------------------------------------- #
+# The closed form (BOLE.md §2, Theorem 1) and the factored commit (BOLE.md §3) #
+# ------------------------------------------------------------------------- #
+
+
+def path_log_decay(g: torch.Tensor, tree: TreeBatch) -> torch.Tensor:
+    """``logP_i = sum of g over the root-to-node path of i`` (``[N, HV]``, log space, <= 0)."""
+    padded = torch.cat([g, torch.zeros_like(g[:1])])  # index -1 -> the zero row
+    return padded[tree.paths].sum(dim=1)
+
+
+def closed_form_tree_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    tree: TreeBatch,
+    *,
+    scale: float | None = None,
+    state_indices: torch.Tensor | None = None,
+    solver: str = "neumann",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``O = D_P Q S_pre + C U`` with ``(I + G) U = R`` (BOLE.md §2).
+
+    Returns ``o [N, HV, dv]`` (dtype of v), ``u [N, HV, dv]`` and ``log_decay [N, HV]`` (the factors
+    the commit needs, in the compute dtype). ``solver`` picks the exact method for ``(I + G) U = R``:
+    ``"neumann"`` (Lemma 3, ``d`` rounds of ``Z <- -G Z``) or ``"triangular"`` (forward substitution,
+    stable for long chains such as prefill chunks).
+    """
+    if solver not in ("neumann", "triangular"):
+        raise ValueError(f"solver must be 'neumann' or 'triangular', got {solver!r}")
+    out_dtype, dtype = v.dtype, _compute_dtype(q, k, v, state)
+    hv = v.shape[1]
+    q, k = _per_value_head(q, k, hv, dtype, scale)
+    v, beta = v.to(dtype), beta.to(dtype)
+    log_p = path_log_decay(g.to(dtype), tree)
+    pre = _pre_states(state, state_indices).to(dtype)
+    o = torch.empty(v.shape, dtype=dtype, device=v.device)
+    u = torch.empty(v.shape, dtype=dtype, device=v.device)
+    for b in range(tree.num_requests):
+        lo, hi = int(tree.cu_seqlens[b]), int(tree.cu_seqlens[b + 1])
+        depth = int(tree.depth[lo:hi].max())
+        o[lo:hi], u[lo:hi] = _closed_form_one(
+            *(x[lo:hi].transpose(0, 1) for x in (q, k, v)),  # [HV, T, .]
+            log_p[lo:hi].T,
+            beta[lo:hi].T,
+            pre[b],
+            tree.ancestor_mask(b),
+            depth,
+            solver,
+        )
+    return o.to(out_dtype), u, log_p
+
+
+def _closed_form_one(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_p: torch.Tensor,
+    beta: torch.Tensor,
+    s_pre: torch.Tensor,
+    mask_incl: torch.Tensor,
+    depth: int,
+    solver: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request, all heads: q, k ``[HV, T, dk]``; v ``[HV, T, dv]``; log_p, beta ``[HV, T]``."""
+    mask_strict = mask_incl & ~torch.eye(mask_incl.shape[0], dtype=torch.bool, device=mask_incl.device)
+    # P_i / P_j = exp(logP_i - logP_j) <= 1 on ancestors; masked to -inf first so that nothing
+    # off the ancestor paths can overflow (BOLE.md §2: never form P_j^-1).
+    log_ratio = log_p[:, :, None] - log_p[:, None, :]
+    ratio = torch.exp(log_ratio.masked_fill(~mask_incl, float("-inf")))
+    g_mat = beta[:, :, None] * ratio * (k @ k.transpose(1, 2)) * mask_strict
+    c_mat = ratio * (q @ k.transpose(1, 2))
+    decay = torch.exp(log_p)[:, :, None]
+    r = beta[:, :, None] * (v - decay * (k @ s_pre))
+    if solver == "neumann":
+        u, z = r, r
+        for _ in range(depth - 1):  # G^depth = 0: the longest ancestor chain has depth - 1 edges
+            z = -g_mat @ z
+            u = u + z
+    else:
+        eye = torch.eye(g_mat.shape[-1], dtype=g_mat.dtype, device=g_mat.device)
+        u = torch.linalg.solve_triangular(eye + g_mat, r, upper=False, unitriangular=True)
+    o = decay * (q @ s_pre) + c_mat @ u
+    return o.transpose(0, 1), u.transpose(0, 1)
+
+
+def factored_commit(
+    state: torch.Tensor,
+    k: torch.Tensor,
+    u: torch.Tensor,
+    log_decay: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    *,
+    state_indices: torch.Tensor | None = None,
+) -> None:
+    """``S_new = P_a S_pre + (D_a K_a)^T U_a`` along each accepted path, in place (BOLE.md §3).
+
+    Requests with ``accepted_leaf == -1`` keep their state bit for bit.
+    """
+    accepted = tree.accepted_nodes(accepted_leaf)
+    slots = _slots(state, tree.num_requests, state_indices)
+    hv = state.shape[1]
+    dtype = torch.promote_types(state.dtype, u.dtype)
+    for b in torch.nonzero(accepted >= 0).flatten().tolist():
+        path = tree.path(int(accepted[b]))
+        leaf_log_p = log_decay[path[-1]].to(dtype)
+        weights = torch.exp(leaf_log_p[None, :] - log_decay[path].to(dtype))  # [L, HV]: P_a / P_j
+        k_path = _expand_heads(k[path].to(dtype), hv)  # [L, HV, dk]
+        update = torch.einsum("lh,lhk,lhv->hkv", weights, k_path, u[path].to(dtype))
+        s_pre = state[slots[b]].to(dtype)
+        state[slots[b]] = (torch.exp(leaf_log_p)[:, None, None] * s_pre + update).to(state.dtype)
+
+
+# ------------------------------------------------------------------ #
+# Prefill: chunks of a prompt are chains, verified and committed whole #
+# ------------------------------------------------------------------ #
+
+
+def chunked_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    scale: float | None = None,
+    state_indices: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Run whole prompts through the recurrence, updating ``state`` in place; returns ``o``.
+
+    Each chunk of each prompt is a chain: the closed form with a triangular solve, then the
+    factored commit of its last node.
+    """
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    slots = _slots(state, cu_seqlens.numel() - 1, state_indices)
+    for b in range(cu_seqlens.numel() - 1):
+        lo, hi = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
+        for start in range(lo, hi, chunk_size):
+            end = min(start + chunk_size, hi)
+            chain = TreeBatch.chains([end - start], device=v.device)
+            piece = slice(start, end)
+            slot = slots[b : b + 1]
+            o[piece], u, log_p = closed_form_tree_verify(
+                q[piece], k[piece], v[piece], g[piece], beta[piece], state,
+                chain, scale=scale, state_indices=slot, solver="triangular",
+            )  # fmt: skip
+            leaf = torch.tensor([end - start - 1], device=v.device)
+            factored_commit(state, k[piece], u, log_p, chain, leaf, state_indices=slot)
+    return o
+
+
+# --------- #
+# Utilities #
+# --------- #
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _expand_heads(x: torch.Tensor, hv: int) -> torch.Tensor:
+    """``[..., H, d] -> [..., HV, d]``: value head h reads key head h // (HV // H)."""
+    return x.repeat_interleave(hv // x.shape[-2], dim=-2)
+
+
+def _per_value_head(
+    q: torch.Tensor, k: torch.Tensor, hv: int, dtype: torch.dtype, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q = _expand_heads(q.to(dtype), hv)
+    if scale is not None:
+        q = q * scale
+    return q, _expand_heads(k.to(dtype), hv)
+
+
+def _slots(state: torch.Tensor, num_requests: int, state_indices: torch.Tensor | None) -> torch.Tensor:
+    if state_indices is None:
+        return torch.arange(num_requests, device=state.device)
+    return state_indices.to(device=state.device, dtype=torch.long)
+
+
+def _pre_states(state: torch.Tensor, state_indices: torch.Tensor | None) -> torch.Tensor:
+    return state if state_indices is None else state[state_indices.long()]

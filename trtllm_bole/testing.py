@@ -1,0 +1,127 @@
+"""Tree shapes and random Gated DeltaNet inputs shared by the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
+
+
+def chain_parents(n: int) -> list[int]:
+    return list(range(-1, n - 1))
+
+
+def star_parents(n: int) -> list[int]:
+    """One root child, every other node its child (depth 2)."""
+    return [-1] + [0] * (n - 1)
+
+
+def topk_parents(n: int, top_k: int, depth: int) -> list[int]:
+    """A draft-like tree of exactly ``n`` nodes and depth ``min(depth, n)``.
+
+    One root child (the pending token), a spine of ``depth`` nodes (the best guess at every level),
+    then the remaining nodes breadth-first as up to ``top_k`` children per node, never deeper than
+    ``depth``: the shape EAGLE-style drafting produces. Where ``n`` nodes do not fit under that
+    fan-out, the fan-out grows until they do (a depth-2 tree of 64 nodes is a star).
+    """
+    depth = min(depth, n)
+    while sum(top_k**i for i in range(depth)) < n:
+        top_k += 1
+    parents = chain_parents(depth)
+    node_depth = list(range(1, depth + 1))
+    children = [1] * (depth - 1) + [0]
+    frontier = 0
+    while len(parents) < n:
+        if node_depth[frontier] < depth and children[frontier] < top_k:
+            parents.append(frontier)
+            node_depth.append(node_depth[frontier] + 1)
+            children[frontier] += 1
+            children.append(0)
+        else:
+            frontier += 1
+    return _topological(parents)
+
+
+def random_parents(n: int, max_depth: int, generator: torch.Generator) -> list[int]:
+    """Each node picks a uniformly random earlier node (or the root) whose depth leaves room."""
+    parents: list[int] = []
+    depth: list[int] = []
+    for i in range(n):
+        allowed = [-1] + [j for j in range(i) if depth[j] < max_depth]
+        p = allowed[int(torch.randint(len(allowed), (1,), generator=generator))]
+        parents.append(p)
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return parents
+
+
+def _topological(parents: list[int]) -> list[int]:
+    order = sorted(range(len(parents)), key=lambda i: _depth_of(parents, i))
+    rank = {old: new for new, old in enumerate(order)}
+    return [-1 if parents[old] < 0 else rank[parents[old]] for old in order]
+
+
+def _depth_of(parents: list[int], i: int) -> int:
+    d = 1
+    while parents[i] >= 0:
+        i, d = parents[i], d + 1
+    return d
+
+
+def forest(
+    trees: list[list[int]], device: torch.device | str = "cpu", max_depth: int = MAX_TREE_DEPTH
+) -> TreeBatch:
+    parents = torch.tensor([p for t in trees for p in t], dtype=torch.long, device=device)
+    cu = torch.tensor([0, *[len(t) for t in trees]], device=device).cumsum(0)
+    return TreeBatch.build(parents, cu, max_supported_depth=max_depth)
+
+
+@dataclass(slots=True)
+class GDNInputs:
+    q: torch.Tensor  # [N, H, dk], L2-normalised
+    k: torch.Tensor  # [N, H, dk], L2-normalised
+    v: torch.Tensor  # [N, HV, dv]
+    g: torch.Tensor  # [N, HV], log decay <= 0
+    beta: torch.Tensor  # [N, HV] in (0, 1)
+    state: torch.Tensor  # [B, HV, dk, dv]
+    scale: float
+
+    def cast(self, dtype: torch.dtype, state_dtype: torch.dtype | None = None) -> GDNInputs:
+        """Inputs in ``dtype``; the state in ``state_dtype`` (default: float32 unless float64)."""
+        if state_dtype is None:
+            state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        return GDNInputs(
+            *(t.to(dtype) for t in (self.q, self.k, self.v, self.g, self.beta)),
+            self.state.to(state_dtype),
+            self.scale,
+        )
+
+
+def random_gdn_inputs(
+    num_nodes: int,
+    num_requests: int,
+    h: int,
+    hv: int,
+    dk: int,
+    dv: int,
+    *,
+    generator: torch.Generator,
+    device: torch.device | str = "cpu",
+) -> GDNInputs:
+    """float64 inputs with the statistics of a real GDN layer: unit q/k, gates from Qwen3.5's
+    formulas. ``.cast`` them for lower-precision runs."""
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    q = F.normalize(randn(num_nodes, h, dk), dim=-1)
+    k = F.normalize(randn(num_nodes, h, dk), dim=-1)
+    v = randn(num_nodes, hv, dv)
+    a_log = torch.log(torch.rand(hv, generator=generator, dtype=torch.float64) * 15.99 + 0.01)
+    g = -a_log.exp() * F.softplus(randn(num_nodes, hv) - 4.0)
+    beta = torch.sigmoid(randn(num_nodes, hv))
+    state = randn(num_requests, hv, dk, dv) * 0.1
+    return GDNInputs(*(t.to(device) for t in (q, k, v, g, beta, state)), 1.0 / math.sqrt(dk))

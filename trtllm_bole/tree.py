@@ -1,0 +1,194 @@
+"""A batch of draft trees as one packed forest.
+
+Request ``b`` owns nodes ``cu_seqlens[b] : cu_seqlens[b + 1]`` of every per-node tensor. Inside a
+request, ``parents[i]`` is the *local* index of node ``i``'s parent, or ``-1`` when ``i`` is a child
+of the committed root (the state after the last committed token). Parents come before children
+(``parents[i] < i``), so the packed order is a topological order (BOLE.md §2).
+
+Everything the kernels and references need is derived once here:
+
+- ``depth``: 1 for a child of the root, ``depth(parent) + 1`` otherwise;
+- ``paths[i, :depth[i]]``: global indices of the root-to-node path (root child first, ``i`` last);
+- ``dfs_order`` / ``subtree_size``: a depth-first pre-order rank and the size of each subtree, so
+  "``j`` is an ancestor of ``i`` or ``i`` itself" is the interval test
+  ``dfs_order[j] <= dfs_order[i] < dfs_order[j] + subtree_size[j]`` — three 1-D loads per tile in a
+  kernel instead of a gathered ``[T, T]`` mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_TREE_DEPTH = 64
+"""Deepest root-to-node path (in nodes) a :class:`TreeBatch` accepts. Kernels compile their own,
+smaller maximum and refuse deeper trees (see ``trtllm_bole.kernels``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TreeBatch:
+    parents: torch.Tensor  # int64 [N], local parent index, -1 = child of the committed root
+    cu_seqlens: torch.Tensor  # int64 [B + 1]
+    depth: torch.Tensor  # int64 [N], >= 1
+    request: torch.Tensor  # int64 [N], owning request
+    global_parents: torch.Tensor  # int64 [N], packed index of the parent, -1 = root child
+    paths: torch.Tensor  # int64 [N, max_depth], root-to-node global indices, -1 padded
+    dfs_order: torch.Tensor  # int64 [N], depth-first pre-order rank over the whole forest
+    subtree_size: torch.Tensor  # int64 [N], nodes in the subtree rooted at each node (itself included)
+    max_depth: int
+
+    @classmethod
+    def build(
+        cls,
+        parents: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        *,
+        max_supported_depth: int = MAX_TREE_DEPTH,
+    ) -> TreeBatch:
+        """Validate a packed forest and derive its metadata (on the tensors' device)."""
+        parents, cu_seqlens = _validate(parents, cu_seqlens)
+        device = parents.device
+        num_nodes = parents.numel()
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        request = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
+        bos = cu_seqlens[:-1][request]
+        global_parents = torch.where(parents >= 0, parents + bos, parents)
+
+        depth = torch.ones(num_nodes, dtype=torch.long, device=device)
+        has_parent = global_parents >= 0
+        safe_parent = global_parents.clamp(min=0)
+        # Depth fixed point: each sweep settles one more tree level (parents precede children).
+        for _ in range(max_supported_depth):
+            new_depth = torch.where(has_parent, depth[safe_parent] + 1, depth)
+            if torch.equal(new_depth, depth):
+                break
+            depth = new_depth
+        max_depth = int(depth.max())
+        if max_depth > max_supported_depth:
+            node = int(torch.nonzero(depth > max_supported_depth)[0])
+            b = int(request[node])
+            raise ValueError(
+                f"request {b}, node {node - int(cu_seqlens[b])}: tree depth {max_depth} exceeds the "
+                f"supported maximum {max_supported_depth}; draft shallower trees"
+            )
+
+        paths = torch.full((num_nodes, max_depth), -1, dtype=torch.long, device=device)
+        nodes = torch.arange(num_nodes, device=device)
+        paths[nodes, depth - 1] = nodes
+        for level in range(2, max_depth + 1):
+            # Parents are one level up and already complete: copy their path before our own slot.
+            at_level = depth == level
+            paths[at_level, : level - 1] = paths[safe_parent[at_level], : level - 1]
+        subtree_size = torch.bincount(paths[paths >= 0], minlength=num_nodes)
+        dfs_order = _preorder(paths)
+        return cls(
+            parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size, max_depth
+        )
+
+    @classmethod
+    def chains(cls, lengths: list[int], device: torch.device | str = "cpu") -> TreeBatch:
+        """One chain (a tree with a single path) per request: the shape of prefill and chain drafts."""
+        parents = torch.cat([torch.arange(n, device=device) - 1 for n in lengths])
+        cu = torch.tensor([0, *lengths], device=device).cumsum(0)
+        return cls.build(parents, cu, max_supported_depth=max(lengths))
+
+    @property
+    def num_requests(self) -> int:
+        return self.cu_seqlens.numel() - 1
+
+    @property
+    def num_nodes(self) -> int:
+        return self.parents.numel()
+
+    def ancestor_mask(self, request: int | None = None) -> torch.Tensor:
+        """``mask[i, j]``: node ``j`` is an ancestor of node ``i`` or ``i`` itself (bool ``[T, T]``).
+
+        Over the whole forest when ``request`` is None (nodes of different requests never relate).
+        """
+        order, size = self.dfs_order, self.subtree_size
+        if request is not None:
+            lo, hi = int(self.cu_seqlens[request]), int(self.cu_seqlens[request + 1])
+            order, size = order[lo:hi], size[lo:hi]
+        return (order[None, :] <= order[:, None]) & (order[:, None] < (order + size)[None, :])
+
+    def path(self, node: int) -> torch.Tensor:
+        """Global indices of the root-to-node path of packed node ``node`` (root child first)."""
+        return self.paths[node, : int(self.depth[node])]
+
+    def accepted_nodes(self, accepted_leaf: torch.Tensor) -> torch.Tensor:
+        """Global index of each request's accepted leaf (``-1`` where nothing was accepted).
+
+        ``accepted_leaf`` holds local indices (int ``[B]``); out-of-range values raise ``ValueError``.
+        """
+        accepted_leaf = torch.as_tensor(accepted_leaf, device=self.cu_seqlens.device).long()
+        if accepted_leaf.shape != (self.num_requests,):
+            raise ValueError(
+                f"accepted_leaf must have shape [{self.num_requests}] (one entry per request), "
+                f"got {tuple(accepted_leaf.shape)}"
+            )
+        lengths = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+        bad = (accepted_leaf < -1) | (accepted_leaf >= lengths)
+        if bool(bad.any()):
+            b = int(torch.nonzero(bad)[0])
+            raise ValueError(
+                f"request {b}: accepted_leaf {int(accepted_leaf[b])} is outside [-1, {int(lengths[b])})"
+            )
+        return torch.where(accepted_leaf >= 0, accepted_leaf + self.cu_seqlens[:-1], accepted_leaf)
+
+
+def _validate(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(parents, torch.Tensor) or not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError("parents and cu_seqlens must be torch tensors")
+    if parents.dtype.is_floating_point or cu_seqlens.dtype.is_floating_point:
+        raise ValueError(
+            f"parents and cu_seqlens must be integer tensors, got {parents.dtype} and {cu_seqlens.dtype}"
+        )
+    if parents.dim() != 1 or cu_seqlens.dim() != 1:
+        raise ValueError(
+            f"parents must be 1-D [N] and cu_seqlens 1-D [B + 1], got shapes "
+            f"{tuple(parents.shape)} and {tuple(cu_seqlens.shape)}"
+        )
+    if parents.device != cu_seqlens.device:
+        raise ValueError(f"parents is on {parents.device} but cu_seqlens is on {cu_seqlens.device}")
+    if cu_seqlens.numel() < 2:
+        raise ValueError("empty batch: cu_seqlens needs at least two offsets (one request)")
+    parents, cu_seqlens = parents.long(), cu_seqlens.long()
+    if int(cu_seqlens[0]) != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {int(cu_seqlens[0])}")
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    if bool((lengths <= 0).any()):
+        b = int(torch.nonzero(lengths <= 0)[0])
+        raise ValueError(
+            f"request {b}: offsets not increasing (cu_seqlens[{b}] = {int(cu_seqlens[b])}, "
+            f"cu_seqlens[{b + 1}] = {int(cu_seqlens[b + 1])}); every request needs at least one node"
+        )
+    if int(cu_seqlens[-1]) != parents.numel():
+        raise ValueError(
+            f"cu_seqlens ends at {int(cu_seqlens[-1])} but parents holds {parents.numel()} nodes"
+        )
+    request = torch.repeat_interleave(torch.arange(lengths.numel(), device=parents.device), lengths)
+    local = torch.arange(parents.numel(), device=parents.device) - cu_seqlens[:-1][request]
+    bad = (parents < -1) | (parents >= local)
+    if bool(bad.any()):
+        node = int(torch.nonzero(bad)[0])
+        b = int(request[node])
+        raise ValueError(
+            f"request {b}, node {int(local[node])}: parent {int(parents[node])} breaks the rule "
+            f"-1 <= parent < node (parents must come earlier in the same request)"
+        )
+    return parents, cu_seqlens
+
+
+def _preorder(paths: torch.Tensor) -> torch.Tensor:
+    """Depth-first pre-order rank: sort nodes by their root-to-node path, lexicographically.
+
+    An ancestor's path is a prefix of its descendants' (padding ``-1`` sorts first), siblings sort by
+    index, and global indices keep requests apart, so every subtree is one contiguous range.
+    """
+    order = torch.arange(paths.shape[0], device=paths.device)
+    for column in range(paths.shape[1] - 1, -1, -1):
+        order = order[torch.sort(paths[order, column], stable=True).indices]
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    return rank
