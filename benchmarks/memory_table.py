@@ -44,9 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             b = transient_bytes(QWEN35_PRESETS[name], t)
             ratio = b["snapshots"] / b["factors"]
             rows.append({"model": name, "tree_size": t, **b, "ratio": ratio})
-            print(
-                f"{name:<20}{t:>5}{b['snapshots'] / 2**30:>11.2f} GiB{b['factors'] / 2**20:>8.1f} MiB{ratio:>7.1f}x"
-            )
+            snap, fact = b["snapshots"] / 2**30, b["factors"] / 2**20
+            print(f"{name:<20}{t:>5}{snap:>11.2f} GiB{fact:>8.1f} MiB{ratio:>7.1f}x")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(

@@ -177,3 +177,23 @@ def test_property_random_forests(sizes, max_depth, group, seed):
     for b, leaf in enumerate(leaves.tolist()):
         expected = x.state[b] if leaf < 0 else states[int(tree.cu_seqlens[b]) + leaf]
         assert (state[b] - expected).abs().max() <= 1e-10
+
+
+def test_batched_chunk_form_matches_serial_and_is_differentiable(gen):
+    batch, length = 2, 11
+    tree = forest([chain_parents(length)] * batch)
+    x = random_gdn_inputs(tree.num_nodes, batch, 1, 2, 4, 3, generator=gen)
+    o_ref, states = serial_truth(x, tree)
+
+    def rows(t):
+        return t.reshape(batch, length, *t.shape[1:])
+
+    inputs = [rows(t).requires_grad_() for t in (x.q, x.k, x.v, x.g, x.beta)]
+    o, final = gdn_tree.chunk_gated_delta_rule(*inputs, x.state, scale=x.scale, chunk_size=4)
+    assert (o - rows(o_ref)).abs().max() <= 1e-10
+    assert (final - states[tree.cu_seqlens[1:] - 1]).abs().max() <= 1e-10
+
+    def f(*a):
+        return gdn_tree.chunk_gated_delta_rule(*a, x.state, scale=x.scale, chunk_size=4)[0]
+
+    assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-6)

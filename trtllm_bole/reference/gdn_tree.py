@@ -11,6 +11,7 @@ so the same code is the float64 oracle and the CPU serving path.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from trtllm_bole.tree import TreeBatch
 
@@ -107,7 +108,7 @@ def closed_form_tree_verify(
     for b in range(tree.num_requests):
         lo, hi = int(tree.cu_seqlens[b]), int(tree.cu_seqlens[b + 1])
         depth = int(tree.depth[lo:hi].max())
-        o[lo:hi], u[lo:hi] = _closed_form_one(
+        o_b, u_b = closed_form_core(
             *(x[lo:hi].transpose(0, 1) for x in (q, k, v)),  # [HV, T, .]
             log_p[lo:hi].T,
             beta[lo:hi].T,
@@ -116,10 +117,11 @@ def closed_form_tree_verify(
             depth,
             solver,
         )
+        o[lo:hi], u[lo:hi] = o_b.transpose(0, 1), u_b.transpose(0, 1)
     return o.to(out_dtype), u, log_p
 
 
-def _closed_form_one(
+def closed_form_core(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -130,26 +132,39 @@ def _closed_form_one(
     depth: int,
     solver: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request, all heads: q, k ``[HV, T, dk]``; v ``[HV, T, dv]``; log_p, beta ``[HV, T]``."""
-    mask_strict = mask_incl & ~torch.eye(mask_incl.shape[0], dtype=torch.bool, device=mask_incl.device)
+    """Theorem 1 for T nodes sharing one pre-tree state, batched over leading dims ``...``.
+
+    q, k ``[..., T, dk]``; v ``[..., T, dv]``; log_p, beta ``[..., T]``; s_pre ``[..., dk, dv]``;
+    ``mask_incl [T, T]`` (ancestor or self). Returns ``o`` and ``u`` ``[..., T, dv]``.
+    """
+    eye = torch.eye(mask_incl.shape[-1], dtype=torch.bool, device=mask_incl.device)
     # P_i / P_j = exp(logP_i - logP_j) <= 1 on ancestors; masked to -inf first so that nothing
     # off the ancestor paths can overflow (BOLE.md §2: never form P_j^-1).
-    log_ratio = log_p[:, :, None] - log_p[:, None, :]
+    log_ratio = log_p[..., :, None] - log_p[..., None, :]
     ratio = torch.exp(log_ratio.masked_fill(~mask_incl, float("-inf")))
-    g_mat = beta[:, :, None] * ratio * (k @ k.transpose(1, 2)) * mask_strict
-    c_mat = ratio * (q @ k.transpose(1, 2))
-    decay = torch.exp(log_p)[:, :, None]
-    r = beta[:, :, None] * (v - decay * (k @ s_pre))
+    g_mat = (beta[..., :, None] * ratio * (k @ k.transpose(-1, -2))).masked_fill(eye, 0.0)
+    c_mat = ratio * (q @ k.transpose(-1, -2))
+    decay = torch.exp(log_p)[..., None]
+    r = beta[..., None] * (v - decay * (k @ s_pre))
     if solver == "neumann":
         u, z = r, r
         for _ in range(depth - 1):  # G^depth = 0: the longest ancestor chain has depth - 1 edges
             z = -g_mat @ z
             u = u + z
     else:
-        eye = torch.eye(g_mat.shape[-1], dtype=g_mat.dtype, device=g_mat.device)
-        u = torch.linalg.solve_triangular(eye + g_mat, r, upper=False, unitriangular=True)
-    o = decay * (q @ s_pre) + c_mat @ u
-    return o.transpose(0, 1), u.transpose(0, 1)
+        unit = torch.eye(g_mat.shape[-1], dtype=g_mat.dtype, device=g_mat.device)
+        u = torch.linalg.solve_triangular(unit + g_mat, r, upper=False, unitriangular=True)
+    return decay * (q @ s_pre) + c_mat @ u, u
+
+
+def commit_core(s_pre: torch.Tensor, k: torch.Tensor, u: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """``P_a S_pre + (D_a K_a)^T U_a`` for a path whose last node is ``a`` (BOLE.md §3), batched.
+
+    s_pre ``[..., dk, dv]``; k ``[..., L, dk]``; u ``[..., L, dv]``; log_p ``[..., L]``.
+    """
+    leaf = log_p[..., -1:]
+    weighted_k = torch.exp(leaf - log_p)[..., None] * k
+    return torch.exp(leaf)[..., None] * s_pre + weighted_k.transpose(-1, -2) @ u
 
 
 def factored_commit(
@@ -172,17 +187,63 @@ def factored_commit(
     dtype = torch.promote_types(state.dtype, u.dtype)
     for b in torch.nonzero(accepted >= 0).flatten().tolist():
         path = tree.path(int(accepted[b]))
-        leaf_log_p = log_decay[path[-1]].to(dtype)
-        weights = torch.exp(leaf_log_p[None, :] - log_decay[path].to(dtype))  # [L, HV]: P_a / P_j
-        k_path = _expand_heads(k[path].to(dtype), hv)  # [L, HV, dk]
-        update = torch.einsum("lh,lhk,lhv->hkv", weights, k_path, u[path].to(dtype))
-        s_pre = state[slots[b]].to(dtype)
-        state[slots[b]] = (torch.exp(leaf_log_p)[:, None, None] * s_pre + update).to(state.dtype)
+        new = commit_core(
+            state[slots[b]].to(dtype),
+            _expand_heads(k[path].to(dtype), hv).transpose(0, 1),  # [HV, L, dk]
+            u[path].to(dtype).transpose(0, 1),
+            log_decay[path].to(dtype).T,
+        )
+        state[slots[b]] = new.to(state.dtype)
 
 
 # ------------------------------------------------------------------ #
 # Prefill: chunks of a prompt are chains, verified and committed whole #
 # ------------------------------------------------------------------ #
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    *,
+    scale: float | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole sequences, functionally (differentiable, so training uses it too).
+
+    q, k ``[B, L, H, dk]``; v ``[B, L, HV, dv]``; g, beta ``[B, L, HV]``; initial_state
+    ``[B, HV, dk, dv]``. Each chunk is a chain: the closed form with a triangular solve, then the
+    commit of its last node. Returns ``o [B, L, HV, dv]`` and the final state.
+    """
+    out_dtype, dtype = v.dtype, _compute_dtype(q, k, v, initial_state)
+    batch, length, hv = v.shape[:3]
+    pad = -length % chunk_size
+    q, k = _per_value_head(q, k, hv, dtype, scale)
+
+    def chunked(x: torch.Tensor) -> torch.Tensor:
+        # [B, L, HV, ...] -> [B, HV, n_chunks, C, ...]; padding has beta = 0 and g = 0, so it
+        # neither writes to nor decays the state.
+        x = F.pad(x.to(dtype), (0, 0) * (x.dim() - 2) + (0, pad))
+        x = x.reshape(batch, -1, chunk_size, *x.shape[2:])
+        return x.movedim(3, 1)
+
+    q, k, v, g, beta = (chunked(x) for x in (q, k, v, g, beta))
+    log_p = g.cumsum(-1)
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()
+    state = initial_state.to(dtype)
+    outputs = []
+    for c in range(q.shape[2]):
+        o_c, u_c = closed_form_core(
+            q[:, :, c], k[:, :, c], v[:, :, c], log_p[:, :, c], beta[:, :, c], state, causal, chunk_size,
+            "triangular",
+        )  # fmt: skip
+        outputs.append(o_c)
+        state = commit_core(state, k[:, :, c], u_c, log_p[:, :, c])
+    o = torch.stack(outputs, dim=2).flatten(2, 3)[:, :, :length].transpose(1, 2)
+    return o.to(out_dtype), state
 
 
 def chunked_prefill(
@@ -198,26 +259,19 @@ def chunked_prefill(
     state_indices: torch.Tensor | None = None,
     chunk_size: int = 64,
 ) -> torch.Tensor:
-    """Run whole prompts through the recurrence, updating ``state`` in place; returns ``o``.
-
-    Each chunk of each prompt is a chain: the closed form with a triangular solve, then the
-    factored commit of its last node.
-    """
+    """Packed prompts (``[N, ...]`` rows, ``cu_seqlens``) through the recurrence; ``state`` in place."""
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     slots = _slots(state, cu_seqlens.numel() - 1, state_indices)
     for b in range(cu_seqlens.numel() - 1):
-        lo, hi = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
-        for start in range(lo, hi, chunk_size):
-            end = min(start + chunk_size, hi)
-            chain = TreeBatch.chains([end - start], device=v.device)
-            piece = slice(start, end)
-            slot = slots[b : b + 1]
-            o[piece], u, log_p = closed_form_tree_verify(
-                q[piece], k[piece], v[piece], g[piece], beta[piece], state,
-                chain, scale=scale, state_indices=slot, solver="triangular",
-            )  # fmt: skip
-            leaf = torch.tensor([end - start - 1], device=v.device)
-            factored_commit(state, k[piece], u, log_p, chain, leaf, state_indices=slot)
+        piece = slice(int(cu_seqlens[b]), int(cu_seqlens[b + 1]))
+        o_b, final = chunk_gated_delta_rule(
+            *(x[piece][None] for x in (q, k, v, g, beta)),
+            state[slots[b]][None],
+            scale=scale,
+            chunk_size=chunk_size,
+        )
+        o[piece] = o_b[0]
+        state[slots[b]] = final[0].to(state.dtype)
     return o
 
 
