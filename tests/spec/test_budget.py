@@ -1,0 +1,56 @@
+import pytest
+
+from trtllm_bole.spec.budget import BudgetTable, budget_from_timings, calibrate
+
+
+def test_budget_is_largest_capacity_within_epsilon():
+    caps = [8, 16, 32, 64, 128]
+    t_ver = [1.0, 1.05, 1.1, 1.3, 2.0]
+    assert budget_from_timings(caps, t_ver, t_dec=1.0, epsilon=0.2) == 32
+    assert budget_from_timings(caps, t_ver, t_dec=1.0, epsilon=0.3) == 64
+    assert budget_from_timings(caps, t_ver, t_dec=0.5, epsilon=0.1) == 8  # none fits: smallest
+
+
+def test_budget_rejects_bad_input():
+    with pytest.raises(ValueError, match="equal length"):
+        budget_from_timings([8], [], 1.0, 0.1)
+    with pytest.raises(ValueError, match="epsilon"):
+        budget_from_timings([8], [1.0], 1.0, -0.1)
+
+
+def roofline_timers():
+    """A fake GPU whose verify cost is flat up to a knee that grows with batch (like a roofline)."""
+
+    def time_decode(batch, kv_len):
+        return 1e-3 * (1 + kv_len / 4096)
+
+    def time_verify(batch, kv_len, capacity):
+        knee = 64 * batch
+        return time_decode(batch, kv_len) * max(1.0, capacity / knee)
+
+    return time_verify, time_decode
+
+
+def test_calibrate_builds_lookup_table(tmp_path):
+    time_verify, time_decode = roofline_timers()
+    table = calibrate(
+        time_verify, time_decode, device="fake", max_depth=8, epsilon=0.0,
+        capacities=[8, 64, 128, 256], batch_buckets=[1, 2, 4], kv_buckets=[256, 1024],
+    )  # fmt: skip
+    assert table.lookup(1, 100) == 64
+    assert table.lookup(2, 1000) == 128
+    assert table.lookup(3, 1000) == 256  # bucket 4
+    assert table.lookup(64, 10**6) == 256  # beyond the range: largest bucket
+    path = tmp_path / "budget.json"
+    table.save(path)
+    assert BudgetTable.load(path).lookup(2, 10) == 128
+
+
+def test_load_rejects_corrupt_tables(tmp_path):
+    path = tmp_path / "budget.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a valid budget table"):
+        BudgetTable.load(path)
+    path.write_text('{"schema_version": 99}')
+    with pytest.raises(ValueError, match="schema version 99"):
+        BudgetTable.load(path)

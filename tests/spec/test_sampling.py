@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from trtllm_bole.spec.sampling import process_logits
+
+
+def row(logits, temperature=1.0, top_k=0, top_p=1.0):
+    return process_logits(
+        torch.tensor([logits]), torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p])
+    )[0]
+
+
+def test_plain_softmax_and_temperature():
+    logits = [0.0, 1.0, 2.0]
+    assert torch.allclose(row(logits), torch.tensor(logits).softmax(-1))
+    assert torch.allclose(row(logits, temperature=0.5), (torch.tensor(logits) / 0.5).softmax(-1))
+
+
+def test_greedy_is_one_hot():
+    assert row([0.0, 3.0, 1.0], temperature=0.0).tolist() == [0.0, 1.0, 0.0]
+
+
+def test_top_k_keeps_k_largest():
+    p = row([0.0, 1.0, 2.0, 3.0], top_k=2)
+    expected = torch.tensor([0.0, 0.0, 2.0, 3.0]).softmax(-1) * torch.tensor([0, 0, 1, 1])
+    assert torch.allclose(p, expected / expected.sum())
+
+
+def test_top_p_smallest_prefix_reaching_p():
+    # probs 0.5, 0.3, 0.2: top_p = 0.6 keeps {0.5, 0.3}; top_p = 0.5 keeps {0.5} only.
+    logits = torch.tensor([0.5, 0.3, 0.2]).log().tolist()
+    assert torch.allclose(row(logits, top_p=0.6), torch.tensor([0.625, 0.375, 0.0]))
+    assert torch.allclose(row(logits, top_p=0.5), torch.tensor([1.0, 0.0, 0.0]))
+
+
+def test_ties_at_the_boundary_are_all_kept():
+    p = row([1.0, 1.0, 1.0, 0.0], top_k=2)
+    assert torch.allclose(p, torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0]))
+
+
+@pytest.mark.parametrize("top_k", [0, 100])
+def test_top_k_disabled_or_larger_than_vocab(top_k):
+    assert torch.allclose(row([0.0, 1.0], top_k=top_k), torch.tensor([0.0, 1.0]).softmax(-1))
+
+
+def test_rows_are_independent():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0]])
+    p = process_logits(logits, torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), torch.tensor([1.0, 1.0]))
+    assert p.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]

@@ -1,0 +1,62 @@
+import torch
+
+from trtllm_bole.spec.tree_select import compact_forest, rank_order, select_nodes, topk_children
+from trtllm_bole.tree import TreeBatch
+
+
+def test_topk_children_accumulate_log_rho():
+    log_q = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]).log()
+    tokens, log_rho = topk_children(torch.tensor([0.0, -1.0]), log_q, 2)
+    assert tokens.tolist() == [[0, 1], [2, 0]]
+    assert torch.allclose(log_rho.exp(), torch.tensor([[0.5, 0.3], [0.8 * 0.3679, 0.1 * 0.3679]]), atol=1e-4)
+
+
+def test_rank_order_breaks_ties_by_depth_then_index():
+    log_rho = torch.tensor([0.0, -1.0, 0.0, -1.0])
+    depth = torch.tensor([2, 1, 1, 3])
+    assert rank_order(log_rho, depth).tolist() == [2, 0, 1, 3]
+
+
+# Two requests. Request 0: nodes 0..4, request 1: nodes 5..7 (node 0 / 5 pending, log rho 0).
+LOG_RHO = torch.tensor([0.0, -0.1, -0.5, -0.2, -0.3, 0.0, 0.0, -2.0])
+DEPTH = torch.tensor([1, 2, 2, 3, 3, 1, 2, 3])
+REQUEST = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
+PARENTS = torch.tensor([-1, 0, 0, 1, 1, -1, 5, 6])
+FLOOR = torch.tensor([1, 0, 0, 0, 0, 1, 0, 0], dtype=torch.bool)
+
+
+def test_batch_budget_takes_highest_rho_across_the_batch():
+    keep = select_nodes(LOG_RHO, DEPTH, REQUEST, 2, total=5, floor=FLOOR)
+    # floor {0, 5}; then best by rho: 6 (0.0, depth 2), 1 (-0.1), 3 (-0.2)
+    assert torch.nonzero(keep).flatten().tolist() == [0, 1, 3, 5, 6]
+
+
+def test_per_request_cap_and_floor_beyond_capacity():
+    keep = select_nodes(LOG_RHO, DEPTH, REQUEST, 2, per_request=2, floor=FLOOR)
+    assert torch.nonzero(keep).flatten().tolist() == [0, 1, 5, 6]
+    keep = select_nodes(LOG_RHO, DEPTH, REQUEST, 2, total=1, floor=FLOOR)
+    assert torch.nonzero(keep).flatten().tolist() == [0, 5]  # the floor survives any budget
+
+
+def test_selection_is_prefix_connected_on_random_trees():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        n = 40
+        parents = torch.tensor([-1] + [int(torch.randint(i, (1,), generator=gen)) for i in range(1, n)])
+        log_q = -torch.rand(n, generator=gen)
+        log_q[0] = 0.0
+        log_q[torch.rand(n, generator=gen) < 0.2] = 0.0  # ties with the parent happen (q = 1)
+        tree = TreeBatch.build(parents, torch.tensor([0, n]))
+        log_rho = log_q[tree.paths.clamp(min=0)].masked_fill(tree.paths < 0, 0.0).sum(1)
+        keep = select_nodes(log_rho, tree.depth, tree.request, 1, total=int(torch.randint(1, n, (1,))))
+        kept_parents = parents[keep]
+        assert bool(keep[kept_parents[kept_parents >= 0]].all())
+
+
+def test_compact_forest_renumbers_parents_locally():
+    keep = torch.tensor([1, 1, 0, 1, 0, 1, 1, 0], dtype=torch.bool)
+    parents, cu, kept = compact_forest(PARENTS, REQUEST, 2, keep)
+    assert parents.tolist() == [-1, 0, 1, -1, 0]
+    assert cu.tolist() == [0, 3, 5]
+    assert kept.tolist() == [0, 1, 3, 5, 6]
+    TreeBatch.build(parents, cu)  # a valid forest

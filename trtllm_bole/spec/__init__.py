@@ -1,0 +1,1 @@
+"""Speculative decoding: drafting, acceptance, budget, scheduling and the executor."""

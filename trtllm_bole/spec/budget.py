@@ -1,0 +1,131 @@
+"""The hardware-calibrated, batch-shared verification budget (BOLE.md §5).
+
+Offline, for each bucket ``c`` = (batch size bucket, KV-length bucket) of one model, GPU and tree
+depth, measure the full-model verify latency ``T_ver(N | c)`` for every capacity ``N`` in a fixed set
+and the plain decode latency ``T_dec(c)``; keep
+
+    B_ver(c) = max { N : T_ver(N | c) <= (1 + ε) T_dec(c) }
+
+in a :class:`BudgetTable` shipped with the engine. Online, the executor looks up ``B_ver`` for the
+live batch and keeps that many tree tokens across the batch (see ``tree_select.select_nodes``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+DEFAULT_CAPACITIES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+DEFAULT_KV_BUCKETS = (256, 1024, 4096)
+DEFAULT_EPSILON = 0.2
+
+DEFAULT_BUDGET_PER_REQUEST = 64
+"""Without a calibrated table, every request may keep up to this many tree tokens (the batch budget
+is ``batch_size * DEFAULT_BUDGET_PER_REQUEST``): no batch-wide pruning, like a fixed-size tree."""
+
+SCHEMA_VERSION = 1
+
+
+def budget_from_timings(
+    capacities: Sequence[int], t_ver: Sequence[float], t_dec: float, epsilon: float
+) -> int:
+    """``max{N : T_ver(N) <= (1 + ε) T_dec}``; the smallest capacity if none qualifies."""
+    if len(capacities) != len(t_ver) or not capacities:
+        raise ValueError("capacities and t_ver must be non-empty and of equal length")
+    if epsilon < 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    fitting = [n for n, t in zip(capacities, t_ver, strict=True) if t <= (1 + epsilon) * t_dec]
+    return max(fitting) if fitting else min(capacities)
+
+
+@dataclass(slots=True)
+class BudgetEntry:
+    batch_max: int  # bucket covers batch sizes up to this (inclusive)
+    kv_max: int  # and committed KV lengths up to this (inclusive)
+    budget: int  # B_ver: total tree tokens across the batch
+    t_dec_ms: float
+    t_ver_ms: list[float]
+
+
+@dataclass(slots=True)
+class BudgetTable:
+    epsilon: float
+    capacities: list[int]
+    max_depth: int
+    device: str
+    entries: list[BudgetEntry] = field(default_factory=list)
+    gpu_seconds: float = 0.0  # what calibration cost
+    schema_version: int = SCHEMA_VERSION
+
+    def lookup(self, batch_size: int, kv_len: int) -> int:
+        """B_ver for the smallest bucket that covers (batch_size, kv_len); the largest bucket
+        beyond the calibrated range (budgets grow with batch, so this is conservative)."""
+        if not self.entries:
+            raise ValueError("the budget table has no entries")
+        batch_keys = sorted({e.batch_max for e in self.entries})
+        kv_keys = sorted({e.kv_max for e in self.entries})
+        b = batch_keys[min(bisect.bisect_left(batch_keys, batch_size), len(batch_keys) - 1)]
+        kv = kv_keys[min(bisect.bisect_left(kv_keys, kv_len), len(kv_keys) - 1)]
+        for entry in self.entries:
+            if entry.batch_max == b and entry.kv_max == kv:
+                return entry.budget
+        raise ValueError(f"the budget table has no entry for batch bucket {b} and KV bucket {kv}")
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> BudgetTable:
+        try:
+            data = json.loads(Path(path).read_text())
+            if data.get("schema_version") != SCHEMA_VERSION:
+                raise ValueError(f"schema version {data.get('schema_version')}, expected {SCHEMA_VERSION}")
+            data["entries"] = [BudgetEntry(**e) for e in data["entries"]]
+            return cls(**data)
+        except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
+            raise ValueError(f"{path}: not a valid budget table ({exc})") from exc
+
+
+def calibrate(
+    time_verify: Callable[[int, int, int], float],
+    time_decode: Callable[[int, int], float],
+    *,
+    device: str,
+    max_depth: int,
+    epsilon: float = DEFAULT_EPSILON,
+    capacities: Sequence[int] = DEFAULT_CAPACITIES,
+    batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+    kv_buckets: Sequence[int] = DEFAULT_KV_BUCKETS,
+) -> BudgetTable:
+    """Measure every bucket with the given timers (seconds per step) and build the table.
+
+    ``time_verify(batch, kv_len, capacity)``: a full-model verify step of ``capacity`` tree tokens
+    spread over ``batch`` requests with ``kv_len`` committed tokens each; ``time_decode(batch,
+    kv_len)``: one plain decode step. Capacities below the batch size are skipped (every request
+    needs its pending token).
+    """
+    start = time.perf_counter()
+    table = BudgetTable(epsilon, list(capacities), max_depth, device)
+    buckets = [(b, kv) for b in batch_buckets for kv in kv_buckets]
+    for batch, kv_len in tqdm(buckets, desc="calibrating verification budget", unit="bucket"):
+        usable = [n for n in capacities if n >= batch]
+        t_dec = time_decode(batch, kv_len)
+        t_ver = [time_verify(batch, kv_len, n) for n in usable]
+        table.entries.append(
+            BudgetEntry(
+                batch_max=batch,
+                kv_max=kv_len,
+                budget=budget_from_timings(usable, t_ver, t_dec, epsilon),
+                t_dec_ms=t_dec * 1e3,
+                t_ver_ms=[t * 1e3 for t in t_ver],
+            )
+        )
+    table.gpu_seconds = time.perf_counter() - start
+    return table

@@ -1,0 +1,39 @@
+"""Turning logits into the distribution a request samples from: temperature, top-k, top-p.
+
+The same function processes the target's and the drafter's logits, so both sides of the lossless
+acceptance test see the same sampling rule (BOLE.md §4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def process_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """Probabilities ``[N, V]`` (float32) for rows of logits with per-row settings ``[N]``.
+
+    ``temperature == 0`` rows become one-hot at the argmax (greedy); ``top_k <= 0`` and
+    ``top_p >= 1`` disable those filters. Ties at the top-k / top-p boundary keep every tied token, so
+    the result does not depend on how the sort orders equal values.
+    """
+    logits = logits.float()
+    greedy = temperature <= 0
+    scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    sorted_logits, _ = scaled.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).long()
+    kth = sorted_logits.gather(1, (k - 1)[:, None])
+    sorted_probs = sorted_logits.softmax(-1)
+    # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < p.
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    in_nucleus = mass_before < top_p[:, None]
+    nucleus_floor = sorted_logits.masked_fill(~in_nucleus, float("inf")).amin(-1, keepdim=True)
+    floor = torch.maximum(kth, nucleus_floor)
+    probs = scaled.masked_fill(scaled < floor, float("-inf")).softmax(-1)
+    one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(greedy[:, None], one_hot, probs)

@@ -1,0 +1,93 @@
+"""Growing and pruning draft trees by cumulative draft probability ρ (BOLE.md §4–§5), as pure
+tensor functions over a packed candidate pool.
+
+Every candidate node carries ``log_rho`` (log ρ: the sum of log draft probabilities along its path,
+0 for the pending token), its depth, its request and its parent. Because ρ never grows along a path,
+keeping the nodes of highest ρ — with ties broken by smaller depth, then smaller index — always keeps
+a node's parent: the kept set is prefix-connected by construction, with no repair step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def topk_children(log_rho: torch.Tensor, log_q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely next tokens of each frontier node and their cumulative log ρ.
+
+    log_rho ``[F]``; log_q ``[F, V]`` the drafter's (processed) log-probabilities. Returns tokens and
+    log ρ, both ``[F, k]``, best first. ``log q`` is clamped to ``<= 0`` so rounding can never make a
+    child look likelier than its parent.
+    """
+    top, tokens = log_q.topk(k, dim=-1)
+    return tokens, log_rho[:, None] + top.clamp(max=0.0)
+
+
+def rank_order(log_rho: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
+    """Indices sorted best first: higher log ρ, then smaller depth, then smaller index."""
+    n = log_rho.numel()
+    by_index = torch.arange(n, device=log_rho.device)
+    by_depth = by_index[torch.sort(depth, stable=True).indices]
+    return by_depth[torch.sort(log_rho[by_depth], descending=True, stable=True).indices]
+
+
+def select_nodes(
+    log_rho: torch.Tensor,
+    depth: torch.Tensor,
+    request: torch.Tensor,
+    num_requests: int,
+    *,
+    per_request: int | None = None,
+    total: int | None = None,
+    floor: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Boolean keep-mask: the best nodes by ρ, at most ``per_request`` per request and ``total``
+    over the whole batch (the batch-shared budget), always including the ``floor`` nodes.
+
+    The floor (BOLE.md §5's fairness floor: every live request keeps its root children) is kept
+    first and counts towards both limits; the rest of the capacity goes to the highest ρ across
+    the batch. With ``log_rho`` non-increasing along paths the result is prefix-connected.
+    """
+    n = log_rho.numel()
+    device = log_rho.device
+    floor = torch.zeros(n, dtype=torch.bool, device=device) if floor is None else floor
+    order = rank_order(log_rho, depth)
+    # Floor nodes first, then the rest in rank order (stable, so each part keeps its order).
+    order = order[torch.sort((~floor[order]).to(torch.int8), stable=True).indices]
+    # Rank of each node among its own request's nodes, in that order.
+    req = request[order]
+    grouped = torch.sort(req, stable=True).indices
+    starts = torch.searchsorted(req[grouped], torch.arange(num_requests, device=device))
+    rank_in_request = torch.empty(n, dtype=torch.long, device=device)
+    rank_in_request[grouped] = torch.arange(n, device=device) - starts[req[grouped]]
+    within = (
+        torch.ones(n, dtype=torch.bool, device=device)
+        if per_request is None
+        else (rank_in_request < per_request) | floor[order]
+    )
+    position = torch.cumsum(within.long(), 0) - 1  # position among per-request survivors
+    kept_sorted = within & ((position < total) | floor[order]) if total is not None else within
+    keep = torch.zeros(n, dtype=torch.bool, device=device)
+    keep[order] = kept_sorted
+    return keep
+
+
+def compact_forest(
+    parents: torch.Tensor, request: torch.Tensor, num_requests: int, keep: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop unkept nodes from a packed forest (kept nodes' parents must be kept).
+
+    parents: int ``[N]`` global parent index (-1 = root child). Returns the new *local* parents,
+    the new ``cu_seqlens`` and the global indices of the kept nodes (their new order).
+    """
+    kept = torch.nonzero(keep).flatten()
+    new_index = torch.full_like(parents, -1)
+    new_index[kept] = torch.arange(kept.numel(), device=parents.device)
+    counts = torch.bincount(request[kept], minlength=num_requests)
+    cu_seqlens = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    kept_parents = parents[kept]
+    if bool(((kept_parents >= 0) & ~keep[kept_parents.clamp(min=0)]).any()):
+        raise ValueError("compact_forest: a kept node's parent was dropped (keep is not prefix-closed)")
+    global_parents = torch.where(kept_parents >= 0, new_index[kept_parents.clamp(min=0)], -1)
+    bos = cu_seqlens[:-1][request[kept]]
+    return torch.where(global_parents >= 0, global_parents - bos, -1), cu_seqlens, kept
