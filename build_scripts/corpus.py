@@ -1,0 +1,98 @@
+"""The training corpus of the embedded tiny model: Python source that ships with this machine.
+
+Sources (all permissively licensed, recorded in the model card): CPython 3.11's standard library
+(PSF-2.0) and the installed sympy (BSD-3-Clause), numpy (BSD-3-Clause) and networkx
+(BSD-3-Clause) packages. Files are split deterministically by a hash of their path: 2% are held
+out, never trained on, and the evaluation prompts are cut from them.
+
+    python build_scripts/corpus.py --out .data/corpus   # writes train.txt.xz, heldout.txt.xz, manifest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import lzma
+import platform
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+EOT = "<|endoftext|>"
+PACKAGES = {"sympy": "BSD-3-Clause", "numpy": "BSD-3-Clause", "networkx": "BSD-3-Clause"}
+HELDOUT_PERCENT = 2
+
+
+@dataclass(slots=True)
+class SourceFile:
+    name: str  # stable, machine-independent name: "<origin>/<relative path>"
+    path: Path
+
+    @property
+    def heldout(self) -> bool:
+        digest = hashlib.sha1(self.name.encode()).digest()
+        return int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT
+
+
+def source_files() -> list[SourceFile]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = [
+        SourceFile(f"stdlib/{p.relative_to(stdlib).as_posix()}", p)
+        for p in stdlib.rglob("*.py")
+        if "site-packages" not in p.parts
+    ]
+    site = Path(sysconfig.get_paths()["purelib"])
+    for package in PACKAGES:
+        root = site / package
+        if not root.is_dir():
+            raise SystemExit(f"package {package} is not installed in {site}; pip install {package}")
+        files += [SourceFile(f"{package}/{p.relative_to(root).as_posix()}", p) for p in root.rglob("*.py")]
+    return sorted(files, key=lambda f: f.name)
+
+
+def read_source(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def write_corpus(out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    files = source_files()
+    manifest = {
+        "python": platform.python_version(),
+        "packages": {p: {"version": importlib.metadata.version(p), "license": lic} for p, lic in PACKAGES.items()},
+        "stdlib_license": "PSF-2.0",
+        "heldout_percent": HELDOUT_PERCENT,
+        "splits": {},
+    }
+    for split in ("train", "heldout"):
+        chosen = [f for f in files if f.heldout == (split == "heldout")]
+        text = "".join(read_source(f.path) + EOT for f in chosen)
+        with lzma.open(out / f"{split}.txt.xz", "wt", encoding="utf-8", preset=6) as fh:
+            fh.write(text)
+        manifest["splits"][split] = {
+            "files": [f.name for f in chosen],
+            "chars": len(text),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def read_split(corpus: Path, split: str) -> str:
+    with lzma.open(corpus / f"{split}.txt.xz", "rt", encoding="utf-8") as fh:
+        return fh.read()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(".data/corpus"))
+    args = parser.parse_args()
+    manifest = write_corpus(args.out)
+    for split, info in manifest["splits"].items():
+        print(f"{split}: {len(info['files'])} files, {info['chars'] / 1e6:.1f} M chars, sha256 {info['sha256'][:12]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+from types import SimpleNamespace
+
+import pytest
+
+from trtllm_bole.spec.scheduler import BlockManager, Request, RequestState, Scheduler, SlotPool, SpecStats
+
+
+def make(n_blocks=10, block_size=4, slots=2, max_seq_len=32, tree_tokens=4):
+    return Scheduler(
+        BlockManager(n_blocks, block_size), SlotPool(slots), max_seq_len=max_seq_len, tree_tokens=tree_tokens
+    )
+
+
+def req(i, prompt_len, max_tokens=4):
+    return Request(i, list(range(prompt_len)), SimpleNamespace(max_tokens=max_tokens))
+
+
+def test_admission_reserves_slot_and_blocks_fifo():
+    s = make()
+    a, b, c = req(0, 8), req(1, 4), req(2, 4)
+    for r in (a, b, c):
+        s.add(r)
+    admitted = s.admit(max_batch=8)
+    assert admitted == [a, b]  # two slots only
+    assert a.blocks and len(a.blocks) == 4  # ceil((8 + 4 + 4) / 4)
+    assert s.slots.num_free == 0 and s.blocks.num_free == 10 - 4 - 3
+    s.finish(a, "length")
+    assert a.state is RequestState.FINISHED and a.slot == -1 and not a.blocks
+    assert s.admit(max_batch=8) == [c]
+
+
+def test_fifo_head_waits_for_blocks():
+    s = make(n_blocks=5, slots=4)
+    big, small = req(0, 12), req(1, 1)
+    s.add(req(9, 4))
+    s.admit(8)  # takes 3 blocks
+    s.add(big)
+    s.add(small)
+    assert s.admit(8) == []  # big needs 5 blocks, 2 free: small must not overtake
+    assert list(s.waiting) == [big, small]
+
+
+def test_refusals_are_immediate_errors():
+    s = make(max_seq_len=16, tree_tokens=4)
+    too_long, empty = req(0, 13), req(1, 0)
+    s.add(too_long)
+    s.add(empty)
+    assert too_long.finish_reason == "error" and "exceeds the context limit" in too_long.error
+    assert empty.error == "empty prompt"
+    assert not s.waiting
+
+
+def test_abort_while_waiting_and_everything_returns():
+    s = make()
+    rs = [req(i, 3) for i in range(5)]
+    for r in rs:
+        s.add(r)
+    s.admit(8)
+    s.finish(rs[4], "abort")
+    for r in rs[:2]:
+        s.finish(r, "length")
+    s.admit(8)
+    for r in rs:
+        s.finish(r, "length")
+    assert s.slots.num_free == 2 and s.blocks.num_free == 10
+    assert not s.running and not s.waiting
+
+
+def test_pools_reject_bad_sizes_and_overdraw():
+    with pytest.raises(ValueError):
+        BlockManager(0, 4)
+    with pytest.raises(ValueError, match="asked for 3 KV blocks, 2 free"):
+        BlockManager(2, 4).allocate(3)
+    pool = SlotPool(1)
+    pool.allocate()
+    with pytest.raises(ValueError, match="no free state slot"):
+        pool.allocate()
+
+
+def test_stats():
+    st = SpecStats(steps=4, drafted=20, accepted=8)
+    assert st.mean_accepted_tokens == 3.0 and st.acceptance_rate == 0.4
+    assert SpecStats().mean_accepted_tokens == 0.0

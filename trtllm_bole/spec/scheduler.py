@@ -1,0 +1,176 @@
+"""Requests, state slots, KV blocks and admission: the bookkeeping of continuous batching.
+
+A request is admitted only when a GDN/conv state slot is free and enough KV blocks can be reserved
+for its whole life (prompt + max_tokens + one tree of draft tokens), so a running request can never
+run out of cache mid-generation and nothing has to be preempted. Slots and blocks return to their
+pools the moment a request finishes, is aborted or fails.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class SpecStats:
+    steps: int = 0  # target forwards (verify steps) after prefill
+    drafted: int = 0  # draft tokens verified (tree nodes minus the pending token)
+    accepted: int = 0  # draft tokens accepted
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens emitted per verify step: accepted drafts plus the bonus token (MAT)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: Any  # trtllm_bole.config.SamplingParams
+    state: RequestState = RequestState.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    slot: int = -1
+    blocks: list[int] = field(default_factory=list)
+    context_len: int = 0  # tokens committed to the target's caches
+    finish_reason: str | None = None  # "length" | "stop" | "abort" | "error"
+    error: str | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    runtime: Any = None  # per-request executor state (pending token, hidden, generator)
+
+    @property
+    def finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+
+class BlockManager:
+    """A free list of fixed-size KV blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise ValueError(f"asked for {count} KV blocks, {len(self._free)} free")
+        return [self._free.pop() for _ in range(count)]
+
+    def free(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+
+class SlotPool:
+    """Indices of GDN / conv state slots."""
+
+    def __init__(self, num_slots: int) -> None:
+        if num_slots <= 0:
+            raise ValueError(f"num_slots must be positive, got {num_slots}")
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise ValueError("no free state slot")
+        return self._free.pop()
+
+    def free(self, slot: int) -> None:
+        self._free.append(slot)
+
+
+class Scheduler:
+    """FIFO admission of waiting requests into a bounded running batch."""
+
+    def __init__(self, blocks: BlockManager, slots: SlotPool, *, max_seq_len: int, tree_tokens: int) -> None:
+        self.blocks = blocks
+        self.slots = slots
+        self.max_seq_len = max_seq_len
+        self.tree_tokens = tree_tokens  # the deepest tree a step may verify (KV headroom)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        """Queue a request, or finish it at once with an error if it can never fit."""
+        limit = self.max_seq_len - self.tree_tokens
+        if not request.prompt_ids:
+            self._fail(request, "empty prompt")
+        elif len(request.prompt_ids) > limit:
+            self._fail(
+                request,
+                f"prompt of {len(request.prompt_ids)} tokens exceeds the context limit: "
+                f"max_seq_len {self.max_seq_len} leaves {limit} tokens for the prompt",
+            )
+        elif self._reservation(request) > self.blocks.num_blocks:
+            self._fail(request, "request needs more KV blocks than the whole cache holds")
+        else:
+            self.waiting.append(request)
+
+    def admit(self, max_batch: int) -> list[Request]:
+        """Move waiting requests into the running batch while a slot and their blocks are free."""
+        admitted = []
+        while self.waiting and len(self.running) < max_batch and self.slots.num_free:
+            request = self.waiting[0]
+            needed = self._reservation(request)
+            if needed > self.blocks.num_free:
+                break  # FIFO: wait for blocks rather than starve the head of the queue
+            self.waiting.popleft()
+            request.slot = self.slots.allocate()
+            request.blocks = self.blocks.allocate(needed)
+            request.state = RequestState.RUNNING
+            self.running.append(request)
+            admitted.append(request)
+        return admitted
+
+    def finish(self, request: Request, reason: str, error: str | None = None) -> None:
+        """Finish a request for any reason and return its slot and blocks at once."""
+        if request.finished:
+            return
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        if request.slot >= 0:
+            self.slots.free(request.slot)
+            request.slot = -1
+        if request.blocks:
+            self.blocks.free(request.blocks)
+            request.blocks = []
+        request.state = RequestState.FINISHED
+        request.finish_reason = reason
+        request.error = error
+
+    def _reservation(self, request: Request) -> int:
+        tokens = min(len(request.prompt_ids) + request.params.max_tokens + self.tree_tokens, self.max_seq_len)
+        return self.blocks.blocks_for(tokens)
+
+    def _fail(self, request: Request, message: str) -> None:
+        request.state = RequestState.FINISHED
+        request.finish_reason = "error"
+        request.error = message
