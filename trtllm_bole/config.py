@@ -1,0 +1,82 @@
+"""User-facing configuration (pydantic: validated at the boundary, with descriptions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Mode = Literal["ar", "chain", "tree-serial", "bole"]
+
+
+class SamplingParams(BaseModel):
+    """How one request is decoded. ``temperature == 0`` (the default) is greedy decoding."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    max_tokens: int = Field(64, ge=1, description="Most tokens to generate.")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; otherwise softmax temperature.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 = off.")
+    seed: int | None = Field(None, description="Per-request RNG seed for reproducible sampling.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Stop after emitting any of these.")
+    stop: list[str] = Field(default_factory=list, description="Stop when the text ends with any of these.")
+    ignore_eos: bool = Field(False, description="Keep generating past the tokenizer's end-of-text token.")
+
+
+class BoleConfig(BaseModel):
+    """The speculative decoding scheme (``speculative_config`` of :class:`trtllm_bole.LLM`).
+
+    All four modes run in the same executor on the same requests:
+
+    - ``ar``: no speculation, one token per target forward;
+    - ``chain``: an MTP chain of ``max_depth`` drafts, verified node by node with a state per token
+      (the vLLM / TensorRT-LLM scheme);
+    - ``tree-serial``: an MTP tree verified node by node with a full GDN state snapshot per node and
+      a copy of the accepted one (SGLang's tree scheme);
+    - ``bole``: the same tree, verified in closed form, committed from factors, and pruned to the
+      calibrated batch-shared budget (BOLE.md §2–§5).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    mode: Mode = Field("bole", description="Decoding scheme: ar, chain, tree-serial or bole.")
+    top_k: int = Field(4, ge=1, le=16, description="Children expanded per draft node (and beam width).")
+    max_depth: int = Field(8, ge=1, le=15, description="Draft tokens on the longest path of a tree.")
+    max_nodes: int = Field(64, ge=1, le=512, description="Draft tokens per request and step, at most.")
+    epsilon: float = Field(
+        0.2, ge=0.0, description="Budget slack: verify may cost up to (1 + epsilon) x a decode step."
+    )
+    budget_table: Path | None = Field(
+        None,
+        description="Calibrated budget table (JSON); an engine's own table is used when omitted. "
+        "Without any, each request keeps up to max_nodes draft tokens.",
+    )
+
+    @model_validator(mode="after")
+    def _tree_fits_depth(self) -> BoleConfig:
+        if self.mode == "ar":
+            return self
+        if self.max_nodes < self.max_depth and self.mode != "chain":
+            raise ValueError(
+                f"max_nodes ({self.max_nodes}) must be at least max_depth ({self.max_depth}) "
+                "so that a full-depth path fits in the tree"
+            )
+        return self
+
+    @property
+    def speculates(self) -> bool:
+        return self.mode != "ar"
+
+    @property
+    def branching(self) -> int:
+        """Children per node actually drafted: a chain has one."""
+        return 1 if self.mode == "chain" else self.top_k
+
+    @property
+    def draft_tokens(self) -> int:
+        """Most draft tokens one request verifies in a step."""
+        if self.mode == "ar":
+            return 0
+        return self.max_depth if self.mode == "chain" else self.max_nodes
