@@ -1,0 +1,183 @@
+"""Checkpoint loading: published layouts in, clear errors (file + tensor or field) for bad ones."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtllm_bole.models.checkpoint import INDEX_FILE, random_tensors, write_safetensors
+from trtllm_bole.models.config import load_config
+from trtllm_bole.models.loader import load_model
+
+
+def _write(path: Path, settings: dict, *, mtp: bool = True, shard_bytes: int | None = None, **edits) -> dict:
+    """A checkpoint of the tiny config; ``edits`` maps tensor names to a replacement (None = drop)."""
+    tensors = random_tensors(load_config(settings), seed=0, mtp=mtp)
+    for name, value in edits.items():
+        name = name.replace("__", ".")
+        if value is None:
+            del tensors[name]
+        else:
+            tensors[name] = value
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(settings))
+    write_safetensors(path, tensors, shard_bytes=shard_bytes)
+    return tensors
+
+
+def _load(path: Path, **kwargs):
+    return load_model(path, dtype=torch.float32, progress=False, **kwargs)
+
+
+def test_sharded_and_single_file_load_the_same_weights(tmp_path, tiny_settings):
+    _write(tmp_path / "one", tiny_settings())
+    _write(tmp_path / "many", tiny_settings(), shard_bytes=20_000)
+    assert len(list((tmp_path / "many").glob("model-*.safetensors"))) > 2
+    one, many = _load(tmp_path / "one"), _load(tmp_path / "many")
+    assert one.mtp is not None and many.mtp is not None
+    for (name, a), (_, b) in zip(one.named_parameters(), many.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_bfloat16_load_converts_every_tensor(tmp_path, tiny_settings):
+    _write(tmp_path, tiny_settings())
+    model = load_model(tmp_path, dtype=torch.bfloat16, progress=False)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_missing_tensor_names_the_checkpoint_and_tensor(tmp_path, tiny_settings):
+    _write(tmp_path, tiny_settings(), **{"model__layers__2__linear_attn__A_log": None})
+    with pytest.raises(
+        ValueError, match=r"(?s)" + str(tmp_path) + r".*missing tensor model\.layers\.2\.linear_attn\.A_log"
+    ):
+        _load(tmp_path)
+
+
+def test_wrong_shape_names_file_tensor_and_shapes(tmp_path, tiny_settings):
+    _write(tmp_path, tiny_settings(), **{"model__layers__1__self_attn__k_proj__weight": torch.zeros(16, 32)})
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors: tensor model\.layers\.1\.self_attn\.k_proj\.weight "
+        r"has shape \[16, 32\], expected \[32, 32\]",
+    ):
+        _load(tmp_path)
+
+
+def test_unexpected_tensor_names_file_and_tensor(tmp_path, tiny_settings):
+    _write(tmp_path, tiny_settings(), **{"model__layers__0__linear_attn__extra": torch.zeros(3)})
+    with pytest.raises(
+        ValueError, match=r"model\.safetensors: unexpected tensor model\.layers\.0\.linear_attn\.extra"
+    ):
+        _load(tmp_path)
+
+
+def test_truncated_file_names_the_file(tmp_path, tiny_settings):
+    _write(tmp_path, tiny_settings(), shard_bytes=20_000)
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 100])
+    with pytest.raises(
+        ValueError, match=rf"{shard.name}: cannot read the safetensors file .*truncated or corrupt"
+    ):
+        _load(tmp_path)
+
+
+def test_index_naming_an_absent_shard_names_it(tmp_path, tiny_settings):
+    _write(tmp_path, tiny_settings(), shard_bytes=20_000)
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    index["weight_map"]["model.norm.weight"] = "model-00099-of-00099.safetensors"
+    (tmp_path / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(
+        ValueError,
+        match=r"model-00099-of-00099\.safetensors: listed in model\.safetensors\.index\.json but missing",
+    ):
+        _load(tmp_path)
+
+
+def test_missing_mtp_is_reported_not_fatal(tmp_path, tiny_settings, caplog):
+    _write(tmp_path, tiny_settings(), mtp=False)
+    with caplog.at_level(logging.WARNING, logger="trtllm_bole.models.loader"):
+        model = _load(tmp_path)
+    assert model.mtp is None
+    assert "no mtp.* tensors" in caplog.text and str(tmp_path) in caplog.text
+
+
+def test_partial_mtp_is_an_error_unless_skipped(tmp_path, tiny_settings):
+    _write(tmp_path, tiny_settings(), **{"mtp__layers__0__self_attn__q_norm__weight": None})
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)mtp\.\* module is incomplete.*missing tensor mtp\.layers\.0\.self_attn\.q_norm\.weight",
+    ):
+        _load(tmp_path)
+    assert _load(tmp_path, mtp=False).mtp is None
+
+
+def test_tied_checkpoint_may_carry_an_lm_head_copy(tmp_path, tiny_settings):
+    settings = tiny_settings(tie_word_embeddings=True)
+    tensors = _write(tmp_path, settings, lm_head__weight=torch.zeros(96, 32))
+    model = _load(tmp_path)
+    assert model.lm_head is None
+    assert torch.equal(model.lm_head_weight, tensors["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            {"linear_num_value_heads": 3},
+            r"linear_num_value_heads = 3 must be a multiple of linear_num_key_heads = 2",
+        ),
+        (
+            {"num_key_value_heads": 3},
+            r"num_attention_heads = 4 must be a multiple of num_key_value_heads = 3",
+        ),
+        ({"layer_types": ["linear_attention"] * 3}, r"layer_types has 3 entries but num_hidden_layers = 4"),
+        (
+            {"layer_types": ["linear_attention", "mamba", "full_attention", "full_attention"]},
+            r"layer_types\[1\] = 'mamba'",
+        ),
+        ({"hidden_size": 0}, r"hidden_size = 0 must be a positive integer"),
+        ({"head_dim": None}, r"head_dim = None must be a positive integer"),
+        ({"hidden_act": "gelu"}, r"hidden_act = 'gelu' is not supported"),
+        ({"rope_parameters": {"rope_type": "yarn"}}, r"rope_type = 'yarn'; only 'default'"),
+        ({"rms_norm_eps": "1e-6"}, r"rms_norm_eps = '1e-6' must be a number"),
+        ({"mtp_num_hidden_layers": 2}, r"mtp_num_hidden_layers = 2; only 0 or 1"),
+        ({"model_type": "llama"}, r"model_type = 'llama'"),
+    ],
+)
+def test_bad_config_field_names_file_and_field(tmp_path, tiny_settings, edit, message):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_settings(**edit)))
+    with pytest.raises(ValueError, match=str(tmp_path / "config.json") + ": .*" + message):
+        load_config(tmp_path)
+
+
+def test_missing_config_field_and_file(tmp_path, tiny_settings):
+    settings = tiny_settings()
+    del settings["intermediate_size"]
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match=r"config\.json: required field intermediate_size is missing"):
+        load_config(tmp_path)
+    with pytest.raises(ValueError, match=r"nowhere: no such file"):
+        load_config(tmp_path / "nowhere")
+
+
+def test_wrapper_fields_are_named_with_their_prefix(tiny_settings):
+    text = tiny_settings(linear_num_value_heads=5)
+    with pytest.raises(ValueError, match=r"text_config\.linear_num_value_heads = 5"):
+        load_config({"model_type": "qwen3_5", "text_config": text})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"model_type": "qwen3_5_moe", "text_config": {}},
+        {"model_type": "qwen3_5_moe_text"},
+        {"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_moe_text"}},
+        {"model_type": "qwen3_5_text", "num_experts": 256},
+    ],
+)
+def test_mixture_of_experts_is_refused_clearly(raw):
+    with pytest.raises(ValueError, match=r"mixture-of-experts.*refused rather than half-loaded"):
+        load_config(raw)

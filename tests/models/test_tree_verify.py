@@ -1,0 +1,234 @@
+"""Tree verify and commit against the sequential truth: every root-to-node path decoded one token at a
+time from the same committed caches (BOLE.md §2-4: GDN, short conv and KV all on the tree)."""
+
+import pytest
+import torch
+
+from trtllm_bole.models.cache import StepContext
+from trtllm_bole.models.loader import random_model
+from trtllm_bole.testing import chain_parents, forest, random_parents, star_parents, topk_parents
+
+ATOL = 1e-4
+BLOCK = 4
+VARIANTS = {
+    "interval2-grouped": {},
+    "interval4-tied": {
+        "full_attention_interval": 4,
+        "linear_num_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+}
+
+
+class Setup:
+    """A model with three requests prefilled into scattered slots and blocks, over pools whose
+    unused rows hold garbage (so a wrong slot, block or mask cannot pass by reading zeros)."""
+
+    def __init__(self, config, *, mtp: bool, seed: int = 0):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.model = random_model(config, seed=seed + 1, mtp=mtp)
+        self.prompt_lens = [7, 13, 2]
+        self.slots = torch.tensor([3, 0, 4])
+        max_blocks = 8
+        cache = self.model.allocate_cache(num_slots=5, num_blocks=30, block_size=BLOCK)
+        for t in (cache.gdn_state, cache.conv_state, cache.k_cache, cache.v_cache):
+            t.normal_(generator=self.gen)
+        if cache.mtp_k_cache is not None:
+            cache.mtp_k_cache.normal_(generator=self.gen)
+            cache.mtp_v_cache.normal_(generator=self.gen)
+        cache.reset_slots(self.slots)
+        self.tables = torch.randperm(30, generator=self.gen)[: 3 * max_blocks].view(3, max_blocks).int()
+        prompt = self.tokens(sum(self.prompt_lens))
+        ctx = StepContext.chains(self.prompt_lens, self.slots, self.tables, torch.zeros(3, dtype=torch.long))
+        self.prompt_hidden, _ = self.model.prefill(prompt, ctx)
+
+    def tokens(self, n: int) -> torch.Tensor:
+        return torch.randint(self.model.config.vocab_size, (n,), generator=self.gen)
+
+    def one(self, b: int, context_len: int) -> StepContext:
+        return StepContext.single_tokens(
+            self.slots[b : b + 1], self.tables[b : b + 1], torch.tensor([context_len])
+        )
+
+
+def _trees(gen: torch.Generator) -> list[list[int]]:
+    return [topk_parents(9, 3, 4), chain_parents(5), random_parents(8, 3, gen)]
+
+
+def _tensors(cache) -> list[torch.Tensor]:
+    return [cache.gdn_state, cache.conv_state, cache.k_cache, cache.v_cache]
+
+
+@pytest.mark.parametrize("scheme", ["bole", "serial"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_verify_equals_sequential_decode_and_commit_continues_it(scheme, variant, tiny_config, clone_cache):
+    s = Setup(tiny_config(**VARIANTS[variant]), mtp=False)
+    model, cache = s.model, s.model.cache
+    tree = forest(_trees(s.gen))
+    ids = s.tokens(tree.num_nodes)
+    context = torch.tensor(s.prompt_lens)
+    ctx = StepContext(s.slots, s.tables, context, tree)
+    before = clone_cache(cache)
+    logits, _, pending = model.verify(ids, ctx, gdn_scheme=scheme)
+    for kept, now in zip(_tensors(before), _tensors(cache), strict=True):
+        assert torch.equal(kept, now), "verify wrote to a cache"
+
+    def decode_one_at_a_time(b: int, tokens: torch.Tensor) -> torch.Tensor:
+        model.cache = clone_cache(before)
+        for step, token in enumerate(tokens):
+            out = model.decode(token[None], s.one(b, s.prompt_lens[b] + step))
+        return out[0]
+
+    for node in range(tree.num_nodes):  # the sequential truth, path by path
+        expected = decode_one_at_a_time(int(tree.request[node]), ids[tree.path(node)])
+        torch.testing.assert_close(logits[node], expected, atol=ATOL, rtol=0)
+
+    # Commit: a mid-tree node, nothing (that slot must stay bit-identical), the deepest node.
+    accepted = torch.tensor([5, -1, int(tree.depth[tree.cu_seqlens[2] :].argmax())])
+    model.cache = cache
+    model.commit(pending, accepted)
+    untouched = int(s.slots[1])
+    assert torch.equal(cache.gdn_state[:, untouched], before.gdn_state[:, untouched])
+    assert torch.equal(cache.conv_state[:, untouched], before.conv_state[:, untouched])
+    leaves = tree.accepted_nodes(accepted)
+    depth = torch.where(accepted >= 0, tree.depth[leaves.clamp(min=0)], 0)
+    following = s.tokens(3)
+    after = model.decode(following, StepContext.single_tokens(s.slots, s.tables, context + depth))
+
+    for b in range(3):
+        path = tree.path(int(leaves[b])) if accepted[b] >= 0 else torch.zeros(0, dtype=torch.long)
+        expected = decode_one_at_a_time(b, torch.cat([ids[path], following[b : b + 1]]))
+        torch.testing.assert_close(after[b], expected, atol=ATOL, rtol=0)
+        slot = int(s.slots[b])
+        for ours, truth in (
+            (cache.gdn_state, model.cache.gdn_state),
+            (cache.conv_state, model.cache.conv_state),
+        ):
+            torch.testing.assert_close(ours[:, slot], truth[:, slot], atol=1e-5, rtol=0)
+
+
+def test_prefill_on_top_of_a_context_equals_one_prefill(tiny_config, clone_cache):
+    s = Setup(tiny_config(), mtp=False)
+    model = s.model
+    pieces_cache = clone_cache(model.cache)
+    more = s.tokens(12)
+    _, whole = model.prefill(more, StepContext.chains([12], s.slots[:1], s.tables[:1], torch.tensor([7])))
+    whole_cache = model.cache
+    model.cache = pieces_cache
+    model.prefill(more[:5], StepContext.chains([5], s.slots[:1], s.tables[:1], torch.tensor([7])))
+    _, pieces = model.prefill(
+        more[5:], StepContext.chains([7], s.slots[:1], s.tables[:1], torch.tensor([12]))
+    )
+    torch.testing.assert_close(pieces, whole, atol=ATOL, rtol=0)
+    slot = int(s.slots[0])
+    torch.testing.assert_close(
+        pieces_cache.gdn_state[:, slot], whole_cache.gdn_state[:, slot], atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        pieces_cache.conv_state[:, slot], whole_cache.conv_state[:, slot], atol=1e-5, rtol=0
+    )
+
+
+def test_mtp_tree_equals_sequential_rows_and_commit(tiny_config, clone_cache):
+    """The MTP head on a forest of rows over its own committed KV, against one row at a time."""
+    s = Setup(tiny_config(), mtp=True)
+    mtp, cache = s.model.mtp, s.model.cache
+    h = s.model.config.hidden_size
+    # Align the MTP cache with the prompts: row p = (hidden at p, token at p + 1).
+    zeros = torch.zeros(3, dtype=torch.long)
+    mtp.prefill(
+        s.prompt_hidden,
+        s.tokens(sum(s.prompt_lens)),
+        StepContext.chains(s.prompt_lens, s.slots, s.tables, zeros),
+    )
+    tree = forest([star_parents(4), topk_parents(7, 2, 3), chain_parents(3)])
+    hidden = torch.randn(tree.num_nodes, h, generator=s.gen)
+    ids = s.tokens(tree.num_nodes)
+    context = torch.tensor(s.prompt_lens)
+    before = clone_cache(cache)
+    mtp_hidden, logits, pending = mtp.verify(hidden, ids, StepContext(s.slots, s.tables, context, tree))
+
+    def one_row_at_a_time(b: int, rows: list[tuple[torch.Tensor, torch.Tensor]]):
+        mtp.cache = clone_cache(before)
+        for step, (row_hidden, row_id) in enumerate(rows):
+            ctx = StepContext.chains([1], s.slots[b : b + 1], s.tables[b : b + 1], context[b : b + 1] + step)
+            out_hidden, out_logits = mtp.prefill(row_hidden[None], row_id[None], ctx)
+        return out_hidden[0], out_logits[0]
+
+    for node in range(tree.num_nodes):
+        path = tree.path(node).tolist()
+        expected_hidden, expected_logits = one_row_at_a_time(
+            int(tree.request[node]), [(hidden[i], ids[i]) for i in path]
+        )
+        torch.testing.assert_close(logits[node], expected_logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(mtp_hidden[node], expected_hidden, atol=ATOL, rtol=0)
+
+    accepted = torch.tensor([2, 6, -1])
+    mtp.cache = cache
+    mtp.commit(pending, accepted)
+    depth = torch.where(accepted >= 0, tree.depth[tree.accepted_nodes(accepted).clamp(min=0)], 0)
+    next_hidden = torch.randn(3, h, generator=s.gen)
+    next_ids = s.tokens(3)
+    _, after = mtp.prefill(
+        next_hidden, next_ids, StepContext.chains([1, 1, 1], s.slots, s.tables, context + depth)
+    )
+    for b in range(3):
+        path = tree.path(int(tree.accepted_nodes(accepted)[b])).tolist() if accepted[b] >= 0 else []
+        rows = [(hidden[i], ids[i]) for i in path] + [(next_hidden[b], next_ids[b])]
+        torch.testing.assert_close(after[b], one_row_at_a_time(b, rows)[1], atol=ATOL, rtol=0)
+
+
+def test_mtp_serving_path_equals_its_training_forward(tiny_config):
+    """``forward_sequences`` (training) and prefill/verify (serving) of both the target and the MTP
+    head agree, with the row convention (hidden at p, token at p + 1, position p)."""
+    model = random_model(tiny_config(), seed=5, mtp=True)
+    ids = torch.randint(model.config.vocab_size, (1, 21), generator=torch.Generator().manual_seed(6))
+    hidden_seq, _ = model.forward_sequences(ids)
+    mtp_logits_seq = model.mtp.forward_sequences(hidden_seq[:, :-1], ids[:, 1:])
+    model.allocate_cache(num_slots=1, num_blocks=8, block_size=BLOCK)
+    tables = torch.arange(8, dtype=torch.int32)[None]
+    hidden, _ = model.prefill(
+        ids[0], StepContext.chains([21], torch.tensor([0]), tables, torch.zeros(1, dtype=torch.long))
+    )
+    torch.testing.assert_close(hidden, hidden_seq[0], atol=ATOL, rtol=0)
+    rows = StepContext.chains([20], torch.tensor([0]), tables, torch.zeros(1, dtype=torch.long))
+    _, mtp_logits, _ = model.mtp.verify(hidden[:-1], ids[0, 1:], rows)
+    torch.testing.assert_close(mtp_logits, mtp_logits_seq[0], atol=ATOL, rtol=0)
+    _, last = model.mtp.prefill(hidden[:-1], ids[0, 1:], rows)
+    torch.testing.assert_close(last[0], mtp_logits_seq[0, -1], atol=ATOL, rtol=0)
+
+
+def test_training_forward_is_differentiable(tiny_config):
+    model = random_model(tiny_config(), seed=7, mtp=True).requires_grad_(True)
+    ids = torch.randint(model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(8))
+    hidden, logits = model.forward_sequences(ids)
+    mtp_logits = model.mtp.forward_sequences(hidden[:, :-1], ids[:, 1:])
+    (logits.logsumexp(-1).mean() + mtp_logits.logsumexp(-1).mean()).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and bool(p.grad.abs().sum() > 0), f"no gradient reaches {name}"
+
+
+def test_bfloat16_serving_runs_and_tracks_float32(tiny_config):
+    config = tiny_config()
+    runs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = random_model(config, seed=9, dtype=dtype, mtp=True)
+        model.allocate_cache(num_slots=2, num_blocks=16, block_size=BLOCK)
+        tables = torch.arange(16, dtype=torch.int32).view(2, 8)
+        gen = torch.Generator().manual_seed(10)
+        prompt = torch.randint(config.vocab_size, (15,), generator=gen)
+        ctx = StepContext.chains([9, 6], torch.tensor([1, 0]), tables, torch.zeros(2, dtype=torch.long))
+        hidden, _ = model.prefill(prompt, ctx)
+        tree = forest([topk_parents(6, 2, 3), chain_parents(3)])
+        ids = torch.randint(config.vocab_size, (tree.num_nodes,), generator=gen)
+        logits, hidden, pending = model.verify(
+            ids, StepContext(ctx.slots, tables, torch.tensor([9, 6]), tree)
+        )
+        model.commit(pending, torch.tensor([4, 2]))
+        _, mtp_logits, _ = model.mtp.verify(
+            hidden, ids, StepContext(ctx.slots, tables, torch.tensor([9, 6]), tree)
+        )
+        assert logits.dtype == mtp_logits.dtype == dtype
+        runs[dtype] = (logits.float(), mtp_logits.float())
+    for ours, truth in zip(runs[torch.bfloat16], runs[torch.float32], strict=True):
+        assert (ours - truth).abs().mean() <= 0.05 * truth.std()

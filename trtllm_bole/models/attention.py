@@ -1,0 +1,152 @@
+"""Full attention over a paged KV cache plus a forest of new tokens (BOLE.md §4).
+
+Node ``i`` of request ``b`` attends to the ``context_lens[b]`` committed tokens of its request (read
+from the paged cache through the block table) and to its draft ancestors and itself. A prompt is a
+chain, so prefill is the same computation with a causal mask.
+
+Paged cache: ``[num_blocks, block_size, KVH, head_dim]`` per layer; position ``p`` of request ``b``
+lives in row ``p % block_size`` of block ``block_tables[b, p // block_size]``.
+
+This is the torch path (SDPA with an explicit boolean mask over a padded batch): exact, simple, and
+the reference for a fused tree-attention kernel. The committed window it gathers is the whole block
+table width, so no host sync is needed for the context length; the executor keeps the table as
+narrow as its longest request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_bole.tree import TreeBatch
+
+
+@dataclass(frozen=True, slots=True)
+class TreeAttention:
+    """Per-step attention metadata, shared by every attention layer of one forward."""
+
+    mask: torch.Tensor  # bool [B, 1, T, W + T]: committed window W, then the padded new nodes
+    committed_rows: torch.Tensor  # int64 [B, W]: row of each committed position in the flat cache
+    padded_nodes: torch.Tensor  # int64 [B, T]: packed node of each padded slot (N = padding)
+    request: torch.Tensor  # int64 [N]
+    local: torch.Tensor  # int64 [N]: index of each node inside its request
+
+    @classmethod
+    def build(
+        cls,
+        tree: TreeBatch,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_size: int,
+        num_blocks: int,
+    ) -> TreeAttention:
+        num_nodes, batch = tree.num_nodes, tree.num_requests
+        device = tree.parents.device
+        lengths = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]
+        width = int(lengths.max())  # the one host sync of the step's attention
+        local = torch.arange(num_nodes, device=device) - tree.cu_seqlens[:-1][tree.request]
+        padded_nodes = torch.full((batch, width), num_nodes, dtype=torch.long, device=device)
+        padded_nodes[tree.request, local] = torch.arange(num_nodes, device=device)
+        real_row = padded_nodes < num_nodes
+
+        window = block_tables.shape[1] * block_size
+        pos = torch.arange(window, device=device)
+        blocks = block_tables.long()[:, pos // block_size].clamp(0, num_blocks - 1)
+        committed_rows = blocks * block_size + pos % block_size
+        committed = pos[None, :] < context_lens[:, None]
+
+        # Ancestor-or-self by DFS interval (see TreeBatch); padding has an empty interval.
+        order = torch.full((batch, width), -1, dtype=torch.long, device=device)
+        end = torch.full((batch, width), -1, dtype=torch.long, device=device)
+        order[tree.request, local] = tree.dfs_order
+        end[tree.request, local] = tree.dfs_order + tree.subtree_size
+        ancestor = (order[:, None, :] <= order[:, :, None]) & (order[:, :, None] < end[:, None, :])
+        mask = torch.cat([committed[:, None, :].expand(batch, width, window), ancestor], dim=2)
+        # Padded query rows see everything: an all-False row would make SDPA return NaN there.
+        mask = mask | ~real_row[:, :, None]
+        return cls(mask[:, None], committed_rows, padded_nodes, tree.request, local)
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: TreeAttention,
+) -> torch.Tensor:
+    """q ``[N, Hq, d]``, k/v ``[N, KVH, d]`` of the new nodes; caches of one layer. Returns ``[N, Hq, d]``."""
+
+    def padded(new: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        committed = cache.flatten(0, 1)[meta.committed_rows]  # [B, W, KVH, d]
+        fresh = torch.cat([new, new.new_zeros(1, *new.shape[1:])])[meta.padded_nodes]
+        return torch.cat([committed, fresh], dim=1).transpose(1, 2)
+
+    queries = torch.cat([q, q.new_zeros(1, *q.shape[1:])])[meta.padded_nodes].transpose(1, 2)
+    out = F.scaled_dot_product_attention(
+        queries,
+        padded(k, k_cache),
+        padded(v, v_cache),
+        attn_mask=meta.mask,
+        scale=q.shape[-1] ** -0.5,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)[meta.request, meta.local]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Whole sequences without a cache: q ``[B, L, Hq, d]``, k/v ``[B, L, KVH, d]`` -> ``[B, L, Hq, d]``."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        is_causal=True,
+        scale=q.shape[-1] ** -0.5,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2)
+
+
+def write_accepted_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> None:
+    """KV compaction: the accepted path's entries go to positions ``context_len .. context_len + depth - 1``.
+
+    Caches ``[L, num_blocks, block_size, KVH, d]``, new entries ``[L, N, KVH, d]`` (all layers in one
+    indexed copy). Nodes off the accepted path are dropped; ``accepted_leaf == -1`` writes nothing.
+    """
+    block_size = k_cache.shape[2]
+    accepted = tree.accepted_nodes(accepted_leaf)
+    paths = tree.paths[accepted.clamp(min=0)]  # [B, D]
+    keep = (paths >= 0) & (accepted >= 0)[:, None]
+    pos = context_lens[:, None] + torch.arange(paths.shape[1], device=paths.device)
+    column = pos // block_size
+    overflow = keep & (column >= block_tables.shape[1])
+    if bool(overflow.any()):
+        b = int(torch.nonzero(overflow.any(1))[0])
+        raise ValueError(
+            f"request {b}: the accepted path reaches position {int(pos[b][keep[b]].max())} but its block "
+            f"table holds {block_tables.shape[1] * block_size} positions; allocate blocks for "
+            f"context_len + max tree depth before verify"
+        )
+    blocks = block_tables.long().gather(1, column.clamp(max=block_tables.shape[1] - 1))
+    unallocated = keep & ((blocks < 0) | (blocks >= k_cache.shape[1]))
+    if bool(unallocated.any()):
+        b = int(torch.nonzero(unallocated.any(1))[0])
+        raise ValueError(
+            f"request {b}: its block table points outside the cache's {k_cache.shape[1]} blocks where the "
+            f"accepted path is written: {block_tables[b].tolist()}"
+        )
+    rows = (blocks * block_size + pos % block_size)[keep]
+    nodes = paths[keep]
+    k_cache.flatten(1, 2)[:, rows] = new_k[:, nodes].to(k_cache.dtype)
+    v_cache.flatten(1, 2)[:, rows] = new_v[:, nodes].to(v_cache.dtype)

@@ -1,0 +1,186 @@
+"""Serving state of a Qwen3.5 model: slot pools, the per-step context, and pending commits.
+
+- GDN recurrent state and short-conv state live in pools indexed by *request slot*
+  (``StepContext.slots``); full-attention K/V live in a paged cache addressed by block tables.
+- A verify leaves every cache untouched and returns a :class:`PendingCommit`; committing the accepted
+  path writes GDN state (one factored launch for all layers), conv state (one launch) and the
+  accepted K/V (one indexed copy for all layers). Rejected nodes are simply dropped.
+
+Ownership: the executor owns slot and block allocation and advances ``context_lens`` after a commit
+(by the accepted depth); blocks for ``context_len + max tree depth`` must be allocated before verify.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trtllm_bole import ops
+from trtllm_bole.models.attention import write_accepted_kv
+from trtllm_bole.models.config import Qwen35Config
+from trtllm_bole.tree import TreeBatch
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What one model step works on (built by the executor).
+
+    ``slots`` int ``[B]``: state slot of each request; ``block_tables`` int32 ``[B, max_blocks]``;
+    ``context_lens`` int ``[B]``: tokens already committed to the caches; ``tree``: the new tokens as
+    a packed forest (prefill = one chain per request, decode = one node per request).
+    """
+
+    slots: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    tree: TreeBatch
+
+    def __post_init__(self) -> None:
+        b = self.tree.num_requests
+        for name, t, dims in (
+            ("slots", self.slots, 1),
+            ("context_lens", self.context_lens, 1),
+            ("block_tables", self.block_tables, 2),
+        ):
+            if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dim() != dims:
+                raise ValueError(f"{name} must be an integer tensor with {dims} dims, got {t!r}")
+            if t.shape[0] != b:
+                raise ValueError(f"{name} has {t.shape[0]} rows but the tree has {b} requests")
+            if t.device != self.tree.parents.device:
+                raise ValueError(f"{name} is on {t.device} but the tree is on {self.tree.parents.device}")
+
+    def last_of_chains(self) -> torch.Tensor:
+        """Packed index of each request's last node, after checking that every tree is a chain."""
+        tree = self.tree
+        local = torch.arange(tree.num_nodes, device=tree.parents.device) - tree.cu_seqlens[:-1][tree.request]
+        if not torch.equal(tree.parents, local - 1):
+            raise ValueError(
+                "prefill takes one chain per request (parents[i] == i - 1); use StepContext.chains"
+            )
+        return tree.cu_seqlens[1:] - 1
+
+    @classmethod
+    def chains(
+        cls,
+        lengths: list[int],
+        slots: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+    ) -> StepContext:
+        """One chain of ``lengths[b]`` new tokens per request (prefill, or a chain draft)."""
+        return cls(slots, block_tables, context_lens, TreeBatch.chains(lengths, device=slots.device))
+
+    @classmethod
+    def single_tokens(
+        cls, slots: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
+    ) -> StepContext:
+        """One new token per request (plain decode)."""
+        b = slots.shape[0]
+        parents = torch.full((b,), -1, dtype=torch.long, device=slots.device)
+        tree = TreeBatch.build(parents, torch.arange(b + 1, device=slots.device), max_supported_depth=1)
+        return cls(slots, block_tables, context_lens, tree)
+
+
+@dataclass(slots=True)
+class ModelCache:
+    """Slot pools and paged KV of one model (and of its MTP layer when present)."""
+
+    gdn_state: torch.Tensor  # float32 [L_gdn, S, HV, dk, dv]
+    conv_state: torch.Tensor  # model dtype [L_gdn, S, C, W - 1]: last inputs, oldest first
+    k_cache: torch.Tensor  # model dtype [L_attn, num_blocks, block_size, KVH, head_dim]
+    v_cache: torch.Tensor
+    mtp_k_cache: torch.Tensor | None  # [1, num_blocks, block_size, KVH, head_dim], same block tables
+    mtp_v_cache: torch.Tensor | None
+
+    @classmethod
+    def allocate(
+        cls,
+        config: Qwen35Config,
+        num_slots: int,
+        num_blocks: int,
+        block_size: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        mtp: bool,
+    ) -> ModelCache:
+        for name, value in (("num_slots", num_slots), ("num_blocks", num_blocks), ("block_size", block_size)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        c = config
+        gdn = (c.num_gdn_layers, num_slots)
+        kv = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+
+        def zeros(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dt, device=device)
+
+        return cls(
+            gdn_state=zeros(*gdn, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+                            dt=torch.float32),
+            conv_state=zeros(*gdn, c.conv_dim, c.linear_conv_kernel_dim - 1),
+            k_cache=zeros(c.num_attn_layers, *kv),
+            v_cache=zeros(c.num_attn_layers, *kv),
+            mtp_k_cache=zeros(1, *kv) if mtp else None,
+            mtp_v_cache=zeros(1, *kv) if mtp else None,
+        )  # fmt: skip
+
+    @property
+    def num_slots(self) -> int:
+        return self.gdn_state.shape[1]
+
+    @property
+    def block_size(self) -> int:
+        return self.k_cache.shape[2]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k_cache.shape[1]
+
+    def reset_slots(self, slots: torch.Tensor) -> None:
+        """Zero the GDN and conv state of newly admitted requests (KV needs no reset: it is masked)."""
+        slots = torch.as_tensor(slots, device=self.gdn_state.device).long()
+        if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.num_slots):
+            raise ValueError(f"slots must lie in [0, {self.num_slots}), got {slots.tolist()}")
+        self.gdn_state[:, slots] = 0
+        self.conv_state[:, slots] = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCommit:
+    """What a verify produced and a commit needs, with the caches it commits into.
+
+    ``new_k``/``new_v`` ``[L_attn, N, KVH, d]``; ``conv_inputs [L_gdn, N, C]``; GDN either stacked
+    factors (``gdn_scheme="bole"``), per-layer snapshots ``[N, HV, dk, dv]`` (``"serial"``), or neither
+    when the state was already written (prefill).
+    """
+
+    ctx: StepContext
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    new_k: torch.Tensor | None
+    new_v: torch.Tensor | None
+    gdn_state: torch.Tensor | None = None
+    conv_state: torch.Tensor | None = None
+    conv_inputs: torch.Tensor | None = None
+    gdn_factors: ops.GDNTreeFactors | None = None
+    gdn_snapshots: tuple[torch.Tensor, ...] | None = None
+
+    def commit(self, accepted_leaf: torch.Tensor) -> None:
+        """Make each request's path to ``accepted_leaf[b]`` (local index, -1 = nothing) the new state."""
+        ctx = self.ctx
+        accepted_leaf = torch.as_tensor(accepted_leaf, device=ctx.slots.device).long()
+        if self.gdn_factors is not None:
+            ops.gdn_commit(self.gdn_state, self.gdn_factors, accepted_leaf, state_indices=ctx.slots)
+        if self.gdn_snapshots is not None:
+            for state, snapshots in zip(self.gdn_state, self.gdn_snapshots, strict=True):
+                ops.gdn_snapshot_commit(state, snapshots, ctx.tree, accepted_leaf, state_indices=ctx.slots)
+        if self.conv_inputs is not None:
+            ops.conv_state_commit(
+                self.conv_state, self.conv_inputs, ctx.tree, accepted_leaf, state_indices=ctx.slots
+            )
+        if self.new_k is not None:
+            write_accepted_kv(
+                self.k_cache, self.v_cache, self.new_k, self.new_v, ctx.tree, accepted_leaf,
+                ctx.block_tables, ctx.context_lens,
+            )  # fmt: skip

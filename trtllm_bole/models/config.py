@@ -1,0 +1,255 @@
+"""Qwen3.5 text-model settings, read from a Hugging Face ``config.json``.
+
+Two published layouts are accepted:
+
+- ``model_type: qwen3_5_text`` (``Qwen3_5ForCausalLM``): settings at the top level, weights under
+  ``model.``;
+- ``model_type: qwen3_5`` (``Qwen3_5ForConditionalGeneration``, the released vision-language
+  wrapper): text settings under ``text_config``, weights under ``model.language_model.``; the
+  vision tower is ignored.
+
+Mixture-of-experts variants (``qwen3_5_moe``) are refused with a message saying so: they are never
+half-loaded. Every error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LINEAR_ATTENTION = "linear_attention"
+FULL_ATTENTION = "full_attention"
+
+_TEXT_PREFIX = "model."
+_WRAPPER_PREFIX = "model.language_model."
+_MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
+
+
+@dataclass(slots=True)
+class Qwen35Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    layer_types: tuple[str, ...]
+    linear_conv_kernel_dim: int = 4
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.25
+    tie_word_embeddings: bool = False
+    mtp_num_hidden_layers: int = 1
+    weight_prefix: str = _TEXT_PREFIX
+    """Where the text model's tensors live in the checkpoint (``model.`` or ``model.language_model.``)."""
+    source: str = "<dict>"
+    """The file the settings came from, for error messages."""
+
+    # Derived in __post_init__.
+    gdn_layer_ids: tuple[int, ...] = field(init=False)
+    attn_layer_ids: tuple[int, ...] = field(init=False)
+    rotary_dim: int = field(init=False)
+    key_dim: int = field(init=False)  # H * dk: width of q and of k in the GDN in-projection
+    value_dim: int = field(init=False)  # HV * dv
+    conv_dim: int = field(init=False)  # q, k and v channels through the short conv
+
+    def __post_init__(self) -> None:
+        self._check_integers()
+        self.layer_types = tuple(self.layer_types)
+        self.gdn_layer_ids = tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR_ATTENTION)
+        self.attn_layer_ids = tuple(i for i, t in enumerate(self.layer_types) if t == FULL_ATTENTION)
+        self.rotary_dim = int(self.head_dim * self.partial_rotary_factor)
+        self.key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+        self.value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self._validate()
+
+    @property
+    def num_gdn_layers(self) -> int:
+        return len(self.gdn_layer_ids)
+
+    @property
+    def num_attn_layers(self) -> int:
+        return len(self.attn_layer_ids)
+
+    @property
+    def _where(self) -> str:
+        return "text_config." if self.weight_prefix == _WRAPPER_PREFIX else ""
+
+    def _check_integers(self) -> None:
+        for name in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+            "linear_key_head_dim", "linear_value_head_dim",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{self.source}: {self._where}{name} = {value!r} must be a positive integer")
+        if isinstance(self.linear_conv_kernel_dim, bool) or not isinstance(self.linear_conv_kernel_dim, int):
+            raise ValueError(
+                f"{self.source}: {self._where}linear_conv_kernel_dim = {self.linear_conv_kernel_dim!r} "
+                f"must be an integer >= 2"
+            )
+
+    def _validate(self) -> None:
+        where = self._where
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(
+                f"{self.source}: {where}layer_types has {len(self.layer_types)} entries but "
+                f"{where}num_hidden_layers = {self.num_hidden_layers}"
+            )
+        for i, kind in enumerate(self.layer_types):
+            if kind not in (LINEAR_ATTENTION, FULL_ATTENTION):
+                raise ValueError(
+                    f"{self.source}: {where}layer_types[{i}] = {kind!r}; expected "
+                    f"{LINEAR_ATTENTION!r} or {FULL_ATTENTION!r}"
+                )
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(
+                f"{self.source}: {where}linear_num_value_heads = {self.linear_num_value_heads} must be a "
+                f"multiple of {where}linear_num_key_heads = {self.linear_num_key_heads}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"{self.source}: {where}num_attention_heads = {self.num_attention_heads} must be a multiple "
+                f"of {where}num_key_value_heads = {self.num_key_value_heads}"
+            )
+        if self.linear_conv_kernel_dim < 2:
+            raise ValueError(
+                f"{self.source}: {where}linear_conv_kernel_dim = {self.linear_conv_kernel_dim} must be >= 2"
+            )
+        if self.rotary_dim <= 0 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise ValueError(
+                f"{self.source}: {where}partial_rotary_factor = {self.partial_rotary_factor} gives a rotary "
+                f"width of {self.rotary_dim} on head_dim {self.head_dim}; it must be even and in "
+                f"[2, head_dim]"
+            )
+        if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
+            raise ValueError(
+                f"{self.source}: {where}rms_norm_eps = {self.rms_norm_eps} and rope_theta = "
+                f"{self.rope_theta} must be positive"
+            )
+        if self.mtp_num_hidden_layers not in (0, 1):
+            raise ValueError(
+                f"{self.source}: {where}mtp_num_hidden_layers = {self.mtp_num_hidden_layers}; only 0 or 1 "
+                f"MTP layer is supported (the published Qwen3.5 checkpoints ship one)"
+            )
+
+
+def load_config(source: str | Path | dict[str, Any]) -> Qwen35Config:
+    """Read a checkpoint directory, a ``config.json`` path, or an already parsed dict."""
+    if isinstance(source, dict):
+        raw, name = source, "<dict>"
+    else:
+        path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"
+        name = str(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{name}: no such file; a checkpoint directory needs a config.json") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{name}: expected a JSON object at the top level")
+    return _parse(raw, name)
+
+
+def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
+    model_type = raw.get("model_type")
+    text, prefix, where = raw, _TEXT_PREFIX, ""
+    if model_type == "qwen3_5":
+        text = raw.get("text_config")
+        if not isinstance(text, dict):
+            raise ValueError(f"{source}: model_type 'qwen3_5' needs a text_config object")
+        prefix, where = _WRAPPER_PREFIX, "text_config."
+        if text.get("model_type", "qwen3_5_text") != "qwen3_5_text":
+            model_type = text["model_type"]
+    if model_type in _MOE_TYPES or "num_experts" in text:
+        raise ValueError(
+            f"{source}: {model_type or 'this'} is a Qwen3.5 mixture-of-experts model; only dense Qwen3.5 "
+            f"(qwen3_5_text, or qwen3_5 with a dense text_config) is supported, and MoE checkpoints are "
+            f"refused rather than half-loaded"
+        )
+    if model_type not in ("qwen3_5", "qwen3_5_text"):
+        raise ValueError(
+            f"{source}: model_type = {model_type!r}; expected 'qwen3_5_text' (Qwen3_5ForCausalLM) or "
+            f"'qwen3_5' (the vision-language wrapper with a text_config)"
+        )
+
+    def get(name: str, default: Any = ...) -> Any:
+        if name in text:
+            return text[name]
+        if default is ...:
+            raise ValueError(f"{source}: required field {where}{name} is missing")
+        return default
+
+    def number(name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{source}: {where}{name} = {value!r} must be a number")
+        return float(value)
+
+    for unsupported, ok in (("hidden_act", "silu"), ("attention_bias", False), ("attn_output_gate", True)):
+        if get(unsupported, ok) != ok:
+            raise ValueError(
+                f"{source}: {where}{unsupported} = {get(unsupported)!r} is not supported "
+                f"(Qwen3.5 uses {ok!r})"
+            )
+    num_layers = get("num_hidden_layers")
+    layer_types = get("layer_types", None)
+    if layer_types is None:
+        # transformers' rule when only the interval is given: every interval-th layer is full attention.
+        interval = get("full_attention_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
+            raise ValueError(
+                f"{source}: {where}full_attention_interval = {interval!r} must be a positive integer"
+            )
+        if not isinstance(num_layers, int):
+            raise ValueError(
+                f"{source}: {where}num_hidden_layers = {num_layers!r} must be a positive integer"
+            )
+        layer_types = [LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION for i in range(num_layers)]
+    elif not isinstance(layer_types, list):
+        raise ValueError(f"{source}: {where}layer_types must be a list, got {layer_types!r}")
+
+    rope = get("rope_parameters", None) or get("rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(
+            f"{source}: {where}rope_parameters.rope_type = {rope_type!r}; only 'default' RoPE is supported "
+            f"(Qwen3.5's multimodal sections reduce to plain 1-D positions for text)"
+        )
+    tie = raw.get("tie_word_embeddings", get("tie_word_embeddings", False))
+    return Qwen35Config(
+        vocab_size=get("vocab_size"),
+        hidden_size=get("hidden_size"),
+        intermediate_size=get("intermediate_size"),
+        num_hidden_layers=num_layers,
+        num_attention_heads=get("num_attention_heads"),
+        num_key_value_heads=get("num_key_value_heads"),
+        head_dim=get("head_dim"),
+        linear_num_key_heads=get("linear_num_key_heads"),
+        linear_num_value_heads=get("linear_num_value_heads"),
+        linear_key_head_dim=get("linear_key_head_dim"),
+        linear_value_head_dim=get("linear_value_head_dim"),
+        layer_types=tuple(layer_types),
+        linear_conv_kernel_dim=get("linear_conv_kernel_dim", 4),
+        rms_norm_eps=number("rms_norm_eps", get("rms_norm_eps", 1e-6)),
+        rope_theta=number("rope_parameters.rope_theta", rope.get("rope_theta", get("rope_theta", 10000.0))),
+        partial_rotary_factor=number(
+            "rope_parameters.partial_rotary_factor",
+            rope.get("partial_rotary_factor", get("partial_rotary_factor", 0.25)),
+        ),
+        tie_word_embeddings=bool(tie),
+        mtp_num_hidden_layers=get("mtp_num_hidden_layers", 1),
+        weight_prefix=prefix,
+        source=source,
+    )

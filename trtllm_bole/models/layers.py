@@ -1,0 +1,347 @@
+"""Qwen3.5 building blocks, written to match transformers' ``modeling_qwen3_5.py`` op for op.
+
+Every token mixer runs two ways over the same weights:
+
+- over a packed forest of new tokens on top of the serving caches (:class:`ForwardState`): GDN
+  through :mod:`trtllm_bole.ops` (tree conv, closed-form verify / serial verify / chunked prefill),
+  attention over the paged KV cache with ancestor masks;
+- over whole sequences without a cache (:class:`SequenceState`), differentiable, for training and
+  for checking logits against transformers.
+
+Projections are fused where one matmul replaces several (GDN ``in_proj_qkv|z|b|a``, attention
+``q|k|v``, MLP ``gate|up``); the loader fills the fused weights slice by slice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trtllm_bole import ops
+from trtllm_bole.models.attention import TreeAttention, causal_attention, tree_attention
+from trtllm_bole.models.cache import PendingCommit, StepContext
+from trtllm_bole.models.config import LINEAR_ATTENTION, Qwen35Config
+from trtllm_bole.reference.gdn_tree import chunk_gated_delta_rule
+
+GDN_MODES = ("bole", "serial", "prefill")
+
+# ------------------------------------------------------------------------------------------- #
+# Norms and rotary embedding                                                                   #
+# ------------------------------------------------------------------------------------------- #
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm: ``x / rms(x) * (1 + w)`` in float32, cast back (Qwen3_5RMSNorm)."""
+    x32 = x.float()
+    out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * (1.0 + weight.float())).type_as(x)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """GDN output norm: plain weight (not zero-centred), then ``* silu(gate)`` (Qwen3_5RMSNormGated)."""
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * normed * F.silu(gate.float())).to(x.dtype)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """q/k normalisation of the GDN kernels (FLA's form, eps inside the root), in float32."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, config: Qwen35Config, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[..., rotary_dim]`` for integer positions.
+
+    Qwen3.5's multimodal RoPE gives the T, H and W sections the same position for text tokens, so it
+    is plain 1-D RoPE over the first ``rotary_dim`` channels (checked against transformers in tests).
+    """
+    dim = config.rotary_dim
+    inv_freq = 1.0 / (
+        config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / dim)
+    )
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the leading ``rotary_dim`` channels of ``x [..., heads, head_dim]``."""
+    dim = cos.shape[-1]
+    cos, sin = cos[..., None, :], sin[..., None, :]
+    x_rot, x_pass = x[..., :dim], x[..., dim:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+
+# ------------------------------------------------------------------------------------------- #
+# Per-forward state                                                                            #
+# ------------------------------------------------------------------------------------------- #
+
+
+@dataclass(slots=True)
+class SequenceState:
+    """Cache-less forward over ``[B, L]`` sequences: positions ``0 .. L - 1``."""
+
+    cos: torch.Tensor  # [L, rotary_dim]
+    sin: torch.Tensor
+
+    @classmethod
+    def build(
+        cls, length: int, config: Qwen35Config, dtype: torch.dtype, device: torch.device
+    ) -> SequenceState:
+        return cls(*rope_cos_sin(torch.arange(length, device=device), config, dtype))
+
+
+@dataclass(slots=True)
+class ForwardState:
+    """What every layer of one serving forward reads, and what the layers leave for the commit."""
+
+    ctx: StepContext
+    cos: torch.Tensor  # [N, rotary_dim], position = context_len + depth - 1
+    sin: torch.Tensor
+    attn: TreeAttention
+    k_cache: torch.Tensor  # [L_attn, num_blocks, block_size, KVH, d]
+    v_cache: torch.Tensor
+    gdn_state: torch.Tensor | None = None  # [L_gdn, S, HV, dk, dv]
+    conv_state: torch.Tensor | None = None  # [L_gdn, S, C, W - 1]
+    gdn_mode: str = "bole"
+    conv_inputs: list[torch.Tensor] = field(default_factory=list)
+    gdn_factors: list[ops.GDNTreeFactors] = field(default_factory=list)
+    gdn_snapshots: list[torch.Tensor] = field(default_factory=list)
+    new_k: list[torch.Tensor] = field(default_factory=list)
+    new_v: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        ctx: StepContext,
+        config: Qwen35Config,
+        dtype: torch.dtype,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        *,
+        gdn_state: torch.Tensor | None = None,
+        conv_state: torch.Tensor | None = None,
+        gdn_mode: str = "bole",
+    ) -> ForwardState:
+        if gdn_mode not in GDN_MODES:
+            raise ValueError(f"gdn_mode must be one of {GDN_MODES}, got {gdn_mode!r}")
+        tree = ctx.tree
+        positions = ctx.context_lens.long()[tree.request] + tree.depth - 1
+        attn = TreeAttention.build(
+            tree, ctx.block_tables, ctx.context_lens, k_cache.shape[2], k_cache.shape[1]
+        )
+        return cls(ctx, *rope_cos_sin(positions, config, dtype), attn, k_cache, v_cache,
+                   gdn_state, conv_state, gdn_mode)  # fmt: skip
+
+    def pending(self) -> PendingCommit:
+        def stacked(xs: list[torch.Tensor]) -> torch.Tensor | None:
+            return torch.stack(xs) if xs else None
+
+        return PendingCommit(
+            self.ctx,
+            self.k_cache,
+            self.v_cache,
+            stacked(self.new_k),
+            stacked(self.new_v),
+            self.gdn_state,
+            self.conv_state,
+            stacked(self.conv_inputs),
+            ops.stack_factors(self.gdn_factors) if self.gdn_factors else None,
+            tuple(self.gdn_snapshots) if self.gdn_snapshots else None,
+        )
+
+
+# ------------------------------------------------------------------------------------------- #
+# Layers                                                                                       #
+# ------------------------------------------------------------------------------------------- #
+
+
+class EmptyInitModule(nn.Module):
+    """Parameters are created empty (no random init: weights come from a checkpoint or a seeded
+    generator) and frozen for serving; ``requires_grad_(True)`` to train."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        self._factory = {"dtype": dtype, "device": device}
+
+    def _param(self, *shape: int) -> nn.Parameter:
+        return nn.Parameter(torch.empty(shape, **self._factory), requires_grad=False)
+
+
+class _Mixer(EmptyInitModule):
+    """A token mixer; ``index`` is its position among the layers of its kind (its row in the caches)."""
+
+    def __init__(self, config: Qwen35Config, index: int, dtype: torch.dtype, device: torch.device | str):
+        super().__init__(dtype, device)
+        self.index = index
+        self.eps = config.rms_norm_eps
+
+    def forward(self, x: torch.Tensor, state: ForwardState | SequenceState) -> torch.Tensor:
+        if isinstance(state, ForwardState):
+            return self.forward_tree(x, state)
+        return self.forward_sequences(x, state)
+
+    def forward_tree(self, x: torch.Tensor, fs: ForwardState) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward_sequences(self, x: torch.Tensor, ss: SequenceState) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class GatedDeltaNet(_Mixer):
+    """``layers.N.linear_attn``: in-proj, short conv + SiLU, q/k L2 norm, gates, recurrence, gated norm."""
+
+    def __init__(self, config: Qwen35Config, index: int, *, dtype: torch.dtype, device: torch.device | str):
+        super().__init__(config, index, dtype, device)
+        c = config
+        self.heads = (c.linear_num_key_heads, c.linear_key_head_dim)
+        self.value_heads = (c.linear_num_value_heads, c.linear_value_head_dim)
+        self.splits = (c.conv_dim, c.value_dim, c.linear_num_value_heads, c.linear_num_value_heads)
+        self.qkv_splits = (c.key_dim, c.key_dim, c.value_dim)
+        self.scale = c.linear_key_head_dim**-0.5
+        self.in_proj = self._param(sum(self.splits), c.hidden_size)  # [qkv | z | b | a]
+        self.conv_weight = self._param(c.conv_dim, c.linear_conv_kernel_dim)
+        self.A_log = self._param(c.linear_num_value_heads)
+        self.dt_bias = self._param(c.linear_num_value_heads)
+        self.norm = self._param(c.linear_value_head_dim)
+        self.out_proj = self._param(c.hidden_size, c.value_dim)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.linear(x, self.in_proj).split(self.splits, dim=-1)
+
+    def _recurrence_inputs(
+        self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        q, k, v = mixed.split(self.qkv_splits, dim=-1)
+        q = l2norm(q.unflatten(-1, self.heads))
+        k = l2norm(k.unflatten(-1, self.heads))
+        v = v.unflatten(-1, self.value_heads)
+        # g = -exp(A_log) * softplus(a + dt_bias) <= 0 in float32; beta = sigmoid(b) (BOLE.md §1).
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        return q, k, v, g, b.sigmoid()
+
+    def _output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        y = gated_rms_norm(o, z.unflatten(-1, self.value_heads), self.norm, self.eps)
+        return F.linear(y.flatten(-2), self.out_proj)
+
+    def forward_tree(self, x: torch.Tensor, fs: ForwardState) -> torch.Tensor:
+        ctx = fs.ctx
+        qkv, z, b, a = self._project(x)
+        mixed = ops.tree_conv1d(
+            qkv, self.conv_weight, fs.conv_state[self.index], ctx.tree, state_indices=ctx.slots
+        )
+        fs.conv_inputs.append(qkv)
+        q, k, v, g, beta = self._recurrence_inputs(mixed, b, a)
+        state = fs.gdn_state[self.index]
+        if fs.gdn_mode == "prefill":
+            o = ops.gdn_prefill(
+                q, k, v, g, beta, state, ctx.tree.cu_seqlens, scale=self.scale, state_indices=ctx.slots
+            )
+        elif fs.gdn_mode == "serial":
+            o, snapshots = ops.gdn_tree_verify_serial(
+                q, k, v, g, beta, state, ctx.tree, scale=self.scale, state_indices=ctx.slots
+            )
+            fs.gdn_snapshots.append(snapshots)
+        else:
+            o, factors = ops.gdn_tree_verify(
+                q, k, v, g, beta, state, ctx.tree, scale=self.scale, state_indices=ctx.slots
+            )
+            fs.gdn_factors.append(factors)
+        return self._output(o, z)
+
+    def forward_sequences(self, x: torch.Tensor, ss: SequenceState) -> torch.Tensor:
+        qkv, z, b, a = self._project(x)
+        width = self.conv_weight.shape[1]
+        mixed = F.conv1d(
+            qkv.transpose(1, 2), self.conv_weight[:, None, :], padding=width - 1, groups=qkv.shape[-1]
+        )
+        mixed = F.silu(mixed[..., : x.shape[1]]).transpose(1, 2)
+        q, k, v, g, beta = self._recurrence_inputs(mixed, b, a)
+        initial = torch.zeros(
+            x.shape[0], v.shape[2], q.shape[-1], v.shape[-1], device=x.device
+        )  # [B, HV, dk, dv]
+        o, _ = chunk_gated_delta_rule(q, k, v, g, beta, initial, scale=self.scale)
+        return self._output(o, z)
+
+
+class Attention(_Mixer):
+    """``layers.N.self_attn``: q (+ output gate), k, v; q/k RMSNorm; partial RoPE; GQA; gated output."""
+
+    def __init__(self, config: Qwen35Config, index: int, *, dtype: torch.dtype, device: torch.device | str):
+        super().__init__(config, index, dtype, device)
+        c = config
+        self.head_dim = c.head_dim
+        self.num_heads = c.num_attention_heads
+        kv_width = c.num_key_value_heads * c.head_dim
+        self.splits = (2 * c.num_attention_heads * c.head_dim, kv_width, kv_width)
+        self.qkv_proj = self._param(sum(self.splits), c.hidden_size)  # [q and gate per head | k | v]
+        self.q_norm = self._param(c.head_dim)
+        self.k_norm = self._param(c.head_dim)
+        self.o_proj = self._param(c.hidden_size, c.num_attention_heads * c.head_dim)
+
+    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q_gate, k, v = F.linear(x, self.qkv_proj).split(self.splits, dim=-1)
+        # q_proj interleaves per head: [query (head_dim), gate (head_dim)] (transformers' layout).
+        q, gate = q_gate.unflatten(-1, (self.num_heads, 2 * self.head_dim)).chunk(2, dim=-1)
+        q = apply_rope(rms_norm(q, self.q_norm, self.eps), cos, sin)
+        k = apply_rope(rms_norm(k.unflatten(-1, (-1, self.head_dim)), self.k_norm, self.eps), cos, sin)
+        return q, k, v.unflatten(-1, (-1, self.head_dim)), gate.flatten(-2)
+
+    def _output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return F.linear(o.flatten(-2) * torch.sigmoid(gate), self.o_proj)
+
+    def forward_tree(self, x: torch.Tensor, fs: ForwardState) -> torch.Tensor:
+        q, k, v, gate = self._project(x, fs.cos, fs.sin)
+        fs.new_k.append(k)
+        fs.new_v.append(v)
+        o = tree_attention(q, k, v, fs.k_cache[self.index], fs.v_cache[self.index], fs.attn)
+        return self._output(o, gate)
+
+    def forward_sequences(self, x: torch.Tensor, ss: SequenceState) -> torch.Tensor:
+        q, k, v, gate = self._project(x, ss.cos, ss.sin)
+        return self._output(causal_attention(q, k, v), gate)
+
+
+class MLP(EmptyInitModule):
+    def __init__(self, config: Qwen35Config, *, dtype: torch.dtype, device: torch.device | str):
+        super().__init__(dtype, device)
+        self.gate_up_proj = self._param(2 * config.intermediate_size, config.hidden_size)
+        self.down_proj = self._param(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj)
+
+
+class DecoderLayer(EmptyInitModule):
+    """Pre-norm residual block: token mixer (GDN or attention), then MLP."""
+
+    def __init__(
+        self,
+        config: Qwen35Config,
+        kind: str,
+        index: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        super().__init__(dtype, device)
+        self.eps = config.rms_norm_eps
+        self.kind = kind
+        self.input_norm = self._param(config.hidden_size)
+        self.post_attention_norm = self._param(config.hidden_size)
+        mixer = GatedDeltaNet if kind == LINEAR_ATTENTION else Attention
+        self.mixer = mixer(config, index, dtype=dtype, device=device)
+        self.mlp = MLP(config, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor, state: ForwardState | SequenceState) -> torch.Tensor:
+        x = x + self.mixer(rms_norm(x, self.input_norm, self.eps), state)
+        return x + self.mlp(rms_norm(x, self.post_attention_norm, self.eps))

@@ -1,0 +1,190 @@
+"""Load a Hugging Face Qwen3.5 checkpoint into :class:`~trtllm_bole.models.model.Qwen35Model`.
+
+Single-file (``model.safetensors``) and sharded (``model.safetensors.index.json``) checkpoints are
+read tensor by tensor (one tensor in host memory at a time) through the name map of
+:func:`~trtllm_bole.models.checkpoint.checkpoint_layout`, converted to the chosen dtype and copied
+into the (possibly fused) parameters. All headers are checked before any data is read: missing,
+unexpected and wrongly shaped tensors are reported together, each with its file.
+
+Ignored: the vision tower (``model.visual.*``), ``rotary_emb.inv_freq`` buffers, and ``lm_head.weight``
+when the embeddings are tied. The MTP module (``mtp.*``) loads when present and complete; when it is
+absent a warning says so (fine without speculation); a partial one is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from trtllm_bole.models.checkpoint import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    TensorSlot,
+    checkpoint_layout,
+    random_tensors,
+)
+from trtllm_bole.models.config import Qwen35Config, load_config
+from trtllm_bole.models.model import Qwen35Model
+
+log = logging.getLogger(__name__)
+
+_IGNORED_PREFIXES = ("model.visual.", "visual.")
+
+
+def load_model(
+    path: str | Path,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    mtp: bool = True,
+    progress: bool = True,
+) -> Qwen35Model:
+    """Build the model from a checkpoint directory (``config.json`` + safetensors).
+
+    ``mtp=False`` skips the ``mtp.*`` tensors even when present. ``model.mtp`` is None when the MTP
+    module was not loaded.
+    """
+    path = Path(path)
+    config = load_config(path)
+    headers = _read_headers(path)
+    has_mtp = any(name.startswith("mtp.") for name in headers)
+    load_mtp = mtp and has_mtp and config.mtp_num_hidden_layers > 0
+    if mtp and not has_mtp:
+        log.warning(
+            "%s: no mtp.* tensors in the checkpoint; the built-in MTP drafter is unavailable "
+            "(plain decoding is unaffected)",
+            path,
+        )
+    layout = checkpoint_layout(config, mtp=load_mtp)
+    _check_names_and_shapes(path, config, headers, layout, load_mtp)
+
+    model = Qwen35Model(config, dtype=dtype, device=device, mtp=load_mtp)
+    with tqdm(total=len(layout), desc=f"loading {path.name}", unit="tensor", disable=not progress) as bar:
+        for file in sorted({file for file, _ in headers.values()}):
+            with _open(file) as f:
+                names = f.keys()  # a list: safetensors' handle is not iterable
+                for name in names:
+                    slot = layout.get(name)
+                    if slot is None:
+                        continue
+                    try:
+                        tensor = f.get_tensor(name)
+                    except Exception as e:  # safetensors raises its own error type for bad data
+                        raise ValueError(f"{file}: cannot read tensor {name} ({e})") from e
+                    _copy_into(model, slot, tensor)
+                    bar.update()
+    return model
+
+
+def random_model(
+    config: Qwen35Config,
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    mtp: bool = True,
+) -> Qwen35Model:
+    """A model with the seeded weights of :func:`~trtllm_bole.models.checkpoint.random_tensors`,
+    filled through the same name map as a checkpoint (no files involved)."""
+    model = Qwen35Model(config, dtype=dtype, device=device, mtp=mtp)
+    layout = checkpoint_layout(config, mtp=mtp)
+    for name, tensor in random_tensors(config, seed=seed, mtp=mtp).items():
+        _copy_into(model, layout[name], tensor)
+    return model
+
+
+def _copy_into(model: Qwen35Model, slot: TensorSlot, tensor: torch.Tensor) -> None:
+    target = model.get_parameter(slot.param)
+    if slot.rows is not None:
+        target = target[slot.rows[0] : slot.rows[1]]
+    target.copy_(tensor.reshape(target.shape))
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory (sharded or single), checked to exist."""
+    index = path / INDEX_FILE
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: not a safetensors index with a weight_map ({e!r})") from None
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    elif (path / SINGLE_FILE).exists():
+        files = [path / SINGLE_FILE]
+    else:
+        raise ValueError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE}; is this a checkpoint directory?")
+    for file in files:
+        if not file.is_file():
+            raise ValueError(f"{file}: listed in {INDEX_FILE} but missing")
+    return files
+
+
+def _open(file: Path) -> safe_open:
+    try:
+        return safe_open(file, framework="pt", device="cpu")
+    except Exception as e:  # a truncated file fails here, while its header is parsed
+        raise ValueError(f"{file}: cannot read the safetensors file ({e}); it is truncated or corrupt") from e
+
+
+def _read_headers(path: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """Tensor name -> (file, shape), from the headers alone."""
+    headers: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    files = checkpoint_files(path)
+    for file in files:
+        with _open(file) as f:
+            names = f.keys()
+            for name in names:
+                if name in headers:
+                    raise ValueError(f"{file}: tensor {name} is also in {headers[name][0]}")
+                headers[name] = (file, tuple(f.get_slice(name).get_shape()))
+    index = path / INDEX_FILE
+    if index.exists():
+        for name, file in json.loads(index.read_text())["weight_map"].items():
+            if headers.get(name, (None,))[0] != path / file:
+                raise ValueError(
+                    f"{path / file}: {INDEX_FILE} lists tensor {name} but the file does not hold it"
+                )
+    return headers
+
+
+def _check_names_and_shapes(
+    path: Path,
+    config: Qwen35Config,
+    headers: dict[str, tuple[Path, tuple[int, ...]]],
+    layout: dict[str, TensorSlot],
+    load_mtp: bool,
+) -> None:
+    def ignored(name: str) -> bool:
+        return (
+            name.startswith(_IGNORED_PREFIXES)
+            or name.endswith("rotary_emb.inv_freq")
+            or (name == "lm_head.weight" and config.tie_word_embeddings)
+            or (name.startswith("mtp.") and not load_mtp)
+        )
+
+    problems = [f"missing tensor {name}" for name in layout if name not in headers]
+    for name, (file, shape) in headers.items():
+        if name in layout:
+            if shape != layout[name].shape:
+                problems.append(
+                    f"{file.name}: tensor {name} has shape {list(shape)}, expected {list(layout[name].shape)}"
+                )
+        elif not ignored(name):
+            problems.append(f"{file.name}: unexpected tensor {name}")
+    if problems:
+        hint = ""
+        if any(n.startswith("mtp.") for n in headers) and any(
+            p.startswith("missing tensor mtp.") for p in problems
+        ):
+            hint = " (the mtp.* module is incomplete: load with mtp=False to serve without it)"
+        shown = "\n  ".join(problems[:50]) + (
+            f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
+        )
+        raise ValueError(
+            f"{path}: checkpoint does not match its config.json ({config.source}){hint}:\n  {shown}"
+        )

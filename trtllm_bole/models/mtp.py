@@ -1,0 +1,120 @@
+"""Qwen3.5's multi-token-prediction (MTP) module: the built-in drafter.
+
+Published layout (``mtp.*`` next to the main weights): ``pre_fc_norm_embedding`` and
+``pre_fc_norm_hidden`` (zero-centred RMSNorms), ``fc`` (2h -> h), one full-attention decoder layer
+``layers.0`` with the target's layer structure, and a final ``norm``; embeddings and lm_head are the
+target's.
+
+Conventions, as served by vLLM (``vllm/model_executor/models/qwen3_5_mtp.py``,
+``Qwen3_5MultiTokenPredictor.forward``) and SGLang (``python/sglang/srt/models/qwen3_5_mtp.py``):
+
+- the fc input is ``cat([norm_e(embed(token)), norm_h(hidden)])``: embedding first;
+- ``hidden`` is the target's *final-normed* hidden state (vLLM's ``Qwen3NextModel.forward`` returns
+  ``norm(hidden, residual)``, and that is what its proposer hands to the MTP), or, for a deeper draft
+  step, the MTP's own output after ``mtp.norm``;
+- row ``p`` pairs the hidden state at position ``p`` with the token at position ``p + 1`` and runs
+  at RoPE position ``p`` (vLLM's EAGLE proposer shifts the input ids left by one and keeps the
+  target positions: ``vllm/v1/spec_decode/eagle.py``). Its KV entry is written at position ``p`` of
+  the MTP's own paged cache, which shares the target's block tables.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trtllm_bole.models.cache import ModelCache, PendingCommit, StepContext
+from trtllm_bole.models.config import FULL_ATTENTION, Qwen35Config
+from trtllm_bole.models.layers import DecoderLayer, EmptyInitModule, ForwardState, SequenceState, rms_norm
+
+
+class MTPHead(EmptyInitModule):
+    def __init__(
+        self,
+        config: Qwen35Config,
+        embed_tokens: nn.Parameter,
+        lm_head: nn.Parameter,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        super().__init__(dtype, device)
+        h = config.hidden_size
+        self.config = config
+        self.eps = config.rms_norm_eps
+        self.fc = self._param(h, 2 * h)
+        self.pre_fc_norm_embedding = self._param(h)
+        self.pre_fc_norm_hidden = self._param(h)
+        self.norm = self._param(h)
+        self.layer = DecoderLayer(config, FULL_ATTENTION, 0, dtype=dtype, device=device)
+        # Shared with the target model (the same Parameter objects, not copies).
+        self.embed_tokens = embed_tokens
+        self.lm_head = lm_head
+        self.cache: ModelCache | None = None  # set by Qwen35Model.allocate_cache
+
+    def _fuse(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        embedded = rms_norm(F.embedding(token_ids, self.embed_tokens), self.pre_fc_norm_embedding, self.eps)
+        hidden = rms_norm(hidden, self.pre_fc_norm_hidden, self.eps)
+        return F.linear(torch.cat([embedded, hidden], dim=-1), self.fc)
+
+    def _forward_tree(
+        self, hidden: torch.Tensor, token_ids: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, PendingCommit]:
+        if self.cache is None or self.cache.mtp_k_cache is None:
+            raise ValueError("no MTP cache: call Qwen35Model.allocate_cache first")
+        n = ctx.tree.num_nodes
+        if token_ids.shape != (n,) or hidden.shape != (n, self.config.hidden_size):
+            raise ValueError(
+                f"MTP takes hidden [N={n}, {self.config.hidden_size}] and token_ids [N={n}], got "
+                f"{tuple(hidden.shape)} and {tuple(token_ids.shape)}"
+            )
+        fs = ForwardState.build(
+            ctx, self.config, self.fc.dtype, self.cache.mtp_k_cache, self.cache.mtp_v_cache
+        )
+        x = self.layer(self._fuse(hidden, token_ids), fs)
+        return rms_norm(x, self.norm, self.eps), fs.pending()
+
+    @torch.no_grad()
+    def verify(
+        self, hidden: torch.Tensor, token_ids: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor, PendingCommit]:
+        """Draft over a forest of new rows on top of the MTP's committed KV; the cache is untouched.
+
+        Row ``i`` pairs ``hidden[i]`` (the state that predicted ``token_ids[i]``: the target's hidden,
+        or the MTP output of the row's parent) with ``token_ids[i]``; ``ctx.context_lens`` counts the
+        MTP's committed rows. Returns ``(mtp_hidden [N, h], logits [N, V], pending)``.
+        """
+        mtp_hidden, pending = self._forward_tree(hidden, token_ids, ctx)
+        return mtp_hidden, F.linear(mtp_hidden, self.lm_head), pending
+
+    @torch.no_grad()
+    def commit(self, pending: PendingCommit, accepted_leaf: torch.Tensor) -> None:
+        """Write the K/V of each request's path to ``accepted_leaf[b]`` into the MTP cache."""
+        pending.commit(accepted_leaf)
+
+    @torch.no_grad()
+    def prefill(
+        self, hidden: torch.Tensor, token_ids: torch.Tensor, ctx: StepContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Chains of rows written straight into the MTP cache (prompt, or the accepted path).
+
+        Returns ``(mtp_hidden [N, h], logits [B, V])`` at each chain's last row.
+        """
+        last = ctx.last_of_chains()
+        mtp_hidden, pending = self._forward_tree(hidden, token_ids, ctx)
+        pending.commit(last - ctx.tree.cu_seqlens[:-1])
+        return mtp_hidden, F.linear(mtp_hidden[last], self.lm_head)
+
+    def forward_sequences(self, hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """Cache-less and differentiable, for next-next-token training: ``hidden [B, L, h]`` of the
+        target at positions ``0 .. L - 1`` and ``next_ids [B, L]``, the tokens at positions
+        ``1 .. L`` (the target's input ids shifted left by one). ``logits[:, p]`` predicts the token
+        at position ``p + 2``."""
+        if next_ids.shape != hidden.shape[:2]:
+            raise ValueError(
+                f"next_ids {tuple(next_ids.shape)} must match hidden's [B, L] {tuple(hidden.shape[:2])}"
+            )
+        state = SequenceState.build(hidden.shape[1], self.config, self.fc.dtype, hidden.device)
+        x = self.layer(self._fuse(hidden, next_ids), state)
+        return F.linear(rms_norm(x, self.norm, self.eps), self.lm_head)
