@@ -1,15 +1,19 @@
 """Checkpoint loading: published layouts in, clear errors (file + tensor or field) for bad ones."""
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from trtllm_bole.models.checkpoint import INDEX_FILE, random_tensors, write_safetensors
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(path: Path, settings: dict, *, mtp: bool = True, shard_bytes: int | None = None, **edits) -> dict:
@@ -181,3 +185,54 @@ def test_wrapper_fields_are_named_with_their_prefix(tiny_settings):
 def test_mixture_of_experts_is_refused_clearly(raw):
     with pytest.raises(ValueError, match=r"mixture-of-experts.*refused rather than half-loaded"):
         load_config(raw)
+
+
+# ---------------------------------------------------------------------------------------------- #
+# build_scripts/make_checkpoint.py                                                                #
+# ---------------------------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def make_checkpoint():
+    spec = importlib.util.spec_from_file_location(
+        "make_checkpoint", ROOT / "build_scripts" / "make_checkpoint.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def test_make_checkpoint_writes_what_transformers_and_we_load(tmp_path, make_checkpoint):
+    transformers = pytest.importorskip("transformers")
+    make_checkpoint(["--out", str(tmp_path), "--seed", "1"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ids = torch.tensor([tokenizer("def main(argv=None):\n    return 0\n")["input_ids"]])
+    assert tokenizer.decode(ids[0]) == "def main(argv=None):\n    return 0\n"
+    ours = _load(tmp_path)
+    assert ours.mtp is not None and ours.config.vocab_size == len(tokenizer)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.forward_sequences(ids)[1], hf(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_make_checkpoint_wrapper_sharded_bf16_without_mtp(tmp_path, make_checkpoint):
+    make_checkpoint(
+        ["--out", str(tmp_path), "--wrapper", "--no-mtp", "--dtype", "bfloat16", "--shard-size", "0.1",
+         "--preset", "tiny-interval4"]
+    )  # fmt: skip
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5" and config["text_config"]["tie_word_embeddings"]
+    names = json.loads((tmp_path / INDEX_FILE).read_text())["weight_map"]
+    assert all(n.startswith("model.language_model.") for n in names) and len(set(names.values())) > 1
+    first = load_file(sorted(tmp_path.glob("model-*.safetensors"))[0])
+    assert {t.dtype for t in first.values()} == {torch.bfloat16}
+    model = _load(tmp_path, mtp=False)
+    assert model.mtp is None and model.config.layer_types.count("full_attention") == 1
+
+
+def test_make_checkpoint_is_seeded(tmp_path, make_checkpoint):
+    for name, seed in (("a", "3"), ("b", "3"), ("c", "4")):
+        make_checkpoint(["--out", str(tmp_path / name), "--seed", seed])
+    a, b, c = (load_file(tmp_path / name / "model.safetensors") for name in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["mtp.fc.weight"], c["mtp.fc.weight"])

@@ -62,3 +62,42 @@ QWEN35_PRESETS: dict[str, dict] = {
 def num_gdn_layers(preset: dict) -> int:
     interval = preset["full_attention_interval"]
     return sum(1 for i in range(preset["num_hidden_layers"]) if (i + 1) % interval)
+
+
+# Tiny random models for tests, CPU demos and the embedded default (build_scripts/make_checkpoint.py
+# sets vocab_size from the tokenizer it trains). Both layer mixes and both head layouts are covered:
+# "tiny" groups two GDN value heads per key head and alternates GDN / attention with untied
+# embeddings; "tiny-interval4" is 3 GDN : 1 attention like the real models, with tied embeddings.
+_TINY_COMMON = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 8,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+}
+
+TINY_PRESETS: dict[str, dict] = {
+    "tiny": {
+        **_TINY_COMMON,
+        "full_attention_interval": 2,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "tie_word_embeddings": False,
+    },
+    "tiny-interval4": {
+        **_TINY_COMMON,
+        "full_attention_interval": 4,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+}
