@@ -1,6 +1,8 @@
 """Tree verify and commit against the sequential truth: every root-to-node path decoded one token at a
 time from the same committed caches (BOLE.md §2-4: GDN, short conv and KV all on the tree)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -40,7 +42,9 @@ class Setup:
         self.tables = torch.randperm(30, generator=self.gen)[: 3 * max_blocks].view(3, max_blocks).int()
         prompt = self.tokens(sum(self.prompt_lens))
         ctx = StepContext.chains(self.prompt_lens, self.slots, self.tables, torch.zeros(3, dtype=torch.long))
-        self.prompt_hidden, _ = self.model.prefill(prompt, ctx)
+        prompt_hidden, _ = self.model.prefill(prompt, ctx)
+        if mtp:  # align the MTP cache with the prompts: row p = (hidden at p, token at p + 1)
+            self.model.mtp.prefill(prompt_hidden, self.tokens(sum(self.prompt_lens)), ctx)
 
     def tokens(self, n: int) -> torch.Tensor:
         return torch.randint(self.model.config.vocab_size, (n,), generator=self.gen)
@@ -83,28 +87,33 @@ def test_verify_equals_sequential_decode_and_commit_continues_it(scheme, variant
         expected = decode_one_at_a_time(int(tree.request[node]), ids[tree.path(node)])
         torch.testing.assert_close(logits[node], expected, atol=ATOL, rtol=0)
 
-    # Commit: a mid-tree node, nothing (that slot must stay bit-identical), the deepest node.
-    accepted = torch.tensor([5, -1, int(tree.depth[tree.cu_seqlens[2] :].argmax())])
-    model.cache = cache
-    model.commit(pending, accepted)
-    untouched = int(s.slots[1])
-    assert torch.equal(cache.gdn_state[:, untouched], before.gdn_state[:, untouched])
-    assert torch.equal(cache.conv_state[:, untouched], before.conv_state[:, untouched])
-    leaves = tree.accepted_nodes(accepted)
-    depth = torch.where(accepted >= 0, tree.depth[leaves.clamp(min=0)], 0)
+    # Commit every node of every request once (-1 where a request has fewer nodes: that slot must
+    # stay bit-identical), each into its own copy of the pre-verify caches, then decode one more token.
     following = s.tokens(3)
-    after = model.decode(following, StepContext.single_tokens(s.slots, s.tables, context + depth))
-
-    for b in range(3):
-        path = tree.path(int(leaves[b])) if accepted[b] >= 0 else torch.zeros(0, dtype=torch.long)
-        expected = decode_one_at_a_time(b, torch.cat([ids[path], following[b : b + 1]]))
-        torch.testing.assert_close(after[b], expected, atol=ATOL, rtol=0)
-        slot = int(s.slots[b])
-        for ours, truth in (
-            (cache.gdn_state, model.cache.gdn_state),
-            (cache.conv_state, model.cache.conv_state),
-        ):
-            torch.testing.assert_close(ours[:, slot], truth[:, slot], atol=1e-5, rtol=0)
+    sizes = (tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]).tolist()
+    for choice in range(max(sizes)):
+        accepted = torch.tensor([choice if choice < n else -1 for n in sizes])
+        model.cache = clone_cache(before)
+        fields = ("k_cache", "v_cache", "gdn_state", "conv_state")
+        model.commit(dataclasses.replace(pending, **{f: getattr(model.cache, f) for f in fields}), accepted)
+        committed = model.cache
+        for b in torch.nonzero(accepted < 0).flatten().tolist():
+            slot = int(s.slots[b])
+            assert torch.equal(committed.gdn_state[:, slot], before.gdn_state[:, slot])
+            assert torch.equal(committed.conv_state[:, slot], before.conv_state[:, slot])
+        leaves = tree.accepted_nodes(accepted)
+        depth = torch.where(accepted >= 0, tree.depth[leaves.clamp(min=0)], 0)
+        after = model.decode(following, StepContext.single_tokens(s.slots, s.tables, context + depth))
+        for b in range(3):
+            path = tree.path(int(leaves[b])) if accepted[b] >= 0 else torch.zeros(0, dtype=torch.long)
+            expected = decode_one_at_a_time(b, torch.cat([ids[path], following[b : b + 1]]))
+            torch.testing.assert_close(after[b], expected, atol=ATOL, rtol=0)
+            slot = int(s.slots[b])
+            for ours, truth in (
+                (committed.gdn_state, model.cache.gdn_state),
+                (committed.conv_state, model.cache.conv_state),
+            ):
+                torch.testing.assert_close(ours[:, slot], truth[:, slot], atol=1e-5, rtol=0)
 
 
 def test_prefill_on_top_of_a_context_equals_one_prefill(tiny_config, clone_cache):
@@ -134,13 +143,6 @@ def test_mtp_tree_equals_sequential_rows_and_commit(tiny_config, clone_cache):
     s = Setup(tiny_config(), mtp=True)
     mtp, cache = s.model.mtp, s.model.cache
     h = s.model.config.hidden_size
-    # Align the MTP cache with the prompts: row p = (hidden at p, token at p + 1).
-    zeros = torch.zeros(3, dtype=torch.long)
-    mtp.prefill(
-        s.prompt_hidden,
-        s.tokens(sum(s.prompt_lens)),
-        StepContext.chains(s.prompt_lens, s.slots, s.tables, zeros),
-    )
     tree = forest([star_parents(4), topk_parents(7, 2, 3), chain_parents(3)])
     hidden = torch.randn(tree.num_nodes, h, generator=s.gen)
     ids = s.tokens(tree.num_nodes)
@@ -176,6 +178,44 @@ def test_mtp_tree_equals_sequential_rows_and_commit(tiny_config, clone_cache):
         path = tree.path(int(tree.accepted_nodes(accepted)[b])).tolist() if accepted[b] >= 0 else []
         rows = [(hidden[i], ids[i]) for i in path] + [(next_hidden[b], next_ids[b])]
         torch.testing.assert_close(after[b], one_row_at_a_time(b, rows)[1], atol=ATOL, rtol=0)
+
+
+def test_mtp_grows_a_tree_depth_by_depth(tiny_config, clone_cache):
+    """EAGLE-style drafting: one MTP pass per depth over the new nodes only (``past``), equal to one
+    pass over the finished forest, and its final pending commits like the one-pass pending."""
+    s = Setup(tiny_config(), mtp=True)
+    mtp = s.model.mtp
+    trees = [topk_parents(8, 2, 4), chain_parents(3), star_parents(4)]  # nodes in depth order
+    final = forest(trees)
+    hidden = torch.randn(final.num_nodes, s.model.config.hidden_size, generator=s.gen)
+    ids = s.tokens(final.num_nodes)
+    context = torch.tensor(s.prompt_lens)
+    before = clone_cache(s.model.cache)
+    whole_hidden, whole_logits, whole_pending = mtp.verify(
+        hidden, ids, StepContext(s.slots, s.tables, context, final)
+    )
+
+    past, done = None, [0, 0, 0]
+    for depth in range(1, final.max_depth + 1):
+        counts = [
+            int((final.depth[final.cu_seqlens[b] : final.cu_seqlens[b + 1]] <= depth).sum()) for b in range(3)
+        ]
+        grown = forest([t[:n] for t, n in zip(trees, counts, strict=True)])
+        new = torch.cat([final.cu_seqlens[b] + torch.arange(done[b], counts[b]) for b in range(3)])
+        ctx = StepContext(s.slots, s.tables, context, grown)
+        out_hidden, out_logits, past = mtp.verify(hidden[new], ids[new], ctx, past=past)
+        torch.testing.assert_close(out_logits, whole_logits[new], atol=1e-5, rtol=0)
+        torch.testing.assert_close(out_hidden, whole_hidden[new], atol=1e-5, rtol=0)
+        done = counts
+
+    committed = []
+    for pending in (whole_pending, past):  # each into its own copy of the pre-verify cache
+        target = clone_cache(before)
+        dataclasses.replace(pending, k_cache=target.mtp_k_cache, v_cache=target.mtp_v_cache).commit(
+            torch.tensor([6, 2, 3])
+        )
+        committed.append(torch.cat([target.mtp_k_cache, target.mtp_v_cache]))
+    torch.testing.assert_close(committed[0], committed[1], atol=1e-5, rtol=0)
 
 
 def test_mtp_serving_path_equals_its_training_forward(tiny_config):

@@ -76,8 +76,13 @@ def tree_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: TreeAttention,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q ``[N, Hq, d]``, k/v ``[N, KVH, d]`` of the new nodes; caches of one layer. Returns ``[N, Hq, d]``."""
+    """k/v ``[N, KVH, d]`` of every node of the forest; caches of one layer; q ``[N, Hq, d]``, or only
+    the queries of the nodes ``rows`` (``[R]``) when a forest grows a pass at a time (the other
+    nodes' K/V come from earlier passes). Returns ``[N or R, Hq, d]``."""
+    if rows is not None:
+        q = q.new_zeros(k.shape[0], *q.shape[1:]).index_copy(0, rows, q)
 
     def padded(new: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         committed = cache.flatten(0, 1)[meta.committed_rows]  # [B, W, KVH, d]
@@ -93,7 +98,8 @@ def tree_attention(
         scale=q.shape[-1] ** -0.5,
         enable_gqa=True,
     )
-    return out.transpose(1, 2)[meta.request, meta.local]
+    out = out.transpose(1, 2)[meta.request, meta.local]
+    return out if rows is None else out[rows]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -112,6 +112,11 @@ class ForwardState:
     gdn_state: torch.Tensor | None = None  # [L_gdn, S, HV, dk, dv]
     conv_state: torch.Tensor | None = None  # [L_gdn, S, C, W - 1]
     gdn_mode: str = "bole"
+    # Growing a forest (attention-only stacks, i.e. the MTP head): only the nodes ``rows`` are
+    # computed; the other nodes' K/V ``[L_attn, N, KVH, d]`` come from the previous pass.
+    rows: torch.Tensor | None = None
+    past_k: torch.Tensor | None = None
+    past_v: torch.Tensor | None = None
     conv_inputs: list[torch.Tensor] = field(default_factory=list)
     gdn_factors: list[ops.GDNTreeFactors] = field(default_factory=list)
     gdn_snapshots: list[torch.Tensor] = field(default_factory=list)
@@ -130,16 +135,21 @@ class ForwardState:
         gdn_state: torch.Tensor | None = None,
         conv_state: torch.Tensor | None = None,
         gdn_mode: str = "bole",
+        rows: torch.Tensor | None = None,
+        past_k: torch.Tensor | None = None,
+        past_v: torch.Tensor | None = None,
     ) -> ForwardState:
         if gdn_mode not in GDN_MODES:
             raise ValueError(f"gdn_mode must be one of {GDN_MODES}, got {gdn_mode!r}")
         tree = ctx.tree
         positions = ctx.context_lens.long()[tree.request] + tree.depth - 1
+        if rows is not None:
+            positions = positions[rows]
         attn = TreeAttention.build(
             tree, ctx.block_tables, ctx.context_lens, k_cache.shape[2], k_cache.shape[1]
         )
         return cls(ctx, *rope_cos_sin(positions, config, dtype), attn, k_cache, v_cache,
-                   gdn_state, conv_state, gdn_mode)  # fmt: skip
+                   gdn_state, conv_state, gdn_mode, rows, past_k, past_v)  # fmt: skip
 
     def pending(self) -> PendingCommit:
         def stacked(xs: list[torch.Tensor]) -> torch.Tensor | None:
@@ -300,9 +310,12 @@ class Attention(_Mixer):
 
     def forward_tree(self, x: torch.Tensor, fs: ForwardState) -> torch.Tensor:
         q, k, v, gate = self._project(x, fs.cos, fs.sin)
+        if fs.rows is not None:
+            k = fs.past_k[self.index].index_copy(0, fs.rows, k)
+            v = fs.past_v[self.index].index_copy(0, fs.rows, v)
         fs.new_k.append(k)
         fs.new_v.append(v)
-        o = tree_attention(q, k, v, fs.k_cache[self.index], fs.v_cache[self.index], fs.attn)
+        o = tree_attention(q, k, v, fs.k_cache[self.index], fs.v_cache[self.index], fs.attn, fs.rows)
         return self._output(o, gate)
 
     def forward_sequences(self, x: torch.Tensor, ss: SequenceState) -> torch.Tensor:

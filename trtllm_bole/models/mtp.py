@@ -59,33 +59,50 @@ class MTPHead(EmptyInitModule):
         return F.linear(torch.cat([embedded, hidden], dim=-1), self.fc)
 
     def _forward_tree(
-        self, hidden: torch.Tensor, token_ids: torch.Tensor, ctx: StepContext
+        self,
+        hidden: torch.Tensor,
+        token_ids: torch.Tensor,
+        ctx: StepContext,
+        past: PendingCommit | None = None,
     ) -> tuple[torch.Tensor, PendingCommit]:
         if self.cache is None or self.cache.mtp_k_cache is None:
             raise ValueError("no MTP cache: call Qwen35Model.allocate_cache first")
-        n = ctx.tree.num_nodes
+        rows, past_k, past_v = (None, None, None) if past is None else _grown_from(past, ctx)
+        n = ctx.tree.num_nodes if rows is None else rows.numel()
         if token_ids.shape != (n,) or hidden.shape != (n, self.config.hidden_size):
             raise ValueError(
-                f"MTP takes hidden [N={n}, {self.config.hidden_size}] and token_ids [N={n}], got "
-                f"{tuple(hidden.shape)} and {tuple(token_ids.shape)}"
+                f"MTP takes hidden [{n}, {self.config.hidden_size}] and token_ids [{n}] (one row per "
+                f"{'new ' if past is not None else ''}node), got {tuple(hidden.shape)} and "
+                f"{tuple(token_ids.shape)}"
             )
         fs = ForwardState.build(
-            ctx, self.config, self.fc.dtype, self.cache.mtp_k_cache, self.cache.mtp_v_cache
-        )
+            ctx, self.config, self.fc.dtype, self.cache.mtp_k_cache, self.cache.mtp_v_cache,
+            rows=rows, past_k=past_k, past_v=past_v,
+        )  # fmt: skip
         x = self.layer(self._fuse(hidden, token_ids), fs)
         return rms_norm(x, self.norm, self.eps), fs.pending()
 
     @torch.no_grad()
     def verify(
-        self, hidden: torch.Tensor, token_ids: torch.Tensor, ctx: StepContext
+        self,
+        hidden: torch.Tensor,
+        token_ids: torch.Tensor,
+        ctx: StepContext,
+        *,
+        past: PendingCommit | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, PendingCommit]:
         """Draft over a forest of new rows on top of the MTP's committed KV; the cache is untouched.
 
         Row ``i`` pairs ``hidden[i]`` (the state that predicted ``token_ids[i]``: the target's hidden,
         or the MTP output of the row's parent) with ``token_ids[i]``; ``ctx.context_lens`` counts the
         MTP's committed rows. Returns ``(mtp_hidden [N, h], logits [N, V], pending)``.
+
+        Growing a tree depth by depth: pass the previous pass's pending as ``past`` and, as
+        ``ctx.tree``, the grown forest (each request's earlier nodes first and unchanged, new nodes
+        appended); ``hidden``/``token_ids`` then hold the new nodes only, in packed order, and so do
+        the outputs. The returned pending covers the whole forest.
         """
-        mtp_hidden, pending = self._forward_tree(hidden, token_ids, ctx)
+        mtp_hidden, pending = self._forward_tree(hidden, token_ids, ctx, past)
         return mtp_hidden, F.linear(mtp_hidden, self.lm_head), pending
 
     @torch.no_grad()
@@ -118,3 +135,32 @@ class MTPHead(EmptyInitModule):
         state = SequenceState.build(hidden.shape[1], self.config, self.fc.dtype, hidden.device)
         x = self.layer(self._fuse(hidden, next_ids), state)
         return F.linear(rms_norm(x, self.norm, self.eps), self.lm_head)
+
+
+def _grown_from(past: PendingCommit, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The new nodes of a grown forest, and the earlier nodes' K/V placed at their new indices."""
+    old, tree = past.ctx.tree, ctx.tree
+    old_lens = old.cu_seqlens[1:] - old.cu_seqlens[:-1]
+    new_lens = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]
+    local = torch.arange(tree.num_nodes, device=tree.parents.device) - tree.cu_seqlens[:-1][tree.request]
+    earlier = local < old_lens[tree.request]
+    source = (old.cu_seqlens[:-1][tree.request] + local).clamp(max=old.num_nodes - 1)
+    same_context = torch.equal(past.ctx.context_lens, ctx.context_lens) and torch.equal(
+        past.ctx.slots, ctx.slots
+    )
+    if (
+        old.num_requests != tree.num_requests
+        or not same_context
+        or bool((old_lens > new_lens).any())
+        or not torch.equal(tree.parents[earlier], old.parents[source[earlier]])
+    ):
+        raise ValueError(
+            "past must come from the same step (slots, context_lens) and ctx.tree must extend its forest: "
+            "each request keeps its earlier nodes first, with the same parents, and appends new ones"
+        )
+    placed = []
+    for kv in (past.new_k, past.new_v):
+        grown = kv.new_zeros(kv.shape[0], tree.num_nodes, *kv.shape[2:])
+        grown[:, earlier] = kv[:, source[earlier]]
+        placed.append(grown)
+    return torch.nonzero(~earlier).flatten(), *placed
