@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from trtllm_bole.models.checkpoint import INDEX_FILE, random_tensors, write_safetensors
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import load_model
+from trtllm_bole.models.presets import QWEN35_PRESETS, num_gdn_layers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,6 +146,7 @@ def test_tied_checkpoint_may_carry_an_lm_head_copy(tmp_path, tiny_settings):
         ({"hidden_size": 0}, r"hidden_size = 0 must be a positive integer"),
         ({"head_dim": None}, r"head_dim = None must be a positive integer"),
         ({"hidden_act": "gelu"}, r"hidden_act = 'gelu' is not supported"),
+        ({"mtp_use_dedicated_embeddings": True}, r"mtp_use_dedicated_embeddings = True is not supported"),
         ({"rope_parameters": {"rope_type": "yarn"}}, r"rope_type = 'yarn'; only 'default'"),
         ({"rms_norm_eps": "1e-6"}, r"rms_norm_eps = '1e-6' must be a number"),
         ({"mtp_num_hidden_layers": 2}, r"mtp_num_hidden_layers = 2; only 0 or 1"),
@@ -165,6 +167,31 @@ def test_missing_config_field_and_file(tmp_path, tiny_settings):
         load_config(tmp_path)
     with pytest.raises(ValueError, match=r"nowhere: no such file"):
         load_config(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("name", ["qwen3.5-9b", "qwen3.5-27b"])
+def test_published_configs_parse(name):
+    """The released layout: VL wrapper, multimodal RoPE parameters, explicit layer types, MTP."""
+    text = dict(QWEN35_PRESETS[name], model_type="qwen3_5_text", mtp_num_hidden_layers=1)
+    text["layer_types"] = [
+        "linear_attention" if (i + 1) % 4 else "full_attention" for i in range(text["num_hidden_layers"])
+    ]
+    text["rope_parameters"] = {
+        "mrope_interleaved": True,
+        "mrope_section": [11, 11, 10],
+        "rope_type": "default",
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+    }
+    text.update(attn_output_gate=True, mtp_use_dedicated_embeddings=False, mamba_ssm_dtype="float32")
+    config = load_config({"model_type": "qwen3_5", "text_config": text, "vision_config": {"depth": 27}})
+    assert config.weight_prefix == "model.language_model."
+    assert config.num_gdn_layers == num_gdn_layers(QWEN35_PRESETS[name]) == 3 * config.num_attn_layers
+    assert (config.rotary_dim, config.rope_theta, config.conv_dim) == (
+        64,
+        1e7,
+        2 * 16 * 128 + text["linear_num_value_heads"] * 128,
+    )
 
 
 def test_wrapper_fields_are_named_with_their_prefix(tiny_settings):

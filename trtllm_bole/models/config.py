@@ -197,7 +197,13 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
             raise ValueError(f"{source}: {where}{name} = {value!r} must be a number")
         return float(value)
 
-    for unsupported, ok in (("hidden_act", "silu"), ("attention_bias", False), ("attn_output_gate", True)):
+    fixed = (
+        ("hidden_act", "silu"),
+        ("attention_bias", False),
+        ("attn_output_gate", True),
+        ("mtp_use_dedicated_embeddings", False),
+    )
+    for unsupported, ok in fixed:
         if get(unsupported, ok) != ok:
             raise ValueError(
                 f"{source}: {where}{unsupported} = {get(unsupported)!r} is not supported "
