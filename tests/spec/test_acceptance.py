@@ -45,7 +45,7 @@ def test_sampling_with_one_hot_targets_equals_greedy():
     tree = forest(TREES)
     argmax = torch.tensor([8, 0, 6, 0, 1, 4, 0])
     probs = torch.nn.functional.one_hot(argmax, 12).float()
-    leaf, bonus = sample_accept(tree, TOKENS, probs, [torch.Generator().manual_seed(1)] * 2)
+    leaf, bonus = sample_accept(tree, TOKENS, probs.__getitem__, [torch.Generator().manual_seed(1)] * 2)
     assert leaf.tolist() == [4, 0] and bonus.tolist() == [1, 4]
 
 
@@ -74,7 +74,7 @@ def test_first_emitted_token_follows_target_for_any_candidates(candidates):
     counts = torch.zeros(4)
     draws = 4000
     for _ in range(draws):
-        leaf, bonus = sample_accept(tree, tokens, probs, [gen])
+        leaf, bonus = sample_accept(tree, tokens, probs.__getitem__, [gen])
         counts[int(tokens[int(leaf)]) if int(leaf) > 0 else int(bonus)] += 1
     expected = p * draws
     chi2 = float(((counts - expected) ** 2 / expected).sum())

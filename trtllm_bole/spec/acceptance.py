@@ -19,6 +19,8 @@ node ``i`` is its prediction for the token after ``i``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from trtllm_bole.tree import TreeBatch
@@ -58,13 +60,14 @@ def deepest_per_request(tree: TreeBatch, eligible: torch.Tensor) -> torch.Tensor
 def sample_accept(
     tree: TreeBatch,
     tokens: torch.Tensor,
-    target_probs: torch.Tensor,
+    target_probs: Callable[[int], torch.Tensor],
     generators: list[torch.Generator | None],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Lossless recursive rejection sampling. Returns ``accepted_leaf [B]`` (local) and ``bonus [B]``.
 
-    target_probs ``[N, V]``: the processed target distribution at every node (see
-    :func:`trtllm_bole.spec.sampling.process_logits`); one generator per request (None = global RNG).
+    ``target_probs(node)``: the processed target distribution ``[V]`` at a packed node (see
+    :func:`trtllm_bole.spec.sampling.process_logits`), asked only along the walked path; one
+    generator per request (None = the global RNG).
     """
     children = _children_lists(tree)
     leaves, bonus = [], []
@@ -72,7 +75,7 @@ def sample_accept(
         node = int(tree.cu_seqlens[b])
         while True:
             accepted_child, residual = rejection_step(
-                target_probs[node], tokens[children[node]], generators[b]
+                target_probs(node), tokens[children[node]], generators[b]
             )
             if accepted_child is None:
                 break

@@ -1,0 +1,185 @@
+"""The executor end to end on tiny random models: exact greedy in every mode, a lossless sampler,
+and no leaked slots or blocks under churn."""
+
+import itertools
+
+import pytest
+import torch
+
+from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.models.config import load_config
+from trtllm_bole.models.loader import random_model
+from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
+from trtllm_bole.spec.executor import Executor
+
+# A small vocabulary makes random drafts land often, so acceptance paths are really exercised.
+CONFIG = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 16,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 4,
+    "full_attention_interval": 2,
+    "mtp_num_hidden_layers": 1,
+}
+MODES = ["ar", "chain", "tree-serial", "bole"]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(CONFIG)
+
+
+def run(executor: Executor, prompts, params) -> list:
+    requests = [executor.submit(p, params) for p in prompts]
+    while executor.has_unfinished:
+        executor.step()
+    return requests
+
+
+def table(budget: int) -> BudgetTable:
+    return BudgetTable(0.2, [budget], 8, "test", [BudgetEntry(64, 10**6, budget, 1.0, [1.0])])
+
+
+PROMPTS = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4], [2, 7, 1, 8], [0, 0, 0]]
+
+
+@pytest.mark.parametrize(("mode", "budget"), [*[(m, None) for m in MODES], ("bole", 5), ("bole", 12)])
+def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
+    params = SamplingParams(max_tokens=20)
+    ar = run(Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=3), PROMPTS, params)
+    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    spec = Executor(
+        random_model(config, seed=3), bole, max_batch_size=3, budget=table(budget) if budget else None
+    )
+    out = run(spec, PROMPTS, params)
+    assert [r.output_ids for r in out] == [r.output_ids for r in ar]
+    assert all(len(r.output_ids) == 20 for r in out)
+    if mode != "ar":
+        assert sum(r.stats.accepted for r in out) > 0  # drafts were really accepted along the way
+        assert all(r.stats.steps < 20 for r in out)
+
+
+def test_budget_caps_tree_tokens_per_step(config):
+    spec = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), max_batch_size=3,
+                    budget=table(6))  # fmt: skip
+    requests = [spec.submit(p, SamplingParams(max_tokens=8)) for p in PROMPTS[:3]]
+    spec.step()  # prefill
+    while spec.has_unfinished:
+        running = len(spec.scheduler.running)
+        before = sum(r.stats.drafted for r in requests)
+        spec.step()
+        # The running requests share 6 tree tokens: one pending token each, the rest drafts.
+        assert sum(r.stats.drafted for r in requests) - before <= 6 - running
+
+
+def exact_pair_distribution(model, prompt, params) -> dict[tuple[int, int], float]:
+    """P(t2, t3) after a fixed prompt, marginalising t1, from the model's own logits."""
+    from trtllm_bole.spec.sampling import process_logits
+
+    def probs(ids):
+        _, logits = model.forward_sequences(torch.tensor([ids]))
+        t = torch.tensor([params.temperature])
+        return process_logits(logits[0, -1:], t, torch.tensor([params.top_k]), torch.tensor([params.top_p]))[
+            0
+        ]
+
+    out: dict[tuple[int, int], float] = {}
+    p1 = probs(prompt)
+    for t1 in torch.nonzero(p1).flatten().tolist():
+        p2 = probs([*prompt, t1])
+        for t2 in torch.nonzero(p2).flatten().tolist():
+            p3 = probs([*prompt, t1, t2])
+            for t3 in torch.nonzero(p3).flatten().tolist():
+                key = (t2, t3)
+                out[key] = out.get(key, 0.0) + float(p1[t1] * p2[t2] * p3[t3])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_sampling_keeps_the_target_distribution(config, top_p):
+    """Chi-square on (t2, t3): the tokens produced by speculation (t1 comes from prefill)."""
+    model = random_model(config, seed=5)
+    prompt = [1, 2, 3]
+    params_list = [SamplingParams(max_tokens=3, temperature=1.0, top_p=top_p, seed=s) for s in range(3000)]
+    exact = exact_pair_distribution(model, prompt, params_list[0])
+    spec = Executor(model, BoleConfig(max_depth=3, max_nodes=8, top_k=3), max_batch_size=64)
+    requests = [spec.submit(prompt, p) for p in params_list]
+    while spec.has_unfinished:
+        spec.step()
+    assert sum(r.stats.accepted for r in requests) > 500  # speculation really produced tokens
+    counts: dict[tuple[int, int], int] = {}
+    for r in requests:
+        key = tuple(r.output_ids[1:3])
+        counts[key] = counts.get(key, 0) + 1
+    n = len(requests)
+    assert set(counts) <= set(exact)  # nothing outside the target's support (top-p respected)
+    # Pool cells with expected count < 5 into one, then chi-square; threshold at false-alarm 1e-4.
+    small = [k for k, p in exact.items() if p * n < 5]
+    cells = [([k], exact[k]) for k in exact if k not in small] + (
+        [(small, sum(exact[k] for k in small))] if small else []
+    )
+    chi2 = sum((sum(counts.get(k, 0) for k in ks) - p * n) ** 2 / (p * n) for ks, p in cells)
+    dof = len(cells) - 1
+    threshold = dof + 3.72 * (2 * dof) ** 0.5 + 7  # ~ the 1e-4 quantile of chi-square(dof), dof in 20..256
+    assert chi2 < threshold, (chi2, dof)
+
+
+def test_churn_leaves_nothing_allocated_and_refuses_too_long(config):
+    ex = Executor(random_model(config, seed=1), BoleConfig(max_depth=3, max_nodes=6), max_batch_size=8,
+                  max_seq_len=64, num_blocks=40, block_size=4)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    requests = []
+    for _ in range(1000):
+        n, max_tokens = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((1, 12), (1, 6)))
+        prompt = torch.randint(16, (n,), generator=gen).tolist()
+        requests.append(ex.submit(prompt, SamplingParams(max_tokens=max_tokens)))
+    too_long = ex.submit(list(range(16)) * 4, SamplingParams(max_tokens=4))
+    assert too_long.finish_reason == "error" and "exceeds the context limit" in too_long.error
+    aborted = 0
+    for step in itertools.count():
+        if not ex.has_unfinished:
+            break
+        ex.step()
+        if step % 3 == 0 and ex.scheduler.running:
+            ex.abort(ex.scheduler.running[0])
+            aborted += 1
+        if step % 7 == 0 and ex.scheduler.waiting:
+            ex.abort(ex.scheduler.waiting[-1])
+            aborted += 1
+    assert aborted > 50
+    assert all(r.finished for r in requests)
+    assert {r.finish_reason for r in requests} <= {"length", "abort", "stop"}
+    assert ex.scheduler.slots.num_free == 8 and ex.scheduler.blocks.num_free == 40
+
+
+def test_stop_tokens_and_limits(config):
+    ex = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), max_batch_size=2)
+    free = run(ex, [PROMPTS[0]], SamplingParams(max_tokens=12))[0].output_ids
+    stop = free[5]
+    first = free.index(stop)
+    out = run(ex, [PROMPTS[0]], SamplingParams(max_tokens=12, stop_token_ids=[stop]))[0]
+    assert out.output_ids == free[:first] and out.finish_reason == "stop"
+    eos = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), eos_token_id=stop)
+    assert run(eos, [PROMPTS[0]], SamplingParams(max_tokens=12))[0].output_ids == free[:first]
+    ignoring = run(eos, [PROMPTS[0]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    assert ignoring.output_ids == free
+
+
+def test_bad_requests(config):
+    ex = Executor(random_model(config, seed=3), BoleConfig(mode="ar"))
+    r = ex.submit([3, 99], SamplingParams())
+    assert r.finish_reason == "error" and "outside [0, 16)" in r.error
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        ex.submit([1], SamplingParams(stop=["x"]))
+    no_mtp = random_model(config, seed=3, mtp=False)
+    with pytest.raises(ValueError, match="lacks"):
+        Executor(no_mtp, BoleConfig(mode="bole"))

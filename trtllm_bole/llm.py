@@ -1,0 +1,244 @@
+"""The public API, in the style of TensorRT-LLM's LLM API::
+
+from trtllm_bole import LLM, SamplingParams, BoleConfig
+
+llm = LLM(model="path/to/checkpoint_or_engine", speculative_config=BoleConfig(mode="bole"))
+for out in llm.generate(["def fib(n):"], SamplingParams(max_tokens=64)):
+    print(out.outputs[0].text, out.stats.mean_accepted_tokens)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.models.loader import load_model
+from trtllm_bole.spec.budget import BudgetTable
+from trtllm_bole.spec.executor import Executor, StepEvent
+from trtllm_bole.spec.scheduler import Request, SpecStats
+
+DEFAULT_MODEL = Path(__file__).parent / "assets" / "qwen35-code-tiny"
+"""The embedded default: a small Qwen3.5-architecture model trained on Python code (model card in
+its folder)."""
+
+Prompt = str | Sequence[int]
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    stats: SpecStats = field(default_factory=SpecStats)
+    error: str | None = None
+
+
+class Tokenizer:
+    """``tokenizer.json`` of a checkpoint, through the ``tokenizers`` library."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._tok = HFTokenizer.from_file(str(path))
+
+    @classmethod
+    def find(cls, model_dir: Path) -> Tokenizer | None:
+        path = model_dir / "tokenizer.json"
+        return cls(path) if path.is_file() else None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids))
+
+
+class LLM:
+    """Load a Qwen3.5 checkpoint (or an engine built by ``build_scripts/build_engine.py``) and
+    generate with the chosen speculative scheme.
+
+    ``device``: ``"cpu"`` or ``"cuda"``; ``dtype``: ``"auto"`` (float32 on CPU, bfloat16 on CUDA),
+    ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
+    each); ``max_seq_len`` bounds prompt + output; ``kv_cache_tokens`` sizes the paged KV cache
+    (default: every slot can hold ``max_seq_len`` tokens).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        speculative_config: BoleConfig | None = None,
+        device: str = "cpu",
+        dtype: str = "auto",
+        max_batch_size: int = 8,
+        max_seq_len: int = 1024,
+        kv_cache_tokens: int | None = None,
+        block_size: int = 16,
+    ) -> None:
+        path = Path(model) if model is not None else DEFAULT_MODEL
+        if not path.is_dir():
+            raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
+        self.model_dir = path
+        self.speculative_config = speculative_config or BoleConfig()
+        torch_dtype = _resolve_dtype(dtype, device)
+        self.model = load_model(
+            path, dtype=torch_dtype, device=device, mtp=self.speculative_config.speculates
+        )
+        self.tokenizer = Tokenizer.find(path)
+        budget = _find_budget(self.speculative_config, path)
+        num_blocks = None if kv_cache_tokens is None else -(-kv_cache_tokens // block_size)
+        self.executor = Executor(
+            self.model,
+            self.speculative_config,
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            budget=budget,
+            eos_token_id=self._eos_token_id(),
+            decode_text=self.tokenizer.decode if self.tokenizer else None,
+        )
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (strings, or lists of token ids), batched continuously.
+
+        A prompt that cannot be served (too long, empty, ids out of range) gets an output with
+        ``error`` set and ``finish_reason == "error"``; the others run to completion.
+        """
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompts))
+        requests = [self._submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        with tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm) as bar:
+            done = sum(r.finished for r in requests)
+            bar.update(done)
+            while self.executor.has_unfinished:
+                self.executor.step()
+                now = sum(r.finished for r in requests)
+                bar.update(now - done)
+                done = now
+        return [self._output(r, p) for r, p in zip(requests, prompts, strict=True)]
+
+    def generate_stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        """Yield the request's output each time tokens are committed; the last one has
+        ``finished=True``. ``outputs[0].token_ids`` holds only the tokens new in that yield."""
+        request = self._submit(_as_prompt_list(prompt)[0], sampling_params or SamplingParams())
+        try:
+            if request.finished:
+                yield self._output(request, prompt)
+                return
+            while not request.finished:
+                for event in self.executor.step():
+                    if event.request is request:
+                        yield self._delta(event, prompt)
+        finally:
+            if not request.finished:
+                self.executor.abort(request)
+
+    # ------------------------------------------------------------------------------------ #
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"{self.model_dir} has no tokenizer.json: pass prompts as lists of token ids"
+                )
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def _submit(self, prompt: Prompt, params: SamplingParams) -> Request:
+        return self.executor.submit(self.encode(prompt), params)
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer else ""
+
+    def _output(self, request: Request, prompt: Prompt) -> RequestOutput:
+        text = self._text(request.output_ids)
+        for stop in request.params.stop:
+            if stop in text:
+                text = text[: text.index(stop)]
+        return RequestOutput(
+            request.request_id,
+            prompt if isinstance(prompt, str) else None,
+            request.prompt_ids,
+            [CompletionOutput(0, text, list(request.output_ids), request.finish_reason)],
+            request.finished,
+            request.stats,
+            request.error,
+        )
+
+    def _delta(self, event: StepEvent, prompt: Prompt) -> RequestOutput:
+        request = event.request
+        out = self._output(request, prompt)
+        out.outputs[0].token_ids = event.token_ids
+        out.outputs[0].text = self._text(event.token_ids)
+        out.finished = event.finished
+        return out
+
+    def _eos_token_id(self) -> int | None:
+        eos = json.loads((self.model_dir / "config.json").read_text()).get("eos_token_id")
+        if isinstance(eos, dict | list) or eos is None:
+            text = json.loads((self.model_dir / "config.json").read_text()).get("text_config", {})
+            eos = text.get("eos_token_id", eos)
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        return eos
+
+
+def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if dtype not in choices:
+        raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {dtype!r}")
+    return choices[dtype]
+
+
+def _find_budget(config: BoleConfig, model_dir: Path) -> BudgetTable | None:
+    if config.budget_table is not None:
+        return BudgetTable.load(config.budget_table)
+    own = model_dir / "budget.json"
+    return BudgetTable.load(own) if own.is_file() else None
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    return prompts
+
+
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} sampling params for {n} prompts")
+    return params

@@ -1,0 +1,166 @@
+"""Drafting trees with the model's MTP head, EAGLE-2 style, batched across requests (BOLE.md §4).
+
+Every request's tree starts at its *pending* token (node 0: the bonus token of the last step, not
+yet seen by the target; ρ = 1). At each depth the ``beam`` best frontier nodes by cumulative draft
+probability ρ are expanded: the MTP head, run only on those nodes (on top of its committed cache
+and the rows of their ancestors), gives each a draft distribution, and its ``top_k`` tokens become
+children. Every child joins the candidate pool; the final tree is the pool's best nodes by ρ
+(:mod:`trtllm_bole.spec.tree_select`), so it is prefix-connected by construction.
+
+MTP rows (see :mod:`trtllm_bole.models.mtp`): a node's row pairs the state that predicted its token
+— the target's last hidden state for node 0, the parent's MTP output for a draft — with the token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_bole.models.cache import StepContext
+from trtllm_bole.models.mtp import MTPHead
+from trtllm_bole.spec.sampling import process_logits
+from trtllm_bole.spec.tree_select import compact_forest, rank_order, select_nodes, topk_children
+from trtllm_bole.tree import TreeBatch
+
+
+@dataclass(slots=True)
+class CandidatePool:
+    """Draft candidates of a batch in creation order (node 0 of each request first).
+
+    ``parents`` are pool indices (-1 for node 0); a node's parent always precedes it.
+    """
+
+    tokens: torch.Tensor  # int64 [M]
+    parents: torch.Tensor  # int64 [M]
+    request: torch.Tensor  # int64 [M]
+    depth: torch.Tensor  # int64 [M], 1 = the pending token
+    log_rho: torch.Tensor  # float32 [M]
+
+    def extend(self, tokens, parents, request, depth, log_rho) -> torch.Tensor:
+        """Append nodes; returns their pool indices."""
+        start = self.tokens.numel()
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.parents = torch.cat([self.parents, parents])
+        self.request = torch.cat([self.request, request])
+        self.depth = torch.cat([self.depth, depth])
+        self.log_rho = torch.cat([self.log_rho, log_rho])
+        return torch.arange(start, self.tokens.numel(), device=tokens.device)
+
+
+@dataclass(slots=True)
+class DraftSettings:
+    """Per-request sampling settings, shaped ``[B]``, used to rank draft tokens the way the target
+    will sample them (greedy requests rank by the plain softmax)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    def log_probs(self, logits: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
+        greedy = self.temperature[request] <= 0
+        processed = process_logits(
+            logits, self.temperature[request], self.top_k[request], self.top_p[request]
+        )
+        return torch.where(greedy[:, None], F.log_softmax(logits.float(), -1), processed.log())
+
+
+def draft(
+    mtp: MTPHead,
+    pending: torch.Tensor,
+    last_hidden: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    mtp_context_lens: torch.Tensor,
+    settings: DraftSettings,
+    *,
+    top_k: int,
+    depth: int,
+) -> CandidatePool:
+    """Grow every request's candidate pool to ``depth`` draft levels.
+
+    pending ``[B]``: each request's pending token; last_hidden ``[B, h]``: the target's hidden state
+    at the last committed position; ``mtp_context_lens [B]``: rows in the MTP's committed cache.
+    ``top_k`` children per expanded node and ``top_k`` expanded nodes per request and depth
+    (EAGLE-2's beam).
+    """
+    device = pending.device
+    b = pending.numel()
+    requests = torch.arange(b, device=device)
+    pool = CandidatePool(
+        pending.long(),
+        torch.full((b,), -1, dtype=torch.long, device=device),
+        requests,
+        torch.ones(b, dtype=torch.long, device=device),
+        torch.zeros(b, device=device),
+    )
+    frontier = requests  # pool indices, grouped by request; their MTP rows run next
+    frontier_hidden, mtp_nodes, past = last_hidden, frontier.new_empty(0), None
+    for _ in range(depth):
+        mtp_nodes, tree = _grow(mtp_nodes, frontier, pool, b)
+        ctx = StepContext(slots, block_tables, mtp_context_lens, tree)
+        # New rows come back in packed order, which is frontier order (grouped by request).
+        hidden, logits, past = mtp.verify(frontier_hidden, pool.tokens[frontier], ctx, past=past)
+        log_q = settings.log_probs(logits, pool.request[frontier])
+        tokens, log_rho = topk_children(pool.log_rho[frontier], log_q, top_k)
+        children = pool.extend(
+            tokens.flatten(),
+            frontier.repeat_interleave(top_k),
+            pool.request[frontier].repeat_interleave(top_k),
+            pool.depth[frontier].repeat_interleave(top_k) + 1,
+            log_rho.flatten(),
+        )
+        beam = _best_per_request(pool, children, top_k)
+        row_of = torch.full_like(pool.tokens, -1)
+        row_of[frontier] = torch.arange(frontier.numel(), device=device)
+        frontier, frontier_hidden = beam, hidden[row_of[pool.parents[beam]]]
+    return pool
+
+
+def _grow(
+    mtp_nodes: torch.Tensor, frontier: torch.Tensor, pool: CandidatePool, num_requests: int
+) -> tuple[torch.Tensor, TreeBatch]:
+    """The MTP forest after adding ``frontier``: each request's earlier rows first, then its new ones."""
+    grown = torch.cat([mtp_nodes, frontier])
+    grown = grown[torch.sort(pool.request[grown], stable=True).indices]
+    local_of = torch.full_like(pool.tokens, -1)
+    counts = torch.bincount(pool.request[grown], minlength=num_requests)
+    cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    local_of[grown] = torch.arange(grown.numel(), device=grown.device) - cu[:-1][pool.request[grown]]
+    parents = pool.parents[grown]
+    local_parents = torch.where(parents >= 0, local_of[parents.clamp(min=0)], -1)
+    return grown, TreeBatch.build(local_parents, cu)
+
+
+def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, beam: int) -> torch.Tensor:
+    """The ``beam`` best of ``nodes`` by ρ in each request, grouped by request (best first)."""
+    order = nodes[rank_order(pool.log_rho[nodes], pool.depth[nodes])]
+    order = order[torch.sort(pool.request[order], stable=True).indices]
+    req = pool.request[order]
+    first = torch.searchsorted(req, req, right=False)
+    rank = torch.arange(order.numel(), device=order.device) - first
+    return order[rank < beam]
+
+
+def select_tree(
+    pool: CandidatePool, num_requests: int, *, per_request: int, total: int | None = None
+) -> tuple[torch.Tensor, TreeBatch, torch.Tensor]:
+    """The verification forest: each request's pending token plus its best ``per_request`` drafts,
+    and at most ``total`` nodes over the batch (the budget; pending tokens always stay).
+
+    Returns the tokens ``[N]``, the forest, and the pool index of each node (for ρ and depth).
+    """
+    grouped = torch.sort(pool.request, stable=True).indices  # parents still precede children
+    request, depth, log_rho = pool.request[grouped], pool.depth[grouped], pool.log_rho[grouped]
+    position = torch.empty_like(grouped)
+    position[grouped] = torch.arange(grouped.numel(), device=grouped.device)
+    parents = pool.parents[grouped]
+    parents = torch.where(parents >= 0, position[parents.clamp(min=0)], -1)
+    floor = depth == 1
+    keep = select_nodes(
+        log_rho, depth, request, num_requests, per_request=per_request + 1, total=total, floor=floor
+    )
+    local_parents, cu_seqlens, kept = compact_forest(parents, request, num_requests, keep)
+    tree = TreeBatch.build(local_parents, cu_seqlens)
+    return pool.tokens[grouped[kept]], tree, grouped[kept]
