@@ -61,7 +61,9 @@ def write_corpus(out: Path) -> dict:
     files = source_files()
     manifest = {
         "python": platform.python_version(),
-        "packages": {p: {"version": importlib.metadata.version(p), "license": lic} for p, lic in PACKAGES.items()},
+        "packages": {
+            p: {"version": importlib.metadata.version(p), "license": lic} for p, lic in PACKAGES.items()
+        },
         "stdlib_license": "PSF-2.0",
         "heldout_percent": HELDOUT_PERCENT,
         "splits": {},
@@ -86,12 +88,15 @@ def read_split(corpus: Path, split: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path(".data/corpus"))
     args = parser.parse_args()
     manifest = write_corpus(args.out)
     for split, info in manifest["splits"].items():
-        print(f"{split}: {len(info['files'])} files, {info['chars'] / 1e6:.1f} M chars, sha256 {info['sha256'][:12]}")
+        files, chars = len(info["files"]), info["chars"] / 1e6
+        print(f"{split}: {files} files, {chars:.1f} M chars, sha256 {info['sha256'][:12]}")
 
 
 if __name__ == "__main__":

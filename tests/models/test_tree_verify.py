@@ -224,7 +224,7 @@ def test_mtp_serving_path_equals_its_training_forward(tiny_config):
     model = random_model(tiny_config(), seed=5, mtp=True)
     ids = torch.randint(model.config.vocab_size, (1, 21), generator=torch.Generator().manual_seed(6))
     hidden_seq, _ = model.forward_sequences(ids)
-    mtp_logits_seq = model.mtp.forward_sequences(hidden_seq[:, :-1], ids[:, 1:])
+    _, mtp_logits_seq = model.mtp.forward_sequences(hidden_seq[:, :-1], ids[:, 1:])
     model.allocate_cache(num_slots=1, num_blocks=8, block_size=BLOCK)
     tables = torch.arange(8, dtype=torch.int32)[None]
     hidden, _ = model.prefill(
@@ -242,7 +242,7 @@ def test_training_forward_is_differentiable(tiny_config):
     model = random_model(tiny_config(), seed=7, mtp=True).requires_grad_(True)
     ids = torch.randint(model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(8))
     hidden, logits = model.forward_sequences(ids)
-    mtp_logits = model.mtp.forward_sequences(hidden[:, :-1], ids[:, 1:])
+    _, mtp_logits = model.mtp.forward_sequences(hidden[:, :-1], ids[:, 1:])
     (logits.logsumexp(-1).mean() + mtp_logits.logsumexp(-1).mean()).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and bool(p.grad.abs().sum() > 0), f"no gradient reaches {name}"

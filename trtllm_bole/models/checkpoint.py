@@ -118,6 +118,17 @@ def random_tensors(config: Qwen35Config, *, seed: int, mtp: bool = True) -> dict
     return tensors
 
 
+def export_tensors(model: torch.nn.Module, config: Qwen35Config, *, mtp: bool) -> dict[str, torch.Tensor]:
+    """The model's weights under their published names and shapes (the loader's name map, inverted)."""
+    tensors = {}
+    for name, slot in checkpoint_layout(config, mtp=mtp).items():
+        param = model.get_parameter(slot.param).detach()
+        if slot.rows is not None:
+            param = param[slot.rows[0] : slot.rows[1]]
+        tensors[name] = param.reshape(slot.shape).cpu()
+    return tensors
+
+
 def _randn(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     return torch.randn(shape, generator=gen)
 

@@ -123,18 +123,21 @@ class MTPHead(EmptyInitModule):
         pending.commit(last - ctx.tree.cu_seqlens[:-1])
         return mtp_hidden, F.linear(mtp_hidden[last], self.lm_head)
 
-    def forward_sequences(self, hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+    def forward_sequences(
+        self, hidden: torch.Tensor, next_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Cache-less and differentiable, for next-next-token training: ``hidden [B, L, h]`` of the
         target at positions ``0 .. L - 1`` and ``next_ids [B, L]``, the tokens at positions
-        ``1 .. L`` (the target's input ids shifted left by one). ``logits[:, p]`` predicts the token
-        at position ``p + 2``."""
+        ``1 .. L`` (the target's input ids shifted left by one). Returns ``(mtp_hidden, logits)``;
+        ``logits[:, p]`` predicts the token at position ``p + 2``, and ``mtp_hidden`` can be fed back
+        as ``hidden`` for a further step, the way a deeper draft uses it."""
         if next_ids.shape != hidden.shape[:2]:
             raise ValueError(
                 f"next_ids {tuple(next_ids.shape)} must match hidden's [B, L] {tuple(hidden.shape[:2])}"
             )
         state = SequenceState.build(hidden.shape[1], self.config, self.fc.dtype, hidden.device)
-        x = self.layer(self._fuse(hidden, next_ids), state)
-        return F.linear(rms_norm(x, self.norm, self.eps), self.lm_head)
+        x = rms_norm(self.layer(self._fuse(hidden, next_ids), state), self.norm, self.eps)
+        return x, F.linear(x, self.lm_head)
 
 
 def _grown_from(past: PendingCommit, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
