@@ -1,0 +1,3 @@
+from tests.kernels.helpers import nan_outputs
+
+__all__ = ["nan_outputs"]

@@ -1,0 +1,205 @@
+"""The closed-form verify kernel against the serial float64 oracle (BOLE.md §2)."""
+
+import math
+
+import pytest
+import torch
+
+from tests.kernels.helpers import DEVICE, rel_rms
+from trtllm_bole.kernels import MAX_DEPTH
+from trtllm_bole.kernels.gdn_tree_verify import CONFIGS, VerifyConfig, gdn_tree_verify
+from trtllm_bole.reference import gdn_tree
+from trtllm_bole.testing import (
+    chain_parents,
+    forest,
+    random_gdn_inputs,
+    star_parents,
+    topk_parents,
+)
+
+SHAPES = {
+    "single": [[-1]],
+    "seven": [topk_parents(7, 2, 3)],
+    "chain16": [chain_parents(16)],
+    "star64": [star_parents(64)],
+    "topk63": [topk_parents(63, 4, 8)],
+    "topk64": [topk_parents(64, 4, 8)],
+    "topk100": [topk_parents(100, 4, 8)],
+    "ragged": [topk_parents(40, 4, 8), [-1], chain_parents(9), star_parents(5)],
+}
+SMALL = VerifyConfig(bt=16, bk=16, bv=16)
+EXACT, SERVING = 1e-4, 1e-2  # fp32 inputs with IEEE dots; bf16 q/k/v with tensor-core dots
+
+
+def make(trees, h, hv, dk, dv, gen, dtype=torch.float32, num_slots=None, max_depth=MAX_DEPTH):
+    """A tree and inputs on DEVICE: q/k/v rounded to ``dtype``, gates and state to fp32, all held in
+    float64 so that the oracle sees exactly what the kernel sees."""
+    tree = forest(trees, device=DEVICE, max_depth=max_depth)
+    x = random_gdn_inputs(
+        tree.num_nodes, num_slots or tree.num_requests, h, hv, dk, dv, generator=gen, device=DEVICE
+    )
+    x.q, x.k, x.v = (t.to(dtype).double() for t in (x.q, x.k, x.v))
+    x.g, x.beta, x.state = (t.float().double() for t in (x.g, x.beta, x.state))
+    return tree, x
+
+
+def run(x, tree, dtype, **kw):
+    q, k, v = (t.to(dtype) for t in (x.q, x.k, x.v))
+    return gdn_tree_verify(q, k, v, x.g.float(), x.beta.float(), x.state.float(), tree, scale=x.scale, **kw)
+
+
+def truth(x, tree, indices=None):
+    """Serial-walk outputs plus the closed form's u and logP (themselves checked against the walk)."""
+    args = (x.q, x.k, x.v, x.g, x.beta, x.state, tree)
+    o, _ = gdn_tree.serial_tree_recurrence(*args, scale=x.scale, state_indices=indices)
+    o_cf, u, log_p = gdn_tree.closed_form_tree_verify(*args, scale=x.scale, state_indices=indices)
+    assert (o_cf - o).abs().max() <= 1e-9
+    return o, u, log_p
+
+
+def check(out, ref, tol):
+    (o, u, log_p), (o_ref, u_ref, lp_ref) = out, ref
+    assert rel_rms(o, o_ref) <= tol
+    assert rel_rms(u, u_ref) <= tol
+    assert (log_p.double() - lp_ref).abs().max() <= 1e-5 * max(1.0, float(lp_ref.abs().max()))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
+def test_fp32_exact_mode(shape, gen, nan_outputs):
+    tree, x = make(SHAPES[shape], 2, 4, 32, 32, gen)
+    out = run(x, tree, torch.float32, config=SMALL)
+    assert out[0].dtype == torch.float32 and out[1].dtype == torch.float32
+    check(out, truth(x, tree), EXACT)
+
+
+@pytest.mark.parametrize("shape", ["seven", "topk100", "ragged"])
+def test_bf16_serving_mode(shape, gen, nan_outputs):
+    tree, x = make(SHAPES[shape], 2, 4, 32, 32, gen, torch.bfloat16)
+    out = run(x, tree, torch.bfloat16, config=SMALL)
+    assert out[0].dtype == torch.bfloat16 and out[1].dtype == torch.float32
+    check(out, truth(x, tree), SERVING)
+
+
+@pytest.mark.parametrize("heads", [(2, 2), (2, 4), (1, 3), (2, 6)], ids=["H=HV", "2H", "3H/1", "3H"])
+def test_grouped_heads(heads, gen, nan_outputs):
+    tree, x = make(SHAPES["ragged"], *heads, 16, 32, gen)
+    check(run(x, tree, torch.float32, config=SMALL), truth(x, tree), EXACT)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [VerifyConfig(32, 16, 32), VerifyConfig(64, 32, 16), VerifyConfig(16, 32, 32, num_warps=2)],
+    ids=str,
+)
+def test_row_block_sizes(cfg, gen, nan_outputs):
+    """Several row blocks per tree (blocked forward substitution across blocks) and one block."""
+    tree, x = make([topk_parents(100, 3, 12), chain_parents(33)], 2, 4, 32, 32, gen)
+    check(run(x, tree, torch.float32, config=cfg), truth(x, tree), EXACT)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_precision_modes(precision, gen):
+    tree, x = make(SHAPES["topk64"], 2, 4, 32, 32, gen, torch.bfloat16)
+    check(run(x, tree, torch.bfloat16, config=SMALL, precision=precision), truth(x, tree), SERVING)
+
+
+def test_raw_gates_fused_in_kernel(gen, nan_outputs):
+    """Qwen3.5's gating applied on chip from a, b, A_log and dt_bias (the form SGLang's kernel takes)."""
+    tree, x = make(SHAPES["ragged"], 2, 4, 32, 32, gen, torch.bfloat16)
+    n, hv = x.g.shape
+    a = (torch.randn(n, hv, generator=gen) * 3).to(DEVICE)
+    a[0, 0] = 30.0  # above softplus' threshold
+    b = torch.randn(n, hv, generator=gen).to(DEVICE)
+    a_log = torch.log(torch.rand(hv, generator=gen) * 15.99 + 0.01).to(DEVICE)
+    dt_bias = torch.randn(hv, generator=gen).to(DEVICE)
+    x.g = -a_log.double().exp() * torch.nn.functional.softplus(a.double() + dt_bias.double())
+    x.beta = torch.sigmoid(b.double())
+    q, k, v = (t.bfloat16() for t in (x.q, x.k, x.v))
+    out = gdn_tree_verify(
+        q, k, v, a, b, x.state.float(), tree, scale=x.scale, config=SMALL, raw_gates=(a_log, dt_bias)
+    )
+    check(out, truth(x, tree), SERVING)
+
+
+def test_depth_one_and_compiled_maximum(gen):
+    tree, x = make([star_parents(1) * 1, [-1], [-1]], 2, 2, 16, 16, gen)
+    assert tree.max_depth == 1
+    check(run(x, tree, torch.float32, config=SMALL), truth(x, tree), EXACT)
+    tree, x = make([chain_parents(MAX_DEPTH), topk_parents(20, 3, 4)], 1, 2, 16, 16, gen)
+    assert tree.max_depth == MAX_DEPTH
+    check(run(x, tree, torch.float32, config=VerifyConfig(64, 16, 16)), truth(x, tree), EXACT)
+
+
+def test_deeper_than_compiled_maximum_is_refused(gen):
+    tree, x = make([chain_parents(MAX_DEPTH + 1)], 1, 1, 16, 16, gen, max_depth=MAX_DEPTH + 1)
+    with pytest.raises(ValueError, match=f"depth {MAX_DEPTH + 1} exceeds .* maximum depth {MAX_DEPTH}"):
+        run(x, tree, torch.float32)
+
+
+def test_slot_pool_and_state_untouched(gen, nan_outputs):
+    tree, x = make(SHAPES["ragged"], 2, 4, 16, 16, gen, num_slots=6)
+    slots = torch.tensor([4, 0, 5, 2], device=DEVICE)
+    state = x.state.float()
+    before = state.clone()
+    q, k, v = (t.float() for t in (x.q, x.k, x.v))
+    out = gdn_tree_verify(
+        q, k, v, x.g.float(), x.beta.float(), state, tree, scale=x.scale, state_indices=slots, config=SMALL
+    )
+    check(out, truth(x, tree, slots), EXACT)
+    assert torch.equal(state, before)
+
+
+def test_default_config_and_scale_none(gen):
+    tree, x = make(SHAPES["topk63"], 2, 4, 32, 32, gen)
+    x.scale = None
+    o, *_ = run(x, tree, torch.float32)
+    o_ref, _ = gdn_tree.serial_tree_recurrence(x.q, x.k, x.v, x.g, x.beta, x.state, tree)
+    assert rel_rms(o, o_ref) <= EXACT
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda a: {**a, "state": a["state"].double()}, "state must be float32"),
+        (lambda a: {**a, "q": a["q"][..., :8], "k": a["k"][..., :8]}, "dk=8 and dv=16 must be multiples"),
+        (lambda a: {**a, "precision": "fp8"}, "precision must be one of"),
+        (lambda a: {**a, "config": VerifyConfig(16, 16, 48)}, "does not tile"),
+        (lambda a: {**a, "g": a["g"][:, :1]}, r"g must be \[N=3, HV=2\]"),
+        (lambda a: {**a, "q": a["q"].half()}, "q and k must share a dtype"),
+        (lambda a: {**a, "raw_gates": (a["g"][0], a["g"][0].double())}, "raw_gates must be two float32"),
+    ],
+)
+def test_rejects_bad_arguments(change, match, gen):
+    tree, x = make([[-1, 0, 0]], 1, 2, 16, 16, gen)
+    args = dict(
+        q=x.q.float(), k=x.k.float(), v=x.v.float(), g=x.g.float(), beta=x.beta.float(),
+        state=x.state.float(), tree=tree,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=match):
+        gdn_tree_verify(**change(args))
+
+
+# ------------------------------------------------------------------------------------------ #
+# On the H200: real sizes, every benchmarked config                                          #
+# ------------------------------------------------------------------------------------------ #
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_real_size(cfg, dtype, gen, nan_outputs):
+    trees = [topk_parents(64, 4, 8)] * 3 + [topk_parents(256, 4, 16), chain_parents(MAX_DEPTH), [-1]]
+    tree, x = make(trees, 16, 32, 128, 128, gen, dtype)
+    check(run(x, tree, dtype, config=cfg), truth(x, tree), EXACT if dtype == torch.float32 else SERVING)
+
+
+@pytest.mark.gpu
+def test_real_size_27b_heads_and_slots(gen):
+    tree, x = make([topk_parents(128, 4, 8)] * 2, 16, 48, 128, 128, gen, torch.bfloat16, num_slots=5)
+    slots = torch.tensor([3, 1], device=DEVICE)
+    q, k, v = (t.bfloat16() for t in (x.q, x.k, x.v))
+    out = gdn_tree_verify(
+        q, k, v, x.g.float(), x.beta.float(), x.state.float(), tree, scale=x.scale, state_indices=slots
+    )
+    check(out, truth(x, tree, slots), SERVING)
+    assert math.isfinite(float(out[0].float().abs().max()))

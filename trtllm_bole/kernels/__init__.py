@@ -1,0 +1,13 @@
+"""Triton kernels behind :mod:`trtllm_bole.ops` (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
+
+- :mod:`.gdn_tree_verify`: closed-form tree verification, value-split (BOLE.md §2);
+- :mod:`.gdn_commit`: factored commit of every GDN layer of every request in one launch, and the
+  conv-state commit (BOLE.md §3–§4);
+- :mod:`.tree_conv1d`: tree-aware causal depthwise conv1d + SiLU (BOLE.md §4);
+- :mod:`.baselines`: today's scheme (serial per-node recurrence with per-node state snapshots), the
+  yardstick of the benchmarks.
+"""
+
+from trtllm_bole.kernels._common import MAX_DEPTH
+
+__all__ = ["MAX_DEPTH"]

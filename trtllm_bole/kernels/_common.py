@@ -1,0 +1,67 @@
+"""Checks shared by the kernel launchers. Nothing here synchronises with the device: launchers stay
+cheap enough to be timed and captured in CUDA graphs (value checks live in :mod:`trtllm_bole.ops`)."""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_bole.tree import TreeBatch
+
+MAX_DEPTH = 64
+"""Deepest tree (root-to-node nodes) the kernels accept: a compile-time constant of the verify, commit
+and conv kernels (depth buckets below it are compiled separately). Deeper trees raise ValueError;
+long chains such as prompt chunks go through the chunked prefill path instead."""
+
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_depth(tree: TreeBatch, what: str) -> None:
+    if tree.max_depth > MAX_DEPTH:
+        raise ValueError(
+            f"{what}: tree depth {tree.max_depth} exceeds the kernels' compiled maximum depth "
+            f"{MAX_DEPTH}; draft shallower trees (or split long chains into prefill chunks)"
+        )
+
+
+def check_device(tree: TreeBatch, device: torch.device, **tensors: torch.Tensor | None) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"{name} is on {t.device} but the data is on {device}")
+    if tree.parents.device != device:
+        raise ValueError(f"the tree is on {tree.parents.device} but the data is on {device}")
+
+
+def check_contiguous(**tensors: torch.Tensor) -> None:
+    """Tensors written in place (states) must be contiguous: a copy would be updated instead."""
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (it is updated in place), got strides {t.stride()}")
+
+
+def slot_indices(state_indices: torch.Tensor | None, num_requests: int, device: torch.device) -> torch.Tensor:
+    """``state_indices`` as a contiguous int64 tensor, or a dummy when requests own slots 0..B-1."""
+    if state_indices is None:
+        return torch.empty(1, dtype=torch.int64, device=device)
+    if state_indices.shape != (num_requests,) or state_indices.dtype.is_floating_point:
+        raise ValueError(
+            f"state_indices must be an integer tensor [B={num_requests}], got "
+            f"{state_indices.dtype} {tuple(state_indices.shape)}"
+        )
+    if state_indices.device != device:
+        raise ValueError(f"state_indices is on {state_indices.device} but the state is on {device}")
+    return state_indices.to(torch.int64).contiguous()
+
+
+def pow2_at_least(n: int, floor: int = 1) -> int:
+    p = floor
+    while p < n:
+        p *= 2
+    return p
+
+
+def tile_dividing(d: int, cap: int) -> int:
+    """The largest power-of-two tile side in [16, cap] that divides ``d`` (a multiple of 16)."""
+    t = cap
+    while d % t:
+        t //= 2
+    return t

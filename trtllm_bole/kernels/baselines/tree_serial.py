@@ -1,0 +1,222 @@
+"""Today's tree verification ("tree-serial", the SGLang-Tree scheme), written with the same care as
+Bole's kernels so that the comparison is about the algorithm, not the implementation.
+
+Verify: one program per (request, value head, value tile) walks the request's nodes in order. A
+node starts from its parent's state: still in registers when the parent is the previous node (a
+chain), otherwise re-read from the parent's snapshot (L2-hot) or from the committed state. Every
+node's full fp32 state is written as a snapshot ``[N, HV, dk, dv]`` (BOLE.md §1, L1–L2).
+
+Commit: copy the accepted node's snapshot into the state slot, all layers of all requests in one
+launch (requests with nothing accepted are skipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from trtllm_bole.kernels._common import (
+    INPUT_DTYPES,
+    check_contiguous,
+    check_device,
+    slot_indices,
+    tile_dividing,
+)
+from trtllm_bole.tree import TreeBatch
+
+
+@dataclass(frozen=True, slots=True)
+class SerialConfig:
+    bv: int  # value channels per program (the full dk rows are kept on chip)
+    num_warps: int = 1
+
+
+SERIAL_CONFIGS = (SerialConfig(16, 1), SerialConfig(32, 2), SerialConfig(32, 4), SerialConfig(64, 4))
+
+
+@triton.jit
+def _tree_serial_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state,
+    slots,
+    cu_seqlens,
+    parents,
+    o,
+    snapshots,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BV: tl.constexpr,
+    USE_SLOTS: tl.constexpr,
+):
+    i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+    n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
+    slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+    o_k = tl.arange(0, DK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    tile = o_k[:, None] * DV + o_v[None, :]
+    pre = state + (slot * HV + i_hv) * (DK * DV)
+    h = tl.zeros([DK, BV], dtype=tl.float32)
+    for t in range(0, n_t):
+        node = bos + t
+        parent = tl.load(parents + node)
+        if parent < 0:
+            h = tl.load(pre + tile)
+        elif parent != t - 1:
+            h = tl.load(snapshots + ((bos + parent) * HV + i_hv) * (DK * DV) + tile)
+        q_t = tl.load(q + (node * H + i_h) * DK + o_k).to(tl.float32)
+        k_t = tl.load(k + (node * H + i_h) * DK + o_k).to(tl.float32)
+        v_t = tl.load(v + (node * HV + i_hv) * DV + o_v).to(tl.float32)
+        h *= tl.exp(tl.load(g + node * HV + i_hv).to(tl.float32))
+        u_t = tl.load(beta + node * HV + i_hv).to(tl.float32) * (v_t - tl.sum(h * k_t[:, None], axis=0))
+        h += k_t[:, None] * u_t[None, :]
+        o_t = tl.sum(h * q_t[:, None], axis=0) * scale
+        tl.store(o + (node * HV + i_hv) * DV + o_v, o_t.to(o.dtype.element_ty))
+        tl.store(snapshots + (node * HV + i_hv) * (DK * DV) + tile, h)
+        tl.debug_barrier()  # a later sibling may re-read this snapshot with another thread layout
+
+
+@triton.jit
+def _snapshot_commit_kernel(
+    state,
+    snapshots,
+    accepted_leaf,
+    slots,
+    cu_seqlens,
+    num_requests,
+    num_slots,
+    num_nodes,
+    ENTRY: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_SLOTS: tl.constexpr,
+):
+    i_blk, i_lb = tl.program_id(0), tl.program_id(1)
+    i_l = i_lb // num_requests
+    i_b = i_lb % num_requests
+    leaf = tl.load(accepted_leaf + i_b).to(tl.int64)
+    bos = tl.load(cu_seqlens + i_b)
+    if (leaf >= 0) & (leaf < tl.load(cu_seqlens + i_b + 1) - bos):  # out of range: never touch memory
+        slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+        node = bos + leaf
+        offs = i_blk * BLOCK + tl.arange(0, BLOCK)
+        src = snapshots + (i_l.to(tl.int64) * num_nodes + node) * ENTRY
+        dst = state + (i_l.to(tl.int64) * num_slots + slot) * ENTRY
+        tl.store(dst + offs, tl.load(src + offs))
+
+
+def gdn_tree_verify_serial(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    tree: TreeBatch,
+    *,
+    scale: float | None = None,
+    state_indices: torch.Tensor | None = None,
+    config: SerialConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Serial per-node tree recurrence; the committed state is read, never written.
+
+    Shapes: q, k ``[N, H, dk]``; v ``[N, HV, dv]``; g, beta ``[N, HV]``; state ``[S, HV, dk, dv]`` fp32
+    (slots ``state_indices`` int ``[B]`` or S = B). Returns ``o [N, HV, dv]`` (v's dtype) and
+    ``snapshots [N, HV, dk, dv]`` fp32 (every node's post-update state). dk must be a power of two.
+    """
+    if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"q, k must be [N, H, dk] and v [N, HV, dv] with the same N, got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    n, h, dk = q.shape
+    hv, dv = v.shape[1:]
+    if n != tree.num_nodes or hv % h or dk & (dk - 1) or dv % 16:
+        raise ValueError(
+            f"need N = tree nodes ({n} vs {tree.num_nodes}), HV % H == 0 ({hv}, {h}), dk a power of "
+            f"two ({dk}) and dv a multiple of 16 ({dv})"
+        )
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (n, hv):
+            raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
+    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv) or state.dtype != torch.float32:
+        raise ValueError(
+            f"state must be float32 [S, HV={hv}, dk={dk}, dv={dv}], got {state.dtype} {tuple(state.shape)}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if t.dtype not in INPUT_DTYPES:
+            raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)
+    check_contiguous(state=state)
+    if state_indices is None and state.shape[0] != tree.num_requests:
+        raise ValueError(f"state holds {state.shape[0]} slots but the tree has {tree.num_requests} requests")
+    slots = slot_indices(state_indices, tree.num_requests, state.device)
+    cfg = config or SerialConfig(tile_dividing(dv, 32), 2)
+    if dv % cfg.bv:
+        raise ValueError(f"{cfg} does not tile dv={dv}")
+    o = torch.empty_like(v)
+    snapshots = torch.empty((n, hv, dk, dv), dtype=torch.float32, device=v.device)
+    grid = (dv // cfg.bv, hv, tree.num_requests)
+    _tree_serial_kernel[grid](
+        q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state, slots,
+        tree.cu_seqlens, tree.parents, o, snapshots, 1.0 if scale is None else float(scale),
+        H=h, HV=hv, DK=dk, DV=dv, BV=cfg.bv, USE_SLOTS=state_indices is not None,
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return o, snapshots
+
+
+def gdn_snapshot_commit(
+    state: torch.Tensor,
+    snapshots: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    *,
+    state_indices: torch.Tensor | None = None,
+) -> None:
+    """Copy each request's accepted snapshot into its state slot, every layer in one launch.
+
+    Shapes: state ``[(L,) S, HV, dk, dv]`` fp32 and snapshots ``[(L,) N, HV, dk, dv]`` fp32;
+    accepted_leaf int ``[B]`` (local index, -1 = untouched); state_indices int ``[B]``.
+    """
+    if state.dim() not in (4, 5) or snapshots.dim() != state.dim():
+        raise ValueError(
+            f"state [(L,) S, HV, dk, dv] and snapshots [(L,) N, HV, dk, dv] expected, got "
+            f"{tuple(state.shape)} and {tuple(snapshots.shape)}"
+        )
+    if snapshots.shape[-3:] != state.shape[-3:] or snapshots.shape[-4] != tree.num_nodes:
+        raise ValueError(f"snapshots {tuple(snapshots.shape)} do not match state {tuple(state.shape)}")
+    if state.shape[:-4] != snapshots.shape[:-4] or state.dtype != snapshots.dtype:
+        raise ValueError("state and snapshots must have the same layers and dtype")
+    check_device(tree, state.device, snapshots=snapshots, accepted_leaf=accepted_leaf)
+    check_contiguous(state=state, snapshots=snapshots)
+    if accepted_leaf.shape != (tree.num_requests,) or accepted_leaf.dtype.is_floating_point:
+        raise ValueError(f"accepted_leaf must be an integer tensor [B={tree.num_requests}]")
+    num_slots = state.shape[-4]
+    if state_indices is None and num_slots != tree.num_requests:
+        raise ValueError(f"state holds {num_slots} slots but the tree has {tree.num_requests} requests")
+    slots = slot_indices(state_indices, tree.num_requests, state.device)
+    layers = state.shape[0] if state.dim() == 5 else 1
+    entry = state.shape[-3] * state.shape[-2] * state.shape[-1]
+    block = min(4096, triton.next_power_of_2(entry))
+    if entry % block:
+        raise ValueError(f"a state of {entry} elements is not a multiple of the copy block {block}")
+    grid = (entry // block, layers * tree.num_requests)
+    _snapshot_commit_kernel[grid](
+        state, snapshots, accepted_leaf.contiguous(), slots, tree.cu_seqlens,
+        tree.num_requests, num_slots, tree.num_nodes,
+        ENTRY=entry, BLOCK=block, USE_SLOTS=state_indices is not None, num_warps=4,
+    )  # fmt: skip
+
+
+__all__ = ["SERIAL_CONFIGS", "SerialConfig", "gdn_snapshot_commit", "gdn_tree_verify_serial"]

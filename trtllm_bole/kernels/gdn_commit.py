@@ -1,0 +1,264 @@
+"""Factored commit (BOLE.md §3) of every GDN layer of every request in one launch, and the conv-state
+commit (BOLE.md §4). Both update the states in place and leave requests with nothing accepted
+(``accepted_leaf == -1``) untouched, bit for bit.
+
+GDN: one program per (value tile, value head, layer × request). It gathers the accepted path (at most
+the tree depth, padded to ``DP`` >= 16 rows for ``tl.dot``) of ``k``, ``u`` and ``logP``, and streams
+the state in ``BK × BV`` chunks: ``S_new = P_a S + (D_a K_a)ᵀ U_a`` with
+``D_a = diag(exp(logP_a - logP_j))``. Each committed state is read once and written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from trtllm_bole.kernels._common import (
+    check_contiguous,
+    check_depth,
+    check_device,
+    pow2_at_least,
+    slot_indices,
+    tile_dividing,
+)
+from trtllm_bole.ops import GDNTreeFactors
+from trtllm_bole.tree import TreeBatch
+
+
+@dataclass(frozen=True, slots=True)
+class CommitConfig:
+    bk: int  # dk rows per chunk
+    bv: int  # value channels per program
+    num_warps: int = 4
+
+
+COMMIT_CONFIGS = tuple(
+    CommitConfig(bk, bv, w)
+    for bk, bv, w in ((16, 128, 4), (32, 128, 4), (16, 64, 2), (32, 64, 4), (64, 128, 8))
+)
+
+
+@triton.jit
+def _gdn_commit_kernel(
+    state,
+    k,
+    u,
+    log_p,
+    accepted_leaf,
+    slots,
+    cu_seqlens,
+    depth,
+    paths,
+    num_requests,
+    num_slots,
+    num_nodes,
+    max_depth,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    DP: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_SLOTS: tl.constexpr,
+):
+    i_v, i_hv, i_lb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_l = i_lb // num_requests
+    i_b = i_lb % num_requests
+    leaf = tl.load(accepted_leaf + i_b).to(tl.int64)
+    bos = tl.load(cu_seqlens + i_b)
+    if (leaf >= 0) & (leaf < tl.load(cu_seqlens + i_b + 1) - bos):  # out of range: never touch memory
+        slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+        node = bos + leaf
+        n_path = tl.load(depth + node).to(tl.int32)
+        o_p = tl.arange(0, DP)
+        m_p = o_p < n_path
+        path = tl.load(paths + node * max_depth + o_p, mask=m_p, other=0)
+        row = i_l.to(tl.int64) * num_nodes + path  # layer-major rows of the stacked factors
+        lp_path = tl.load(log_p + row * HV + i_hv, mask=m_p, other=0.0)
+        lp_leaf = tl.sum(tl.where(o_p == n_path - 1, lp_path, 0.0))
+        weight = tl.where(m_p, tl.exp(lp_leaf - lp_path), 0.0)
+        o_v = i_v * BV + tl.arange(0, BV)
+        u_path = tl.load(u + (row * HV + i_hv)[:, None] * DV + o_v[None, :], mask=m_p[:, None], other=0.0)
+        o_k = tl.arange(0, BK)
+        s_ptr = state + ((i_l.to(tl.int64) * num_slots + slot) * HV + i_hv) * (DK * DV)
+        k_row = (row * H + i_hv // (HV // H)) * DK
+        for kc in range(0, DK, BK):
+            k_path = tl.load(k + k_row[:, None] + kc + o_k[None, :], mask=m_p[:, None], other=0.0)
+            wk = weight[:, None] * k_path.to(tl.float32)
+            s_ptrs = s_ptr + (kc + o_k)[:, None] * DV + o_v[None, :]
+            s = tl.load(s_ptrs)
+            s = tl.exp(lp_leaf) * s + tl.dot(tl.trans(wk), u_path, input_precision="ieee")
+            tl.store(s_ptrs, s)
+
+
+@triton.jit
+def _conv_state_commit_kernel(
+    conv_state,
+    x,
+    accepted_leaf,
+    slots,
+    cu_seqlens,
+    depth,
+    paths,
+    num_requests,
+    num_slots,
+    num_nodes,
+    max_depth,
+    C: tl.constexpr,
+    WS: tl.constexpr,
+    WP: tl.constexpr,
+    BC: tl.constexpr,
+    USE_SLOTS: tl.constexpr,
+):
+    """New conv state column j (oldest first) = the input ``WS - 1 - j`` steps before the leaf along
+    its path, or the old state's column ``j + depth`` where the path is shorter."""
+    i_c, i_lb = tl.program_id(0), tl.program_id(1)
+    i_l = i_lb // num_requests
+    i_b = i_lb % num_requests
+    leaf = tl.load(accepted_leaf + i_b).to(tl.int64)
+    bos = tl.load(cu_seqlens + i_b)
+    if (leaf >= 0) & (leaf < tl.load(cu_seqlens + i_b + 1) - bos):  # out of range: never touch memory
+        slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+        node = bos + leaf
+        n_path = tl.load(depth + node).to(tl.int32)
+        o_j = tl.arange(0, WP)
+        back = WS - 1 - o_j  # steps before the leaf; 0 = the leaf itself
+        m_j = o_j < WS
+        on_path = m_j & (back < n_path)
+        src = tl.load(paths + node * max_depth + (n_path - 1 - back), mask=on_path, other=0)
+        o_c = i_c * BC + tl.arange(0, BC)
+        m_c = o_c < C
+        s_ptr = conv_state + (i_l.to(tl.int64) * num_slots + slot) * (C * WS)
+        from_x = tl.load(
+            x + (i_l.to(tl.int64) * num_nodes + src)[None, :] * C + o_c[:, None],
+            mask=m_c[:, None] & on_path[None, :],
+            other=0.0,
+        )
+        from_state = tl.load(
+            s_ptr + o_c[:, None] * WS + (o_j + n_path)[None, :],
+            mask=m_c[:, None] & (m_j & ~on_path)[None, :],
+            other=0.0,
+        )
+        new = tl.where(on_path[None, :], from_x.to(tl.float32), from_state.to(tl.float32))
+        tl.debug_barrier()  # every old column is read before any is overwritten
+        tl.store(
+            s_ptr + o_c[:, None] * WS + o_j[None, :],
+            new.to(conv_state.dtype.element_ty),
+            mask=m_c[:, None] & m_j[None, :],
+        )
+
+
+def _check_leaves(accepted_leaf: torch.Tensor, tree: TreeBatch, device: torch.device) -> torch.Tensor:
+    accepted_leaf = torch.as_tensor(accepted_leaf, device=device)
+    if accepted_leaf.shape != (tree.num_requests,) or accepted_leaf.dtype.is_floating_point:
+        raise ValueError(
+            f"accepted_leaf must be an integer tensor [B={tree.num_requests}] (local index, -1 = nothing "
+            f"accepted), got {accepted_leaf.dtype} {tuple(accepted_leaf.shape)}"
+        )
+    return accepted_leaf.contiguous()
+
+
+def gdn_commit(
+    state: torch.Tensor,
+    factors: GDNTreeFactors,
+    accepted_leaf: torch.Tensor,
+    *,
+    state_indices: torch.Tensor | None = None,
+    config: CommitConfig | None = None,
+) -> None:
+    """``S_new = P_a S_pre + (D_a K_a)ᵀ U_a`` along each accepted path, in place, one launch.
+
+    Shapes: state ``[L, S, HV, dk, dv]`` fp32 with stacked factors (k ``[L, N, H, dk]``, u
+    ``[L, N, HV, dv]``, log_decay ``[L, N, HV]``), or state ``[S, HV, dk, dv]`` with unstacked ones;
+    ``accepted_leaf`` int ``[B]`` (local index of the deepest accepted node, -1 = untouched);
+    ``state_indices`` int ``[B]`` slots (default: request b owns slot b). Values are not checked here
+    (no device sync); :func:`trtllm_bole.ops.gdn_commit` checks them.
+    """
+    tree = factors.tree
+    stacked = factors.num_layers is not None
+    k, u, log_p = factors.k, factors.u, factors.log_decay
+    layers = factors.num_layers or 1
+    if state.dim() != (5 if stacked else 4) or state.dtype != torch.float32:
+        raise ValueError(
+            f"state must be float32 {'[L, S, HV, dk, dv]' if stacked else '[S, HV, dk, dv]'} for "
+            f"{'stacked' if stacked else 'unstacked'} factors, got {state.dtype} {tuple(state.shape)}"
+        )
+    hv, dk, dv = state.shape[-3:]
+    n = tree.num_nodes
+    lead = (layers,) if stacked else ()
+    h = k.shape[-2]
+    expected = {"k": (*lead, n, h, dk), "u": (*lead, n, hv, dv), "log_decay": (*lead, n, hv)}
+    for name, t in (("k", k), ("u", u), ("log_decay", log_p)):
+        if t.shape != expected[name]:
+            raise ValueError(f"factors.{name} must be {list(expected[name])}, got {list(t.shape)}")
+    if state.shape[:-4] != lead or hv % h or dk % 16 or dv % 16:
+        raise ValueError(
+            f"state {tuple(state.shape)} does not match the factors ({layers} layers, H={h}); "
+            f"dk and dv must be multiples of 16"
+        )
+    check_device(tree, state.device, k=k, u=u, log_decay=log_p)
+    check_contiguous(state=state)
+    check_depth(tree, "gdn_commit")
+    leaves = _check_leaves(accepted_leaf, tree, state.device)
+    num_slots = state.shape[-4]
+    if state_indices is None and num_slots != tree.num_requests:
+        raise ValueError(f"state holds {num_slots} slots but the tree has {tree.num_requests} requests")
+    slots = slot_indices(state_indices, tree.num_requests, state.device)
+    cfg = config or CommitConfig(tile_dividing(dk, 16), tile_dividing(dv, 128))
+    if dk % cfg.bk or dv % cfg.bv:
+        raise ValueError(f"{cfg} does not tile dk={dk}, dv={dv}")
+    grid = (dv // cfg.bv, hv, layers * tree.num_requests)
+    _gdn_commit_kernel[grid](
+        state, k.contiguous(), u.contiguous(), log_p.contiguous(), leaves, slots,
+        tree.cu_seqlens, tree.depth, tree.paths, tree.num_requests, num_slots, n, tree.paths.shape[1],
+        H=h, HV=hv, DK=dk, DV=dv, DP=pow2_at_least(tree.max_depth, 16), BK=cfg.bk, BV=cfg.bv,
+        USE_SLOTS=state_indices is not None, num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+def conv_state_commit(
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    *,
+    state_indices: torch.Tensor | None = None,
+) -> None:
+    """New conv state = the last ``W - 1`` inputs along each accepted path, in place, one launch.
+
+    Shapes: conv_state ``[S, C, W - 1]`` with x ``[N, C]``, or all layers at once: ``[L, S, C, W - 1]``
+    with ``[L, N, C]``; accepted_leaf int ``[B]`` (-1 = untouched); state_indices int ``[B]``.
+    """
+    if x.dim() not in (2, 3) or conv_state.dim() != x.dim() + 1:
+        raise ValueError(
+            f"conv_state [(L,) S, C, W-1] and x [(L,) N, C] expected, got {tuple(conv_state.shape)} "
+            f"and {tuple(x.shape)}"
+        )
+    layers = x.shape[0] if x.dim() == 3 else 1
+    c, ws = conv_state.shape[-2:]
+    if x.shape[-2:] != (tree.num_nodes, c) or conv_state.shape[:-3] != x.shape[:-2]:
+        raise ValueError(
+            f"x {tuple(x.shape)} does not match conv_state {tuple(conv_state.shape)} and "
+            f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
+        )
+    check_device(tree, conv_state.device, x=x)
+    check_contiguous(conv_state=conv_state)
+    leaves = _check_leaves(accepted_leaf, tree, conv_state.device)
+    num_slots = conv_state.shape[-3]
+    if state_indices is None and num_slots != tree.num_requests:
+        raise ValueError(f"conv_state holds {num_slots} slots but the tree has {tree.num_requests} requests")
+    slots = slot_indices(state_indices, tree.num_requests, conv_state.device)
+    bc = min(256, triton.next_power_of_2(c))
+    grid = (triton.cdiv(c, bc), layers * tree.num_requests)
+    _conv_state_commit_kernel[grid](
+        conv_state, x.contiguous(), leaves, slots, tree.cu_seqlens, tree.depth, tree.paths,
+        tree.num_requests, num_slots, tree.num_nodes, tree.paths.shape[1],
+        C=c, WS=ws, WP=triton.next_power_of_2(ws), BC=bc, USE_SLOTS=state_indices is not None,
+    )  # fmt: skip
+
+
+__all__ = ["COMMIT_CONFIGS", "CommitConfig", "conv_state_commit", "gdn_commit"]

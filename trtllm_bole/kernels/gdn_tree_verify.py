@@ -1,0 +1,401 @@
+"""Closed-form Gated DeltaNet tree verification (BOLE.md §2), value-split, one launch.
+
+One program per (request, value head, value tile of ``BV`` channels). Nodes are processed in row
+blocks of ``BT`` (packed order is topological, so a block's ancestors lie in it or in earlier blocks):
+
+1. ``logP`` for every node of the request (masked row sums of ``g`` over the ancestor set), written
+   to the ``log_p`` output and re-read after a barrier;
+2. per row block ``r``: ``Q_r S`` and ``K_r S`` with ``dk`` streamed in ``BK`` chunks (the same loop
+   forms the block's ``K_r K_rᵀ`` and ``Q_r K_rᵀ``); ``R_r = β(V_r - P_r K_r S)``;
+   ``R_r -= Σ_{c<r} G_rc U_c`` and ``O_r += Σ_{c<r} C_rc U_c`` with ``U_c`` read back from the ``u``
+   output this program wrote (blocked forward substitution);
+3. ``U_r = (I + G_rr)⁻¹ R_r`` with ``(I + G)⁻¹ = (I - G)(I + G²)(I + G⁴)…``: ``SQUARINGS`` =
+   ⌈log2 d⌉ squarings of the ``BT × BT`` block instead of ``d`` Neumann rounds per value channel
+   (``G^d = 0`` on a chain of ``d`` nodes, Lemma 3), then ``O_r = P_r Q_r S + Σ_{c≤r} C_rc U_c``.
+
+Ancestor masks are never stored: "j is an ancestor-or-self of i" is the pre-order interval test on
+two 1-D loads (``dfs_order``, ``subtree_size``), and log-ratios off the ancestor set are masked to
+``-inf`` before ``exp``. Only ``o``, ``u`` and ``log_p`` are written; the committed state is read
+once per row block (``dk × BV`` tile, from L2 after the first block).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from trtllm_bole.kernels._common import (
+    INPUT_DTYPES,
+    MAX_DEPTH,
+    check_contiguous,
+    check_depth,
+    check_device,
+    slot_indices,
+    tile_dividing,
+)
+from trtllm_bole.tree import TreeBatch
+
+PRECISIONS = ("ieee", "tf32", "bf16")
+"""``ieee``: exact fp32 dots (fp32-exact mode); ``tf32``: tensor-core dots on fp32 operands (serving);
+``bf16``: as ``tf32`` but ``Q S`` and ``K S`` round the state tile to bf16 (fastest, least exact)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyConfig:
+    bt: int  # tree nodes per row block (power of two, >= 16)
+    bk: int  # dk chunk streamed per step (divides dk)
+    bv: int  # value channels per program (divides dv)
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+CONFIGS = tuple(
+    VerifyConfig(bt, bk, bv, w, s)
+    for bt, bk, bv, w, s in (
+        (16, 64, 32, 1, 2),
+        (16, 64, 32, 2, 2),
+        (16, 64, 64, 2, 2),
+        (16, 64, 128, 4, 2),
+        (16, 32, 128, 4, 2),
+        (32, 64, 32, 4, 2),
+        (32, 32, 64, 4, 2),
+        (32, 32, 128, 8, 2),
+        (64, 32, 32, 4, 2),
+        (64, 32, 64, 8, 2),
+        (64, 32, 128, 8, 2),
+    )
+)
+"""Candidates the benchmark sweeps (benchmarks/bench_gdn_verify.py records the winner per shape)."""
+
+
+_UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
+"""Triton's interpreter (3.9) multiplies the bit patterns of bf16 dot operands: upcast them there."""
+
+
+@triton.jit
+def _operand(x, UPCAST: tl.constexpr):
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _is_ancestor(ord_row, ord_col, end_col, m_row, m_col):
+    """``[BT, BT]``: column node is an ancestor of (or is) the row node, within valid rows/columns."""
+    inside = (ord_col[None, :] <= ord_row[:, None]) & (ord_row[:, None] < end_col[None, :])
+    return inside & m_row[:, None] & m_col[None, :]
+
+
+@triton.jit
+def _rows(base, rows, m_rows, ROW_STRIDE: tl.constexpr, cols):
+    """``base[rows, cols]`` of a row-major matrix, zero on masked rows. ``base`` is a scalar pointer and
+    the offsets int32, so no per-element 64-bit pointer stays live across the loops."""
+    return tl.load(base + (rows[:, None] * ROW_STRIDE + cols[None, :]), mask=m_rows[:, None], other=0.0)
+
+
+@triton.jit
+def _gram(
+    q_req,
+    k_req,
+    rows,
+    m_rows,
+    cols,
+    m_cols,
+    o_k,
+    ROW_STRIDE: tl.constexpr,
+    DK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """``K_rows K_colsᵀ`` and ``Q_rows K_colsᵀ`` (``[BT, BT]`` fp32), dk streamed in ``BK`` chunks."""
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kc in range(0, DK, BK):
+        k_c = tl.trans(_operand(_rows(k_req, cols, m_cols, ROW_STRIDE, kc + o_k), UPCAST))
+        kk = tl.dot(
+            _operand(_rows(k_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST), k_c, kk, input_precision=PREC
+        )
+        qk = tl.dot(
+            _operand(_rows(q_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST), k_c, qk, input_precision=PREC
+        )
+    return kk, qk
+
+
+@triton.jit
+def _gdn_tree_verify_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state,
+    slots,
+    cu_seqlens,
+    dfs_order,
+    subtree_size,
+    o,
+    u,
+    log_p,
+    a_log,
+    dt_bias,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    SQUARINGS: tl.constexpr,
+    USE_SLOTS: tl.constexpr,
+    PREC: tl.constexpr,
+    S_BF16: tl.constexpr,
+    UPCAST: tl.constexpr,
+    RAW_GATES: tl.constexpr,
+):
+    i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+    n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
+    slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+    # Per-request bases (int64); everything below is a small offset from them.
+    q_req = q + (bos * H + i_h) * DK
+    k_req = k + (bos * H + i_h) * DK
+    v_req = v + (bos * HV + i_hv) * DV
+    u_req = u + (bos * HV + i_hv) * DV
+    o_req = o + (bos * HV + i_hv) * DV
+    s_req = state + (slot * HV + i_hv) * (DK * DV)
+    dfs_req = dfs_order + bos
+    size_req = subtree_size + bos
+    g_req = g + bos * HV + i_hv
+    beta_req = beta + bos * HV + i_hv
+    if RAW_GATES:
+        a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32))
+        dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32)
+    lp_req = log_p + bos * HV + i_hv
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    eye = o_t[:, None] == o_t[None, :]
+    n_blocks = tl.cdiv(n_t, BT)
+
+    # 1. logP_i = sum of g over the ancestors-or-self of i (all value tiles write the same bits).
+    for r in range(0, n_blocks):
+        rows = r * BT + o_t
+        m_r = rows < n_t
+        ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
+        acc = tl.zeros([BT], dtype=tl.float32)
+        for c in range(0, r + 1):
+            cols = c * BT + o_t
+            m_c = cols < n_t
+            ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
+            end_c = ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32)
+            g_c = tl.load(g_req + cols * HV, mask=m_c, other=0.0).to(tl.float32)
+            if RAW_GATES:  # g holds a: g = -exp(A_log) softplus(a + dt_bias) (torch's threshold 20)
+                x = g_c + dt_bias_h
+                g_c = tl.where(m_c, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)
+            anc = _is_ancestor(ord_r, ord_c, end_c, m_r, m_c)
+            acc += tl.sum(tl.where(anc, g_c[None, :], 0.0), axis=1)
+        tl.store(lp_req + rows * HV, acc, mask=m_r)
+    tl.debug_barrier()
+
+    # 2-3. Row blocks in topological order: blocked forward substitution for U, then O.
+    for r in range(0, n_blocks):
+        rows = r * BT + o_t
+        m_r = rows < n_t
+        ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
+        end_r = ord_r + tl.load(size_req + rows, mask=m_r, other=0).to(tl.int32)
+        lp_r = tl.load(lp_req + rows * HV, mask=m_r, other=0.0)
+        b_r = tl.load(beta_req + rows * HV, mask=m_r, other=0.0).to(tl.float32)
+        if RAW_GATES:  # beta holds b: beta = sigmoid(b)
+            b_r = tl.where(m_r, 1.0 / (1.0 + tl.exp(-b_r)), 0.0)
+        qs = tl.zeros([BT, BV], dtype=tl.float32)
+        ks = tl.zeros([BT, BV], dtype=tl.float32)
+        for kc in range(0, DK, BK):
+            q_c = _rows(q_req, rows, m_r, H * DK, kc + o_k)
+            k_c = _rows(k_req, rows, m_r, H * DK, kc + o_k)
+            s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :]))
+            if S_BF16:
+                s_c = _operand(s_c.to(tl.bfloat16), UPCAST)
+                qs = tl.dot(_operand(q_c.to(tl.bfloat16), UPCAST), s_c, qs)
+                ks = tl.dot(_operand(k_c.to(tl.bfloat16), UPCAST), s_c, ks)
+            else:
+                qs = tl.dot(q_c.to(tl.float32), s_c, qs, input_precision=PREC)
+                ks = tl.dot(k_c.to(tl.float32), s_c, ks, input_precision=PREC)
+        v_r = _rows(v_req, rows, m_r, HV * DV, o_v)
+        decay = tl.exp(lp_r)
+        rhs = b_r[:, None] * (v_r.to(tl.float32) - decay[:, None] * ks)
+        o_acc = decay[:, None] * qs
+
+        for c in range(0, r):  # earlier blocks are full: no column mask needed
+            cols = c * BT + o_t
+            ord_c = tl.load(dfs_req + cols).to(tl.int32)
+            end_c = ord_c + tl.load(size_req + cols).to(tl.int32)
+            anc = _is_ancestor(ord_r, ord_c, end_c, m_r, o_t < BT)
+            if tl.max(anc.to(tl.int32)) > 0:
+                kk, qk = _gram(q_req, k_req, rows, m_r, cols, o_t < BT, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
+                lp_c = tl.load(lp_req + cols * HV)
+                ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_c[None, :], float("-inf")))
+                u_c = tl.load(u_req + (cols[:, None] * (HV * DV) + o_v[None, :]))
+                rhs -= tl.dot(b_r[:, None] * ratio * kk, u_c, input_precision=PREC)
+                o_acc = tl.dot(ratio * qk, u_c, o_acc, input_precision=PREC)
+
+        kk, qk = _gram(q_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
+        anc = _is_ancestor(ord_r, ord_r, end_r, m_r, m_r)
+        ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_r[None, :], float("-inf")))
+        if SQUARINGS > 0:
+            # A = -G_rr; (I + G)^-1 = (I + A)(I + A^2)(I + A^4)...: products of commuting factors.
+            a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_r[:, None] * ratio * kk, 0.0)
+            w = tl.where(eye, 1.0, 0.0) + a
+            for _ in tl.static_range(SQUARINGS - 1):
+                a = tl.dot(a, a, input_precision=PREC)
+                w = tl.dot(w, a, w, input_precision=PREC)
+            u_r = tl.dot(w, rhs, input_precision=PREC)
+        else:
+            u_r = rhs
+        out_offs = rows[:, None] * (HV * DV) + o_v[None, :]
+        tl.store(u_req + out_offs, u_r, mask=m_r[:, None])
+        o_acc = tl.dot(ratio * qk, u_r, o_acc, input_precision=PREC)
+        o_out = (o_acc * scale).to(o.dtype.element_ty)
+        tl.store(o_req + out_offs, o_out, mask=m_r[:, None])
+        tl.debug_barrier()  # later row blocks read this block's U back
+
+
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    tree: TreeBatch,
+    raw_gates: tuple[torch.Tensor, torch.Tensor] | None,
+    scale: float,
+    use_slots: bool,
+    precision: str,
+    cfg: VerifyConfig,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, h, dk = q.shape
+    hv, dv = v.shape[1:]
+    o = torch.empty_like(v)
+    u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    log_p = torch.empty((n, hv), dtype=torch.float32, device=v.device)
+    chain = min(tree.max_depth, cfg.bt)  # longest chain of nodes inside one row block
+    grid = (dv // cfg.bv, hv, tree.num_requests)
+    _gdn_tree_verify_kernel[grid](
+        q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size,
+        o, u, log_p, *(raw_gates or (g, g)), scale,
+        H=h, HV=hv, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv,
+        SQUARINGS=math.ceil(math.log2(chain)) if chain > 1 else 0,
+        USE_SLOTS=use_slots, PREC="ieee" if precision == "ieee" else "tf32",
+        S_BF16=precision == "bf16", UPCAST=_UPCAST, RAW_GATES=raw_gates is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return o, u, log_p
+
+
+def default_config(num_nodes: int, num_requests: int, hv: int, dk: int, dv: int) -> VerifyConfig:
+    """A config from the shape alone (no device sync). Row blocks of 16 keep every tile spill-free on
+    sm_90 (checked with ptxas); value tiles narrow enough to give every SM a program at small batch,
+    full width (G, C and the solve once per head) when the batch fills the GPU. The benchmark sweeps
+    :data:`CONFIGS` and records the measured winner per shape."""
+    bv = tile_dividing(dv, 128)
+    while bv > 32 and num_requests * hv * (dv // bv) < 512:
+        bv //= 2
+    bk = tile_dividing(dk, 64)
+    return VerifyConfig(16, bk, bv, 1 if bv <= 32 else 2 if bv <= 64 else 4, 2)
+
+
+def gdn_tree_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    tree: TreeBatch,
+    *,
+    scale: float | None = None,
+    state_indices: torch.Tensor | None = None,
+    precision: str | None = None,
+    config: VerifyConfig | None = None,
+    raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Closed-form tree verification; the committed state is read, never written.
+
+    Shapes (packed forest of B requests, N nodes):
+        q, k ``[N, H, dk]`` and v ``[N, HV, dv]``: fp32, bf16 or fp16 (q scaled by ``scale`` if given);
+        g, beta ``[N, HV]``; state ``[S, HV, dk, dv]`` fp32 (slots ``state_indices`` int ``[B]``, or S = B).
+    Returns ``o [N, HV, dv]`` (v's dtype), ``u [N, HV, dv]`` fp32 and ``log_p [N, HV]`` fp32 (the path
+    log-decay, ``reference.gdn_tree.path_log_decay``).
+
+    ``precision``: ``"ieee"`` (default for fp32 q/k/v: exact fp32 dots), ``"tf32"`` (default for
+    bf16/fp16: tensor-core dots on fp32 operands) or ``"bf16"`` (see :data:`PRECISIONS`).
+    ``config``: tiling (default :func:`default_config`). dk and dv must be multiples of 16.
+    ``raw_gates=(A_log, dt_bias)`` (fp32 ``[HV]``): g and beta hold the raw gate inputs a and b, and the
+    kernel applies Qwen3.5's gating on chip: ``g = -exp(A_log) softplus(a + dt_bias)``,
+    ``beta = sigmoid(b)`` (the fused form SGLang's verify kernel uses).
+    """
+    if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"q, k must be [N, H, dk] and v [N, HV, dv] with the same N, got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    n, h, dk = q.shape
+    hv, dv = v.shape[1:]
+    if n != tree.num_nodes:
+        raise ValueError(f"q/k/v hold {n} nodes but the tree has {tree.num_nodes}")
+    if hv % h:
+        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
+    if dk % 16 or dv % 16:
+        raise ValueError(f"dk={dk} and dv={dv} must be multiples of 16 (tensor-core tile sides)")
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (n, hv):
+            raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
+    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv) or state.dtype != torch.float32:
+        raise ValueError(
+            f"state must be float32 [S, HV={hv}, dk={dk}, dv={dv}], got {state.dtype} {tuple(state.shape)}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if t.dtype not in INPUT_DTYPES:
+            raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    if k.dtype != q.dtype:
+        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
+    check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)
+    check_contiguous(state=state)
+    check_depth(tree, "gdn_tree_verify")
+    if state_indices is None and state.shape[0] != tree.num_requests:
+        raise ValueError(
+            f"state holds {state.shape[0]} rows but the tree has {tree.num_requests} requests; "
+            f"pass state_indices to address a slot pool"
+        )
+    if precision is None:
+        precision = "ieee" if q.dtype == torch.float32 and v.dtype == torch.float32 else "tf32"
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if raw_gates is not None and any(
+        t.shape != (hv,) or t.dtype != torch.float32 or t.device != state.device for t in raw_gates
+    ):
+        raise ValueError(
+            f"raw_gates must be two float32 tensors [HV={hv}] (A_log, dt_bias) on {state.device}"
+        )
+    cfg = config or default_config(n, tree.num_requests, hv, dk, dv)
+    if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16:
+        raise ValueError(f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv)")
+    slots = slot_indices(state_indices, tree.num_requests, state.device)
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    return _launch(
+        q, k, v, g, beta, state, slots, tree, raw_gates, 1.0 if scale is None else float(scale),
+        state_indices is not None, precision, cfg,
+    )  # fmt: skip
+
+
+__all__ = ["CONFIGS", "MAX_DEPTH", "PRECISIONS", "VerifyConfig", "default_config", "gdn_tree_verify"]
