@@ -101,3 +101,19 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def heldout_prompts(corpus: Path, count: int, *, seed: int = 0, lines: int = 24) -> list[dict]:
+    """Code prompts cut from held-out files (never trained on): ``lines`` consecutive lines of a file,
+    ending at a line break, from a seeded position past the file's first lines."""
+    import random
+
+    rng = random.Random(seed)
+    files = [f for f in read_split(corpus, "heldout").split(EOT) if f.count("\n") > 2 * lines]
+    prompts = []
+    for i in range(count):
+        text = files[i % len(files)].split("\n")
+        end = rng.randrange(lines, len(text) - 1)
+        prompt = "\n".join(text[end - lines : end]) + "\n"
+        prompts.append({"task_id": i, "prompt": prompt})
+    return prompts

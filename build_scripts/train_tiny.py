@@ -171,15 +171,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="code-tiny")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument(
+        "--stop-after", type=int, default=None,
+        help="stop the loop after this many steps (the LR schedule still spans --steps)",
+    )  # fmt: skip
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--mtp-steps", type=int, default=3, help="unrolled MTP steps in the loss")
     parser.add_argument("--mtp-weight", type=float, default=0.5, help="total weight of the MTP losses")
     parser.add_argument("--eval-every", type=int, default=500)
-    parser.add_argument("--time-limit", type=float, default=480.0, help="stop early after this many seconds")
+    parser.add_argument(
+        "--time-limit", type=float, default=450.0, help="stop the training loop early after this many seconds"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -216,11 +222,11 @@ def main(argv: list[str] | None = None) -> None:
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
     gen = torch.Generator().manual_seed(args.seed)
-    log, steps_done = [], 0
+    log, steps_done, loop_start = [], 0, time.time()
     bar = tqdm(range(args.steps), desc=f"training {params / 1e6:.1f}M params", unit="step")
     for step in bar:
-        if time.time() - started > args.time_limit:
-            print(f"time limit reached: stopping at step {step} of {args.steps}")
+        if time.time() - loop_start > args.time_limit or step == args.stop_after:
+            print(f"stopping at step {step} of {args.steps} (time limit or --stop-after)")
             break
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
@@ -245,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
                 {"step": steps_done, "train": {k: float(v) for k, v in parts.items()}, "heldout": held}
             )
             bar.write(f"step {steps_done}: train lm {float(parts['lm']):.3f} | held-out {held}")
-    train_seconds = time.time() - started
+    train_seconds = time.time() - loop_start
     model.eval()
     final = evaluate(model, heldout_stream, seq_len=args.seq_len, batch=args.batch_size,
                      device=device, mtp_steps=args.mtp_steps)  # fmt: skip
@@ -271,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
         "tokens_seen": steps_done * args.batch_size * args.seq_len,
         "train_tokens": train_stream.numel(),
         "heldout_tokens": heldout_stream.numel(),
-        "seconds": train_seconds,
+        "train_seconds": train_seconds,
+        "total_seconds": time.time() - started,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "final_heldout": final,
@@ -283,7 +290,10 @@ def main(argv: list[str] | None = None) -> None:
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     print(
         json.dumps(
-            {k: record[k] for k in ("parameters", "steps", "seconds", "final_heldout", "heldout_perplexity")}
+            {
+                k: record[k]
+                for k in ("parameters", "steps", "train_seconds", "final_heldout", "heldout_perplexity")
+            }
         )
     )
 
