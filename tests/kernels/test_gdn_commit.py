@@ -29,13 +29,17 @@ def verified_layers(tree, num_layers, num_slots, gen, h=2, hv=4, dk=32, dv=32):
     return layers
 
 
+FORMS = [None, kernel.CommitConfig(16, 16, 2, outer=False), kernel.CommitConfig(32, 16, 2, outer=True)]
+
+
+@pytest.mark.parametrize("cfg", FORMS, ids=["default", "dot", "outer"])
 @pytest.mark.parametrize("leaves", [[17, -1, 19, 5], [0, 0, 0, 0], [29, -1, -1, -1]])
-def test_unstacked_commit_equals_serial_state(leaves, gen):
+def test_unstacked_commit_equals_serial_state(leaves, cfg, gen):
     tree = forest(TREES, device=DEVICE)
     ((x, states, factors),) = verified_layers(tree, 1, tree.num_requests, gen)
     state = x.state.float()
     accepted = torch.tensor(leaves, device=DEVICE)
-    kernel.gdn_commit(state, factors, accepted)
+    kernel.gdn_commit(state, factors, accepted, config=cfg)
     nodes = tree.accepted_nodes(accepted)
     for b, node in enumerate(nodes.tolist()):
         if node < 0:
@@ -44,8 +48,9 @@ def test_unstacked_commit_equals_serial_state(leaves, gen):
             assert rel_rms(state[b], states[node]) <= 1e-6
 
 
+@pytest.mark.parametrize("cfg", FORMS[1:], ids=["dot", "outer"])
 @pytest.mark.parametrize("bf16_keys", [False, True], ids=["k-fp32", "k-bf16"])
-def test_all_layers_one_launch_with_slot_pool(bf16_keys, gen):
+def test_all_layers_one_launch_with_slot_pool(bf16_keys, cfg, gen):
     tree = forest(TREES, device=DEVICE)
     layers = verified_layers(tree, 3, tree.num_requests, gen)
     slots = torch.tensor([5, 2, 0, 6], device=DEVICE)
@@ -57,7 +62,7 @@ def test_all_layers_one_launch_with_slot_pool(bf16_keys, gen):
     if bf16_keys:
         stacked = ops.GDNTreeFactors(tree, stacked.k.bfloat16(), stacked.u, stacked.log_decay)
     accepted = torch.tensor([12, -1, 19, 3], device=DEVICE)
-    kernel.gdn_commit(pool, stacked, accepted, state_indices=slots)
+    kernel.gdn_commit(pool, stacked, accepted, state_indices=slots, config=cfg)
     nodes = tree.accepted_nodes(accepted).tolist()
     for i, (_, states, _) in enumerate(layers):
         for b, node in enumerate(nodes):
@@ -125,8 +130,9 @@ def test_conv_state_commit_rejects_mismatch():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cfg", kernel.COMMIT_CONFIGS, ids=str)
 @pytest.mark.parametrize("key_dtype", [torch.float32, torch.bfloat16], ids=["k-fp32", "k-bf16"])
-def test_real_size_all_layers(key_dtype, gen):
+def test_real_size_all_layers(key_dtype, cfg, gen):
     """Qwen3.5-9B: 24 GDN layers, 16 requests, one launch."""
     tree = forest([topk_parents(64, 4, 8)] * 16, device=DEVICE)
     n, layers = tree.num_nodes, 24
@@ -138,5 +144,5 @@ def test_real_size_all_layers(key_dtype, gen):
     expected = state.double()
     for i in range(layers):
         gdn_tree.factored_commit(expected[i], k[i].double(), u[i].double(), log_p[i].double(), tree, accepted)
-    kernel.gdn_commit(state, ops.GDNTreeFactors(tree, k, u, log_p), accepted)
+    kernel.gdn_commit(state, ops.GDNTreeFactors(tree, k, u, log_p), accepted, config=cfg)
     assert rel_rms(state, expected) <= 1e-5

@@ -33,12 +33,22 @@ class CommitConfig:
     bk: int  # dk rows per chunk
     bv: int  # value channels per program
     num_warps: int = 4
+    outer: bool = False  # rank-1 updates node by node instead of one tl.dot over the padded path
 
 
 COMMIT_CONFIGS = tuple(
-    CommitConfig(bk, bv, w)
-    for bk, bv, w in ((16, 128, 4), (32, 128, 4), (16, 64, 2), (32, 64, 4), (64, 128, 8))
+    CommitConfig(bk, bv, w, outer)
+    for bk, bv, w, outer in (
+        (16, 128, 4, False),
+        (32, 64, 4, False),
+        (16, 64, 2, False),
+        (128, 32, 4, True),
+        (128, 16, 2, True),
+        (64, 64, 4, True),
+    )
 )
+"""Candidates the benchmark sweeps. The dot form gathers the whole path at once; the outer form keeps
+only the state tile on chip (fewer registers, more programs in flight per SM)."""
 
 
 @triton.jit
@@ -64,6 +74,7 @@ def _gdn_commit_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_SLOTS: tl.constexpr,
+    OUTER: tl.constexpr,
 ):
     i_v, i_hv, i_lb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_l = i_lb // num_requests
@@ -74,25 +85,37 @@ def _gdn_commit_kernel(
         slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
         node = bos + leaf
         n_path = tl.load(depth + node).to(tl.int32)
-        o_p = tl.arange(0, DP)
-        m_p = o_p < n_path
-        path = tl.load(paths + node * max_depth + o_p, mask=m_p, other=0)
-        row = i_l.to(tl.int64) * num_nodes + path  # layer-major rows of the stacked factors
-        lp_path = tl.load(log_p + row * HV + i_hv, mask=m_p, other=0.0)
-        lp_leaf = tl.sum(tl.where(o_p == n_path - 1, lp_path, 0.0))
-        weight = tl.where(m_p, tl.exp(lp_leaf - lp_path), 0.0)
+        layer_rows = i_l.to(tl.int64) * num_nodes  # layer-major rows of the stacked factors
+        lp_leaf = tl.load(log_p + (layer_rows + node) * HV + i_hv)
         o_v = i_v * BV + tl.arange(0, BV)
-        u_path = tl.load(u + (row * HV + i_hv)[:, None] * DV + o_v[None, :], mask=m_p[:, None], other=0.0)
         o_k = tl.arange(0, BK)
         s_ptr = state + ((i_l.to(tl.int64) * num_slots + slot) * HV + i_hv) * (DK * DV)
-        k_row = (row * H + i_hv // (HV // H)) * DK
-        for kc in range(0, DK, BK):
-            k_path = tl.load(k + k_row[:, None] + kc + o_k[None, :], mask=m_p[:, None], other=0.0)
-            wk = weight[:, None] * k_path.to(tl.float32)
-            s_ptrs = s_ptr + (kc + o_k)[:, None] * DV + o_v[None, :]
-            s = tl.load(s_ptrs)
-            s = tl.exp(lp_leaf) * s + tl.dot(tl.trans(wk), u_path, input_precision="ieee")
-            tl.store(s_ptrs, s)
+        i_h = i_hv // (HV // H)
+        if OUTER:
+            for kc in range(0, DK, BK):
+                s_ptrs = s_ptr + (kc + o_k)[:, None] * DV + o_v[None, :]
+                s = tl.exp(lp_leaf) * tl.load(s_ptrs)
+                for j in range(0, n_path):
+                    row = layer_rows + tl.load(paths + node * max_depth + j)
+                    w_j = tl.exp(lp_leaf - tl.load(log_p + row * HV + i_hv))
+                    k_j = tl.load(k + (row * H + i_h) * DK + kc + o_k).to(tl.float32)
+                    u_j = tl.load(u + (row * HV + i_hv) * DV + o_v)
+                    s += (w_j * k_j)[:, None] * u_j[None, :]
+                tl.store(s_ptrs, s)
+        else:
+            o_p = tl.arange(0, DP)
+            m_p = o_p < n_path
+            row = layer_rows + tl.load(paths + node * max_depth + o_p, mask=m_p, other=0)
+            lp_path = tl.load(log_p + row * HV + i_hv, mask=m_p, other=0.0)
+            weight = tl.where(m_p, tl.exp(lp_leaf - lp_path), 0.0)
+            u_path = tl.load(u + (row * HV + i_hv)[:, None] * DV + o_v[None, :], mask=m_p[:, None], other=0.0)
+            k_row = (row * H + i_h) * DK
+            for kc in range(0, DK, BK):
+                k_path = tl.load(k + k_row[:, None] + kc + o_k[None, :], mask=m_p[:, None], other=0.0)
+                wk = weight[:, None] * k_path.to(tl.float32)
+                s_ptrs = s_ptr + (kc + o_k)[:, None] * DV + o_v[None, :]
+                s = tl.exp(lp_leaf) * tl.load(s_ptrs)
+                tl.store(s_ptrs, s + tl.dot(tl.trans(wk), u_path, input_precision="ieee"))
 
 
 @triton.jit
@@ -208,7 +231,7 @@ def gdn_commit(
     if state_indices is None and num_slots != tree.num_requests:
         raise ValueError(f"state holds {num_slots} slots but the tree has {tree.num_requests} requests")
     slots = slot_indices(state_indices, tree.num_requests, state.device)
-    cfg = config or CommitConfig(tile_dividing(dk, 16), tile_dividing(dv, 128))
+    cfg = config or CommitConfig(tile_dividing(dk, 128), tile_dividing(dv, 32), 4, outer=True)
     if dk % cfg.bk or dv % cfg.bv:
         raise ValueError(f"{cfg} does not tile dk={dk}, dv={dv}")
     grid = (dv // cfg.bv, hv, layers * tree.num_requests)
@@ -216,7 +239,7 @@ def gdn_commit(
         state, k.contiguous(), u.contiguous(), log_p.contiguous(), leaves, slots,
         tree.cu_seqlens, tree.depth, tree.paths, tree.num_requests, num_slots, n, tree.paths.shape[1],
         H=h, HV=hv, DK=dk, DV=dv, DP=pow2_at_least(tree.max_depth, 16), BK=cfg.bk, BV=cfg.bv,
-        USE_SLOTS=state_indices is not None, num_warps=cfg.num_warps,
+        USE_SLOTS=state_indices is not None, OUTER=cfg.outer, num_warps=cfg.num_warps,
     )  # fmt: skip
 
 
