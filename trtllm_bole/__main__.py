@@ -1,21 +1,75 @@
-"""Command line: ``python -m trtllm_bole <command>``."""
+"""Command line: ``python -m trtllm_bole <command>`` (``generate``, ``demo``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+DEFAULT_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from trtllm_bole import LLM, BoleConfig, SamplingParams
+
+    bole = BoleConfig(mode=args.mode, top_k=args.branching, max_depth=args.depth, max_nodes=args.max_nodes)
+    llm = LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype)
+    prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else args.prompt
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        seed=args.seed,
+    )  # fmt: skip
+    if isinstance(prompt, str):
+        sys.stdout.write(prompt)
+    last = None
+    for last in llm.generate_stream(prompt, params):
+        delta = last.outputs[0]
+        sys.stdout.write(delta.text if llm.tokenizer else f"{delta.token_ids} ")
+        sys.stdout.flush()
+    if last is None or last.error:
+        print(f"\nerror: {last.error if last else 'no output'}", file=sys.stderr)
+        return 1
+    s = last.stats
+    print(
+        f"\n\n[{args.mode}] finish: {last.outputs[0].finish_reason}; target forwards: {s.steps + 1} "
+        f"(1 prefill + {s.steps} steps); drafted {s.drafted}, accepted {s.accepted} "
+        f"(rate {s.acceptance_rate:.2f}); mean accepted tokens per step {s.mean_accepted_tokens:.2f}",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trtllm_bole", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser(
+        "generate", help="stream a continuation (default: the embedded model, on CPU)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    gen.add_argument("--model", default=None, help="checkpoint or engine dir (default: the embedded model)")
+    gen.add_argument("--prompt", default=DEFAULT_PROMPT)
+    gen.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of --prompt")
+    gen.add_argument("--mode", choices=["ar", "chain", "tree-serial", "bole"], default="bole")
+    gen.add_argument("--branching", type=int, default=4, help="draft tree top-k")
+    gen.add_argument("--depth", type=int, default=8, help="draft tree depth")
+    gen.add_argument("--max-nodes", type=int, default=64, help="draft tokens per step")
+    gen.add_argument("--max-tokens", type=int, default=96)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+
     demo = commands.add_parser("demo", help="verify a demo draft forest through the exact core (CPU)")
     demo.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        from trtllm_bole.demo import run_demo
 
-        return 0 if run_demo(args.seed) <= 1e-10 else 1
-    return 2
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    from trtllm_bole.demo import run_demo
+
+    return 0 if run_demo(args.seed) <= 1e-10 else 1
 
 
 if __name__ == "__main__":
