@@ -25,7 +25,6 @@ tile otherwise (the benchmark measures both kinds of config); the state tile is 
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -99,10 +98,10 @@ def _is_ancestor(ord_row, ord_col, end_col, m_row, m_col):
 
 
 @triton.jit
-def _rows(base, rows, m_rows, ROW_STRIDE: tl.constexpr, cols):
+def _rows(base, rows, m_rows, row_stride, cols):
     """``base[rows, cols]`` of a row-major matrix, zero on masked rows. ``base`` is a scalar pointer and
     the offsets int32, so no per-element 64-bit pointer stays live across the loops."""
-    return tl.load(base + (rows[:, None] * ROW_STRIDE + cols[None, :]), mask=m_rows[:, None], other=0.0)
+    return tl.load(base + (rows[:, None] * row_stride + cols[None, :]), mask=m_rows[:, None], other=0.0)
 
 
 @triton.jit
@@ -131,7 +130,7 @@ def _gram(
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_squarings"])
 def _gdn_tree_verify_kernel(
     q,
     k,
@@ -149,14 +148,14 @@ def _gdn_tree_verify_kernel(
     a_log,
     dt_bias,
     scale,
+    hv,
+    n_squarings,
     H: tl.constexpr,
-    HV: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    SQUARINGS: tl.constexpr,
     USE_SLOTS: tl.constexpr,
     PREC: tl.constexpr,
     S_BF16: tl.constexpr,
@@ -164,25 +163,25 @@ def _gdn_tree_verify_kernel(
     RAW_GATES: tl.constexpr,
 ):
     i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)
+    i_h = i_hv // (hv // H)
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
     n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
     slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
     # Per-request bases (int64); everything below is a small offset from them.
     q_req = q + (bos * H + i_h) * DK
     k_req = k + (bos * H + i_h) * DK
-    v_req = v + (bos * HV + i_hv) * DV
-    u_req = u + (bos * HV + i_hv) * DV
-    o_req = o + (bos * HV + i_hv) * DV
-    s_req = state + (slot * HV + i_hv) * (DK * DV)
+    v_req = v + (bos * hv + i_hv) * DV
+    u_req = u + (bos * hv + i_hv) * DV
+    o_req = o + (bos * hv + i_hv) * DV
+    s_req = state + (slot * hv + i_hv) * (DK * DV)
     dfs_req = dfs_order + bos
     size_req = subtree_size + bos
-    g_req = g + bos * HV + i_hv
-    beta_req = beta + bos * HV + i_hv
+    g_req = g + bos * hv + i_hv
+    beta_req = beta + bos * hv + i_hv
     if RAW_GATES:
         a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32))
         dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32)
-    lp_req = log_p + bos * HV + i_hv
+    lp_req = log_p + bos * hv + i_hv
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -199,13 +198,13 @@ def _gdn_tree_verify_kernel(
             m_c = cols < n_t
             ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
             end_c = ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32)
-            g_c = tl.load(g_req + cols * HV, mask=m_c, other=0.0).to(tl.float32)
+            g_c = tl.load(g_req + cols * hv, mask=m_c, other=0.0).to(tl.float32)
             if RAW_GATES:  # g holds a: g = -exp(A_log) softplus(a + dt_bias) (torch's threshold 20)
                 x = g_c + dt_bias_h
                 g_c = tl.where(m_c, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)
             anc = _is_ancestor(ord_r, ord_c, end_c, m_r, m_c)
             acc += tl.sum(tl.where(anc, g_c[None, :], 0.0), axis=1)
-        tl.store(lp_req + rows * HV, acc, mask=m_r)
+        tl.store(lp_req + rows * hv, acc, mask=m_r)
     tl.debug_barrier()
 
     # 2-3. Row blocks in topological order: blocked forward substitution for U, then O.
@@ -214,8 +213,8 @@ def _gdn_tree_verify_kernel(
         m_r = rows < n_t
         ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
         end_r = ord_r + tl.load(size_req + rows, mask=m_r, other=0).to(tl.int32)
-        lp_r = tl.load(lp_req + rows * HV, mask=m_r, other=0.0)
-        b_r = tl.load(beta_req + rows * HV, mask=m_r, other=0.0).to(tl.float32)
+        lp_r = tl.load(lp_req + rows * hv, mask=m_r, other=0.0)
+        b_r = tl.load(beta_req + rows * hv, mask=m_r, other=0.0).to(tl.float32)
         if RAW_GATES:  # beta holds b: beta = sigmoid(b)
             b_r = tl.where(m_r, 1.0 / (1.0 + tl.exp(-b_r)), 0.0)
         qs = tl.zeros([BT, BV], dtype=tl.float32)
@@ -231,7 +230,7 @@ def _gdn_tree_verify_kernel(
             else:
                 qs = tl.dot(q_c.to(tl.float32), s_c, qs, input_precision=PREC)
                 ks = tl.dot(k_c.to(tl.float32), s_c, ks, input_precision=PREC)
-        v_r = _rows(v_req, rows, m_r, HV * DV, o_v)
+        v_r = _rows(v_req, rows, m_r, hv * DV, o_v)
         decay = tl.exp(lp_r)
         rhs = b_r[:, None] * (v_r.to(tl.float32) - decay[:, None] * ks)
         o_acc = decay[:, None] * qs
@@ -242,9 +241,9 @@ def _gdn_tree_verify_kernel(
             end_c = ord_c + tl.load(size_req + cols).to(tl.int32)
             anc = _is_ancestor(ord_r, ord_c, end_c, m_r, o_t < BT)
             if tl.max(anc.to(tl.int32)) > 0:
-                lp_c = tl.load(lp_req + cols * HV)
+                lp_c = tl.load(lp_req + cols * hv)
                 ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_c[None, :], float("-inf")))
-                u_c = tl.load(u_req + (cols[:, None] * (HV * DV) + o_v[None, :]))
+                u_c = tl.load(u_req + (cols[:, None] * (hv * DV) + o_v[None, :]))
                 kk = _gram(k_req, k_req, rows, m_r, cols, o_t < BT, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
                 rhs -= tl.dot(b_r[:, None] * ratio * kk, u_c, input_precision=PREC)
                 qk = _gram(q_req, k_req, rows, m_r, cols, o_t < BT, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
@@ -252,17 +251,18 @@ def _gdn_tree_verify_kernel(
 
         anc = _is_ancestor(ord_r, ord_r, end_r, m_r, m_r)
         u_r = rhs
-        if SQUARINGS > 0:
+        if n_squarings > 0:
             # A = -G_rr; (I + G)^-1 = (I + A)(I + A^2)(I + A^4)...: commuting factors applied to R
-            # one by one (no explicit inverse, fewer live [BT, BT] tiles).
+            # one by one (no explicit inverse, fewer live [BT, BT] tiles). n_squarings = ceil(log2 d)
+            # is a runtime bound: one compiled kernel serves every depth up to MAX_DEPTH.
             kk = _gram(k_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
             ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_r[None, :], float("-inf")))
             a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_r[:, None] * ratio * kk, 0.0)
-            for i in tl.static_range(SQUARINGS):
+            u_r = tl.dot(a, u_r, u_r, input_precision=PREC)
+            for _ in range(1, n_squarings):
+                a = tl.dot(a, a, input_precision=PREC)
                 u_r = tl.dot(a, u_r, u_r, input_precision=PREC)
-                if i < SQUARINGS - 1:
-                    a = tl.dot(a, a, input_precision=PREC)
-        out_offs = rows[:, None] * (HV * DV) + o_v[None, :]
+        out_offs = rows[:, None] * (hv * DV) + o_v[None, :]
         tl.store(u_req + out_offs, u_r, mask=m_r[:, None])
         qk = _gram(q_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
         ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_r[None, :], float("-inf")))
@@ -296,9 +296,8 @@ def _launch(
     grid = (dv // cfg.bv, hv, tree.num_requests)
     _gdn_tree_verify_kernel[grid](
         q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size,
-        o, u, log_p, *(raw_gates or (g, g)), scale,
-        H=h, HV=hv, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv,
-        SQUARINGS=math.ceil(math.log2(chain)) if chain > 1 else 0,
+        o, u, log_p, *(raw_gates or (g, g)), scale, hv, (chain - 1).bit_length(),
+        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv,
         USE_SLOTS=use_slots, PREC="ieee" if precision == "ieee" else "tf32",
         S_BF16=precision == "bf16", UPCAST=_UPCAST, RAW_GATES=raw_gates is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
