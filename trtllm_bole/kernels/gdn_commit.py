@@ -51,7 +51,7 @@ COMMIT_CONFIGS = tuple(
 only the state tile on chip (fewer registers, more programs in flight per SM)."""
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_requests", "num_slots", "num_nodes", "max_depth"])
 def _gdn_commit_kernel(
     state,
     k,
@@ -118,7 +118,7 @@ def _gdn_commit_kernel(
                 tl.store(s_ptrs, s + tl.dot(tl.trans(wk), u_path, input_precision="ieee"))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_requests", "num_slots", "num_nodes", "max_depth"])
 def _conv_state_commit_kernel(
     conv_state,
     x,

@@ -10,8 +10,8 @@ is topological, so a block's ancestors lie in it or in earlier blocks):
    ``R_r = β(V_r - P_r K_r S)``; then ``R_r -= Σ_{c<r} G_rc U_c`` and ``O_r += Σ_{c<r} C_rc U_c``
    with ``U_c`` read back from the ``u`` output this program wrote (blocked forward substitution;
    column blocks holding no ancestor of the row block are skipped);
-3. ``U_r = (I + G_rr)⁻¹ R_r`` as ``(I - G)(I + G²)(I + G⁴)…`` applied to ``R_r``: ``SQUARINGS`` =
-   ⌈log2 d⌉ products (``d`` = the longest chain inside a block, a compile-time constant below
+3. ``U_r = (I + G_rr)⁻¹ R_r`` as ``(I - G)(I + G²)(I + G⁴)…`` applied to ``R_r``: ``n_squarings`` =
+   ⌈log2 d⌉ products (``d`` = the longest chain inside a block, at most ``BT`` and the compiled
    :data:`MAX_DEPTH`; ``G^d = 0`` by Lemma 3) instead of ``d`` Neumann rounds; then
    ``O_r = P_r Q_r S + Σ_{c≤r} C_rc U_c``.
 

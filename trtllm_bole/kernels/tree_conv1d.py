@@ -15,7 +15,7 @@ from trtllm_bole.kernels._common import INPUT_DTYPES, check_device, slot_indices
 from trtllm_bole.tree import TreeBatch
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_nodes", "max_depth"])
 def _tree_conv1d_kernel(
     x,
     weight,

@@ -51,22 +51,22 @@ def _tree_serial_kernel(
     o,
     snapshots,
     scale,
+    hv,
     H: tl.constexpr,
-    HV: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
     BV: tl.constexpr,
     USE_SLOTS: tl.constexpr,
 ):
     i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)
+    i_h = i_hv // (hv // H)
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
     n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
     slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
     o_k = tl.arange(0, DK)
     o_v = i_v * BV + tl.arange(0, BV)
     tile = o_k[:, None] * DV + o_v[None, :]
-    pre = state + (slot * HV + i_hv) * (DK * DV)
+    pre = state + (slot * hv + i_hv) * (DK * DV)
     h = tl.zeros([DK, BV], dtype=tl.float32)
     for t in range(0, n_t):
         node = bos + t
@@ -74,20 +74,20 @@ def _tree_serial_kernel(
         if parent < 0:
             h = tl.load(pre + tile)
         elif parent != t - 1:
-            h = tl.load(snapshots + ((bos + parent) * HV + i_hv) * (DK * DV) + tile)
+            h = tl.load(snapshots + ((bos + parent) * hv + i_hv) * (DK * DV) + tile)
         q_t = tl.load(q + (node * H + i_h) * DK + o_k).to(tl.float32)
         k_t = tl.load(k + (node * H + i_h) * DK + o_k).to(tl.float32)
-        v_t = tl.load(v + (node * HV + i_hv) * DV + o_v).to(tl.float32)
-        h *= tl.exp(tl.load(g + node * HV + i_hv).to(tl.float32))
-        u_t = tl.load(beta + node * HV + i_hv).to(tl.float32) * (v_t - tl.sum(h * k_t[:, None], axis=0))
+        v_t = tl.load(v + (node * hv + i_hv) * DV + o_v).to(tl.float32)
+        h *= tl.exp(tl.load(g + node * hv + i_hv).to(tl.float32))
+        u_t = tl.load(beta + node * hv + i_hv).to(tl.float32) * (v_t - tl.sum(h * k_t[:, None], axis=0))
         h += k_t[:, None] * u_t[None, :]
         o_t = tl.sum(h * q_t[:, None], axis=0) * scale
-        tl.store(o + (node * HV + i_hv) * DV + o_v, o_t.to(o.dtype.element_ty))
-        tl.store(snapshots + (node * HV + i_hv) * (DK * DV) + tile, h)
+        tl.store(o + (node * hv + i_hv) * DV + o_v, o_t.to(o.dtype.element_ty))
+        tl.store(snapshots + (node * hv + i_hv) * (DK * DV) + tile, h)
         tl.debug_barrier()  # a later sibling may re-read this snapshot with another thread layout
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_requests", "num_slots", "num_nodes"])
 def _snapshot_commit_kernel(
     state,
     snapshots,
@@ -169,8 +169,8 @@ def gdn_tree_verify_serial(
     grid = (dv // cfg.bv, hv, tree.num_requests)
     _tree_serial_kernel[grid](
         q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), state, slots,
-        tree.cu_seqlens, tree.parents, o, snapshots, 1.0 if scale is None else float(scale),
-        H=h, HV=hv, DK=dk, DV=dv, BV=cfg.bv, USE_SLOTS=state_indices is not None,
+        tree.cu_seqlens, tree.parents, o, snapshots, 1.0 if scale is None else float(scale), hv,
+        H=h, DK=dk, DV=dv, BV=cfg.bv, USE_SLOTS=state_indices is not None,
         num_warps=cfg.num_warps,
     )  # fmt: skip
     return o, snapshots

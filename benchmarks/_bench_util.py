@@ -1,0 +1,234 @@
+"""Timing, memory, inputs, results file and plot for benchmarks/bench_gdn_verify.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trtllm_bole.testing import forest
+from trtllm_bole.tree import TreeBatch
+
+H, DK, DV = 16, 128, 128  # Qwen3.5 GDN key heads and head dims
+MODELS = {"qwen3.5-9b": {"hv": 32, "gdn_layers": 24}, "qwen3.5-27b": {"hv": 48, "gdn_layers": 48}}
+L2_BYTES = 50 * 2**20  # H200 L2; inputs rotate over at least 4x this
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.start, self.seconds = time.monotonic(), seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.start)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+def timer(cuda: bool, rep_ms: int) -> Callable[[Callable[[], Any]], float]:
+    """Median time of ``fn`` in µs: triton's do_bench on CUDA (warmed up, L2 flushed between runs,
+    CUDA events), wall clock on CPU (smoke runs in the interpreter, meaningless as speed)."""
+    if cuda:
+        from triton.testing import do_bench
+
+        return lambda fn: do_bench(fn, warmup=max(2, rep_ms // 4), rep=rep_ms, return_mode="median") * 1e3
+
+    def wall(fn: Callable[[], Any]) -> float:
+        runs = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - t0)
+        return statistics.median(runs) * 1e6
+
+    return wall
+
+
+def peak_bytes(fn: Callable[[], Any]) -> int | None:
+    """Bytes allocated by one call above what was live before it (kept outputs included)."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak
+
+
+def copy_bandwidth(measure: Callable[[Callable[[], Any]], float], device: str, nbytes: int) -> dict:
+    """Device-to-device copy: bytes read + bytes written per second (the roofline's ceiling)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
+    dst = torch.empty_like(src)
+    us = measure(lambda: dst.copy_(src))
+    return {"bytes": nbytes, "time_us": us, "bytes_per_s": 2 * nbytes / (us * 1e-6)}
+
+
+@dataclass
+class Inputs:
+    """One GDN layer's verify inputs (serving layout): bf16 q/k/v, raw gates a, b (bf16) with A_log
+    and dt_bias (fp32) and the gates they give (fp32 g, beta), fp32 committed state."""
+
+    tree: TreeBatch
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    a_log: torch.Tensor
+    dt_bias: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    state: torch.Tensor
+    scale: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.a, self.b, self.state))
+
+
+def make_inputs(
+    tree: TreeBatch, h: int, hv: int, dk: int, dv: int, dtype: torch.dtype, gen: torch.Generator
+) -> Inputs:
+    n, device = tree.num_nodes, tree.parents.device
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device)
+
+    q = F.normalize(randn(n, h, dk), dim=-1).to(dtype)
+    k = F.normalize(randn(n, h, dk), dim=-1).to(dtype)
+    a, b = randn(n, hv).to(dtype), randn(n, hv).to(dtype)
+    a_log = torch.log(torch.rand(hv, generator=gen, device=device) * 15.99 + 0.01)
+    dt_bias = randn(hv) * 0.5 - 4.0
+    g = -a_log.exp() * F.softplus(a.float() + dt_bias)
+    beta = torch.sigmoid(b.float())
+    state = randn(tree.num_requests, hv, dk, dv) * 0.1
+    return Inputs(tree, q, k, randn(n, hv, dv).to(dtype), a, b, a_log, dt_bias, g, beta, state, dk**-0.5)
+
+
+def rotations(make: Callable[[], Inputs], budget_bytes: int = 4 * L2_BYTES, most: int = 8) -> list[Inputs]:
+    first = make()
+    count = max(1, min(most, math.ceil(budget_bytes / max(first.nbytes, 1))))
+    return [first] + [make() for _ in range(count - 1)]
+
+
+class Rotating:
+    """Calls ``fn(inputs)`` on the next input set each time (defeats cache reuse between runs)."""
+
+    def __init__(self, sets: list[Any], fn: Callable[[Any], Any]) -> None:
+        self.sets, self.fn, self.i = sets, fn, 0
+
+    def __call__(self) -> Any:
+        self.i = (self.i + 1) % len(self.sets)
+        return self.fn(self.sets[self.i])
+
+
+def verify_floor_bytes(x: Inputs) -> int:
+    """Minimum traffic of a verify: read S_pre, q, k, v and the gates once; write o, u, logP once."""
+    n, hv, dv = x.v.shape
+    reads = x.state.numel() * 4 + sum(t.numel() * t.element_size() for t in (x.q, x.k, x.v, x.a, x.b))
+    writes = n * hv * (dv * x.v.element_size() + dv * 4 + 4)
+    return reads + writes
+
+
+def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def tree_of(trees: list[list[int]], device: str) -> TreeBatch:
+    return forest(trees, device=device, max_depth=max(64, *(len(t) for t in trees)))
+
+
+class Results:
+    """The JSON results file, rewritten after every section so a run cut short still leaves data."""
+
+    def __init__(self, path: Path, meta: dict) -> None:
+        self.path, self.data = path, {"meta": meta, "errors": [], "skipped": []}
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data.setdefault(key, [])
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+    def error(self, where: str, exc: BaseException) -> None:
+        self.data["errors"].append({"where": where, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        print(f"  ! {where}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+
+    def skip(self, where: str, why: str) -> None:
+        self.data["skipped"].append({"where": where, "why": why})
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+        tmp.replace(self.path)
+
+
+def _line(ax: Any, points: list[tuple], style: str, label: str) -> None:
+    points = [(x, y) for x, y in points if y]
+    if points:
+        ax.plot(*zip(*points, strict=True), style, label=label)
+
+
+def plot(data: dict, png: Path) -> str:
+    """Four panels: speed-up over SGLang vs batch (T=64), time vs tree size (batch 16), the depth sweep,
+    and the fraction of the memory floor reached. Returns a note (matplotlib is optional)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib missing: no PNG (run --plot-only <json> where it is installed)"
+    grid = [p for p in data.get("grid", []) if p.get("bole_us")]
+    size = 64 if any(p["tree_size"] == 64 for p in grid) else max((p["tree_size"] for p in grid), default=0)
+    batch = max((p["batch"] for p in grid if p["batch"] <= 16), default=0)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    for model, style in zip(dict.fromkeys(p["model"] for p in grid), ("-o", "--s", ":^"), strict=False):
+        rows = sorted(
+            (p for p in grid if p["model"] == model and p["tree_size"] == size), key=lambda p: p["batch"]
+        )
+        for key, label in (("speedup_sglang", "vs SGLang tree"), ("speedup_serial", "vs tree-serial")):
+            _line(axes[0, 0], [(p["batch"], p.get(key)) for p in rows], style, f"{model} {label}")
+        _line(axes[1, 1], [(p["batch"], 100 * p.get("floor_fraction", 0)) for p in rows], style, model)
+        rows = sorted(
+            (p for p in grid if p["model"] == model and p["batch"] == batch), key=lambda p: p["tree_size"]
+        )
+        for key, label in (("bole_us", "Bole"), ("sglang_us", "SGLang"), ("serial_total_us", "tree-serial")):
+            _line(axes[0, 1], [(p["tree_size"], p.get(key)) for p in rows], style, f"{model} {label}")
+    depth = data.get("depth", [])
+    for b in sorted({p["batch"] for p in depth}):
+        rows = sorted((p for p in depth if p["batch"] == b), key=lambda p: p["depth"])
+        for key, label in (("bole_us", "Bole"), ("sglang_us", "SGLang"), ("serial_total_us", "tree-serial")):
+            _line(axes[1, 0], [(p["depth"], p.get(key)) for p in rows], "-o", f"B={b} {label}")
+    titles = (
+        (f"speed-up of the verify core, T={size} depth 8", "batch", "x", "log"),
+        (f"per-layer verify time, batch {batch}", "tree size T", "µs", "log"),
+        ("depth sweep (first model)", "tree depth", "µs", "log"),
+        (f"Bole: memory floor / time, % of copy bandwidth, T={size}", "batch", "%", "linear"),
+    )
+    for ax, (title, xlabel, ylabel, yscale) in zip(axes.flat, titles, strict=True):
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel, yscale=yscale)
+        ax.set_xscale("log", base=2) if xlabel != "tree depth" else None
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    meta = data.get("meta", {})
+    versions = f"torch {meta.get('torch')}, triton {meta.get('triton')}"
+    fig.suptitle(f"GDN tree verify on {meta.get('device', '?')} ({versions})")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return f"wrote {png}"
