@@ -130,7 +130,7 @@ def test_conv_state_commit_rejects_mismatch():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", kernel.COMMIT_CONFIGS, ids=str)
+@pytest.mark.parametrize("cfg", [None, kernel.COMMIT_CONFIGS[0]], ids=str)
 @pytest.mark.parametrize("key_dtype", [torch.float32, torch.bfloat16], ids=["k-fp32", "k-bf16"])
 def test_real_size_all_layers(key_dtype, cfg, gen):
     """Qwen3.5-9B: 24 GDN layers, 16 requests, one launch."""

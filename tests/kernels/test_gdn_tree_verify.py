@@ -185,7 +185,7 @@ def test_rejects_bad_arguments(change, match, gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("cfg", [None, CONFIGS[6], CONFIGS[-2]], ids=str)  # every config: the benchmark
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_real_size(cfg, dtype, gen, nan_outputs):
     trees = [topk_parents(64, 4, 8)] * 3 + [topk_parents(256, 4, 16), chain_parents(MAX_DEPTH), [-1]]

@@ -59,7 +59,7 @@ def test_slot_pool_and_commit(gen, nan_outputs):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", SERIAL_CONFIGS, ids=str)
+@pytest.mark.parametrize("cfg", SERIAL_CONFIGS[:2], ids=str)
 def test_real_size(cfg, gen):
     tree, x = make([topk_parents(64, 4, 8)] * 2, 16, 32, 128, 128, gen)
     o, snaps = gdn_tree_verify_serial(x.q, x.k, x.v, x.g, x.beta, x.state, tree, scale=x.scale, config=cfg)
