@@ -1,0 +1,230 @@
+"""trtllm-bench-style runs of the four decoding schemes on one engine, side by side.
+
+    python benchmarks/bench.py throughput --dataset data.jsonl [--engine DIR] [--device cuda] \\
+        [--modes ar,chain,tree-serial,bole] [--batch-sizes 1,2,4,8,16,32]
+    python benchmarks/bench.py latency --dataset data.jsonl [--engine DIR] [--modes ...]
+
+``throughput``: every request is submitted at once and the executor batches them continuously
+(``--batch-sizes`` bound how many run together). ``latency``: one request at a time.
+Reported like trtllm-bench: request throughput, output tokens/s, per-user tokens/s, TTFT, TPOT and
+inter-token (streaming event) latency percentiles, plus mean accepted tokens per step (MAT) and
+acceptance rate. Requests ignore EOS so each produces exactly its ``output_tokens``.
+
+Greedy outputs of every mode are compared with ``ar`` in the same run; a mode whose tokens differ
+is reported as failed and gets no speed-up. Writes JSON (+ PNG) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from trtllm_bole import LLM, BoleConfig, SamplingParams
+from trtllm_bole.spec.executor import Executor
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_dataset(path: Path, llm: LLM) -> list[tuple[list[int], int]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for row in rows:
+        ids = row["input_ids"] if "input_ids" in row else llm.encode(row["prompt"])
+        out.append((ids, int(row["output_tokens"])))
+    return out
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+    return {"mean": statistics.fmean(values), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
+
+
+def run(llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequential: bool) -> dict:
+    """Serve the dataset once; returns metrics and every request's output tokens."""
+    executor = Executor(
+        llm.model, BoleConfig(mode=mode, **bole_args), max_batch_size=max_batch,
+        max_seq_len=max(len(p) + n for p, n in dataset) + 32,
+        eos_token_id=None, budget=llm.executor.budget,
+    )  # fmt: skip
+    sync = torch.cuda.synchronize if llm.model.device.type == "cuda" else (lambda: None)
+    submitted, first, events = {}, {}, {}
+    start = time.perf_counter()
+    pending = list(dataset)
+    requests = []
+    with tqdm(total=len(dataset), desc=f"{mode} b{max_batch}", unit="req", leave=False) as bar:
+        while pending or executor.has_unfinished:
+            while pending and (not sequential or not executor.has_unfinished):
+                prompt, n = pending.pop(0)
+                r = executor.submit(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+                submitted[r.request_id] = time.perf_counter()
+                requests.append(r)
+            for event in executor.step():
+                now = time.perf_counter()
+                rid = event.request.request_id
+                first.setdefault(rid, now)
+                events.setdefault(rid, []).append((now, len(event.token_ids)))
+                if event.finished:
+                    bar.update()
+    sync()
+    wall = time.perf_counter() - start
+    failed = [r for r in requests if r.error]
+    if failed:
+        raise RuntimeError(f"{len(failed)} requests failed, e.g. {failed[0].error}")
+    ttft, tpot, itl, per_user = [], [], [], []
+    for r in requests:
+        rid, times = r.request_id, events[r.request_id]
+        ttft.append(first[rid] - submitted[rid])
+        n = len(r.output_ids)
+        if n > 1:
+            span = times[-1][0] - first[rid]
+            tpot.append(span / (n - 1))
+            per_user.append((n - 1) / span if span > 0 else float("inf"))
+        itl += [b[0] - a[0] for a, b in itertools.pairwise(times)]
+    tokens = sum(len(r.output_ids) for r in requests)
+    steps = sum(r.stats.steps for r in requests)
+    drafted = sum(r.stats.drafted for r in requests)
+    accepted = sum(r.stats.accepted for r in requests)
+    return {
+        "mode": mode,
+        "max_batch_size": max_batch,
+        "requests": len(requests),
+        "output_tokens": tokens,
+        "seconds": wall,
+        "request_throughput": len(requests) / wall,
+        "output_tokens_per_s": tokens / wall,
+        "per_user_tokens_per_s": percentiles(per_user),
+        "ttft_ms": {k: v * 1e3 for k, v in percentiles(ttft).items()},
+        "tpot_ms": {k: v * 1e3 for k, v in percentiles(tpot).items()},
+        "inter_event_latency_ms": {k: v * 1e3 for k, v in percentiles(itl).items()},
+        "mean_accepted_tokens": (accepted + steps) / steps if steps else 1.0,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "_outputs": [r.output_ids for r in requests],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("kind", choices=["throughput", "latency"])
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--engine", default=None, help="engine or checkpoint dir (default: embedded model)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--modes", default="ar,chain,tree-serial,bole")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--branching", type=int, default=4)
+    parser.add_argument("--max-nodes", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=4, help="requests served first, untimed")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--tag", default=None, help="file name stem (default: bench_<kind>_<device>)")
+    args = parser.parse_args(argv)
+
+    modes = args.modes.split(",")
+    batches = [1] if args.kind == "latency" else [int(b) for b in args.batch_sizes.split(",")]
+    llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, max_batch_size=1)
+    dataset = load_dataset(args.dataset, llm)
+    bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
+    for mode in modes:  # compile kernels, warm allocators: untimed
+        run(llm, mode, bole_args, dataset[: args.warmup], 2, sequential=False)
+
+    runs, reference = [], {}
+    for batch in batches:
+        for mode in ["ar"] + [m for m in modes if m != "ar"]:
+            result = run(llm, mode, bole_args, dataset, batch, sequential=args.kind == "latency")
+            outputs = result.pop("_outputs")
+            if mode == "ar":
+                reference[batch] = outputs
+            result["identical_to_ar"] = outputs == reference[batch]
+            if mode not in modes:
+                continue
+            runs.append(result)
+            ttft, tpot = result["ttft_ms"]["p50"], result["tpot_ms"].get("p50", 0.0)
+            print(
+                f"{mode:<12} batch {batch:>3}: {result['output_tokens_per_s']:9.1f} tok/s, "
+                f"TTFT p50 {ttft:7.1f} ms, TPOT p50 {tpot:6.2f} ms, "
+                f"MAT {result['mean_accepted_tokens']:.2f}, identical to ar: {result['identical_to_ar']}"
+            )
+    for r in runs:
+        base = (
+            next(x for x in runs if x["mode"] == "ar" and x["max_batch_size"] == r["max_batch_size"])
+            if "ar" in modes
+            else None
+        )
+        if base is not None and r["identical_to_ar"]:
+            r["speedup_vs_ar"] = r["output_tokens_per_s"] / base["output_tokens_per_s"]
+        elif base is not None:
+            r["speedup_vs_ar"] = None
+            r["error"] = "greedy output differs from ar: no speed-up reported"
+
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    tag = args.tag or f"bench_{args.kind}_{'h200' if 'H200' in device else 'cpu'}"
+    result = {
+        "kind": args.kind,
+        "command": "python benchmarks/bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "engine": str(args.engine or "embedded qwen35-code-tiny"),
+        "dataset": {
+            "path": str(args.dataset),
+            "requests": len(dataset),
+            "input_tokens_mean": statistics.fmean(len(p) for p, _ in dataset),
+            "output_tokens_mean": statistics.fmean(n for _, n in dataset),
+        },
+        "speculation": bole_args,
+        "all_identical_to_ar": all(r["identical_to_ar"] for r in runs),
+        "runs": runs,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out / f'{tag}.json'}")
+    plot(runs, modes, args.out / f"{tag}.png", device)
+    return 0 if result["all_identical_to_ar"] else 1
+
+
+def plot(runs: list[dict], modes: list[str], path: Path, device: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for mode in modes:
+        rows = [r for r in runs if r["mode"] == mode and r["identical_to_ar"]]
+        ax.plot(
+            [r["max_batch_size"] for r in rows],
+            [r["output_tokens_per_s"] for r in rows],
+            marker="o",
+            label=mode,
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("max batch size")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(f"Throughput by decoding scheme ({device})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""Benchmark datasets in trtllm-bench's format: JSON lines with ``task_id``, ``prompt`` or
+``input_ids``, and ``output_tokens``.
+
+    python benchmarks/prepare_dataset.py --out data.jsonl token-norm-dist --num-requests 256 \\
+        --input-mean 128 --input-stdev 32 --output-mean 64 --output-stdev 16 --vocab-size 8192
+    python benchmarks/prepare_dataset.py --out data.jsonl token-unif-dist --num-requests 256 \\
+        --input-min 32 --input-max 256 --output-min 16 --output-max 128 --vocab-size 8192
+    python benchmarks/prepare_dataset.py --out data.jsonl code --num-requests 64 --output-tokens 128
+
+``code`` uses the held-out code prompts (``benchmarks/data/heldout_code_prompts.jsonl``, never seen
+in training): real text, so speculation sees real acceptance. Synthetic modes draw token ids
+uniformly; seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+HELDOUT = Path(__file__).resolve().parent / "data" / "heldout_code_prompts.jsonl"
+
+
+def _clamped_normal(rng: random.Random, mean: float, stdev: float) -> int:
+    return max(1, round(rng.gauss(mean, stdev)))
+
+
+def _synthetic(args: argparse.Namespace, rng: random.Random, input_len, output_len) -> list[dict]:
+    rows = []
+    for i in range(args.num_requests):
+        ids = [rng.randrange(args.vocab_size) for _ in range(input_len())]
+        rows.append({"task_id": i, "input_ids": ids, "output_tokens": output_len()})
+    return rows
+
+
+def token_norm_dist(args: argparse.Namespace, rng: random.Random) -> list[dict]:
+    return _synthetic(
+        args, rng,
+        lambda: _clamped_normal(rng, args.input_mean, args.input_stdev),
+        lambda: _clamped_normal(rng, args.output_mean, args.output_stdev),
+    )  # fmt: skip
+
+
+def token_unif_dist(args: argparse.Namespace, rng: random.Random) -> list[dict]:
+    return _synthetic(
+        args, rng,
+        lambda: rng.randint(args.input_min, args.input_max),
+        lambda: rng.randint(args.output_min, args.output_max),
+    )  # fmt: skip
+
+
+def code(args: argparse.Namespace, rng: random.Random) -> list[dict]:
+    prompts = [json.loads(line)["prompt"] for line in HELDOUT.read_text().splitlines()]
+    return [
+        {"task_id": i, "prompt": prompts[i % len(prompts)], "output_tokens": args.output_tokens}
+        for i in range(args.num_requests)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    modes = parser.add_subparsers(dest="mode", required=True)
+    norm = modes.add_parser("token-norm-dist")
+    unif = modes.add_parser("token-unif-dist")
+    real = modes.add_parser("code")
+    for sub in (norm, unif, real):
+        sub.add_argument("--num-requests", type=int, required=True)
+    for sub in (norm, unif):
+        sub.add_argument("--vocab-size", type=int, required=True)
+    norm.add_argument("--input-mean", type=float, required=True)
+    norm.add_argument("--input-stdev", type=float, default=0.0)
+    norm.add_argument("--output-mean", type=float, required=True)
+    norm.add_argument("--output-stdev", type=float, default=0.0)
+    unif.add_argument("--input-min", type=int, required=True)
+    unif.add_argument("--input-max", type=int, required=True)
+    unif.add_argument("--output-min", type=int, required=True)
+    unif.add_argument("--output-max", type=int, required=True)
+    real.add_argument("--output-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    make = {"token-norm-dist": token_norm_dist, "token-unif-dist": token_unif_dist, "code": code}[args.mode]
+    rows = make(args, random.Random(args.seed))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"wrote {len(rows)} requests to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
