@@ -88,7 +88,12 @@ def test_grouped_heads(heads, gen, nan_outputs):
 
 @pytest.mark.parametrize(
     "cfg",
-    [VerifyConfig(32, 16, 32), VerifyConfig(64, 32, 16), VerifyConfig(16, 32, 32, num_warps=2)],
+    [
+        VerifyConfig(32, 16, 32),
+        VerifyConfig(32, 16, 32, fused=False),
+        VerifyConfig(64, 32, 16, fused=False),
+        VerifyConfig(16, 32, 32, num_warps=2),
+    ],
     ids=str,
 )
 def test_row_block_sizes(cfg, gen, nan_outputs):

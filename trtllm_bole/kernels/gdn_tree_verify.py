@@ -55,28 +55,29 @@ class VerifyConfig:
     bv: int  # value channels per program (divides dv)
     num_warps: int = 4
     num_stages: int = 2
+    fused: bool = True  # the block's K Kᵀ, Q Kᵀ from the S-dot loads (fewer loads, more registers)
 
 
 CONFIGS = tuple(
-    VerifyConfig(bt, bk, bv, w, s)
-    for bt, bk, bv, w, s in (
-        (16, 64, 16, 1, 2),
-        (16, 64, 32, 1, 2),
-        (16, 64, 32, 2, 2),
-        (16, 64, 64, 2, 2),
-        (16, 64, 128, 4, 2),
-        (32, 64, 16, 2, 2),
-        (32, 64, 32, 4, 2),
-        (32, 32, 64, 4, 2),
-        (32, 32, 128, 8, 2),
-        (64, 32, 32, 4, 2),
-        (64, 32, 64, 8, 2),
-        (64, 32, 128, 8, 2),
+    VerifyConfig(bt, bk, bv, w, s, fused)
+    for bt, bk, bv, w, s, fused in (
+        (16, 64, 16, 1, 2, True),
+        (16, 64, 32, 2, 2, True),
+        (16, 64, 64, 2, 2, True),
+        (16, 64, 128, 4, 2, False),
+        (32, 64, 16, 2, 2, True),
+        (32, 64, 32, 4, 2, True),
+        (32, 32, 64, 4, 2, True),
+        (32, 32, 64, 4, 2, False),
+        (32, 32, 128, 8, 2, False),
+        (64, 32, 32, 4, 2, False),
+        (64, 32, 64, 8, 2, False),
+        (64, 32, 128, 8, 2, False),
     )
 )
 """Candidates the benchmark sweeps (benchmarks/bench_gdn_verify.py records the winner per shape). On
-sm_90 (ptxas of triton 3.9) the row blocks of 16 and 32 compile without spills; those of 64 spill a
-few hundred bytes (the [64, 64] solve tiles) and are kept for the measurement to judge."""
+sm_90 (ptxas of triton 3.9) the row blocks of 16 and 32 compile with no or few spilled bytes; those of
+64 spill a few hundred bytes (the [64, 64] solve tiles) and are kept for the measurement to judge."""
 
 
 _UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
@@ -120,14 +121,69 @@ def _gram(
     PREC: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """``A_rows K_colsᵀ`` (``[BT, BT]`` fp32, A = K or Q), dk streamed in ``BK`` chunks. One product at
-    a time keeps a single ``[BT, BT]`` accumulator live (the chunks are re-read from L1/L2)."""
+    """``A_rows K_colsᵀ`` (``[BT, BT]`` fp32, A = K or Q), dk streamed in ``BK`` chunks."""
     acc = tl.zeros([BT, BT], dtype=tl.float32)
     for kc in range(0, DK, BK):
         a_c = _operand(_rows(a_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST)
         k_c = _operand(_rows(k_req, cols, m_cols, ROW_STRIDE, kc + o_k), UPCAST)
         acc = tl.dot(a_c, tl.trans(k_c), acc, input_precision=PREC)
     return acc
+
+
+@triton.jit
+def _gram2(
+    q_req,
+    k_req,
+    rows,
+    m_rows,
+    cols,
+    m_cols,
+    o_k,
+    ROW_STRIDE: tl.constexpr,
+    DK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """``K_rows K_colsᵀ`` and ``Q_rows K_colsᵀ`` in one pass over dk (small blocks: fewer loads)."""
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kc in range(0, DK, BK):
+        k_c = tl.trans(_operand(_rows(k_req, cols, m_cols, ROW_STRIDE, kc + o_k), UPCAST))
+        kk = tl.dot(
+            _operand(_rows(k_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST), k_c, kk, input_precision=PREC
+        )
+        qk = tl.dot(
+            _operand(_rows(q_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST), k_c, qk, input_precision=PREC
+        )
+    return kk, qk
+
+
+@triton.jit
+def _log_decay(
+    dfs_req, size_req, g_req, lp_req, n_t, hv, a_exp_h, dt_bias_h, LB: tl.constexpr, RAW_GATES: tl.constexpr
+):
+    """``logP_i = Σ g_j`` over the ancestors-or-self ``j`` of every node, in blocks of ``LB`` nodes
+    (independent of the row block: one pass for a tree of up to ``LB`` nodes), stored to ``log_p``."""
+    o_l = tl.arange(0, LB)
+    for r in range(0, tl.cdiv(n_t, LB)):
+        rows = r * LB + o_l
+        m_r = rows < n_t
+        ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
+        acc = tl.zeros([LB], dtype=tl.float32)
+        for c in range(0, r + 1):
+            cols = c * LB + o_l
+            m_c = cols < n_t
+            ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
+            end_c = ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32)
+            g_c = tl.load(g_req + cols * hv, mask=m_c, other=0.0).to(tl.float32)
+            if RAW_GATES:  # g holds a: g = -exp(A_log) softplus(a + dt_bias) (torch's threshold 20)
+                x = g_c + dt_bias_h
+                g_c = tl.where(m_c, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)
+            anc = _is_ancestor(ord_r, ord_c, end_c, m_r, m_c)
+            acc += tl.sum(tl.where(anc, g_c[None, :], 0.0), axis=1)
+        tl.store(lp_req + rows * hv, acc, mask=m_r)
 
 
 @triton.jit(do_not_specialize=["n_squarings"])
@@ -156,6 +212,8 @@ def _gdn_tree_verify_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    LB: tl.constexpr,
+    FUSED: tl.constexpr,
     USE_SLOTS: tl.constexpr,
     PREC: tl.constexpr,
     S_BF16: tl.constexpr,
@@ -167,7 +225,7 @@ def _gdn_tree_verify_kernel(
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
     n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
     slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
-    # Per-request bases (int64); everything below is a small offset from them.
+    # Per-request bases (int64); everything below is a small int32 offset from them.
     q_req = q + (bos * H + i_h) * DK
     k_req = k + (bos * H + i_h) * DK
     v_req = v + (bos * hv + i_hv) * DV
@@ -176,39 +234,20 @@ def _gdn_tree_verify_kernel(
     s_req = state + (slot * hv + i_hv) * (DK * DV)
     dfs_req = dfs_order + bos
     size_req = subtree_size + bos
-    g_req = g + bos * hv + i_hv
     beta_req = beta + bos * hv + i_hv
-    if RAW_GATES:
-        a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32))
-        dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32)
     lp_req = log_p + bos * hv + i_hv
+    a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32)) if RAW_GATES else 1.0
+    dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32) if RAW_GATES else 0.0
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    n_blocks = tl.cdiv(n_t, BT)
 
-    # 1. logP_i = sum of g over the ancestors-or-self of i (all value tiles write the same bits).
-    for r in range(0, n_blocks):
-        rows = r * BT + o_t
-        m_r = rows < n_t
-        ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
-        acc = tl.zeros([BT], dtype=tl.float32)
-        for c in range(0, r + 1):
-            cols = c * BT + o_t
-            m_c = cols < n_t
-            ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
-            end_c = ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32)
-            g_c = tl.load(g_req + cols * hv, mask=m_c, other=0.0).to(tl.float32)
-            if RAW_GATES:  # g holds a: g = -exp(A_log) softplus(a + dt_bias) (torch's threshold 20)
-                x = g_c + dt_bias_h
-                g_c = tl.where(m_c, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)
-            anc = _is_ancestor(ord_r, ord_c, end_c, m_r, m_c)
-            acc += tl.sum(tl.where(anc, g_c[None, :], 0.0), axis=1)
-        tl.store(lp_req + rows * hv, acc, mask=m_r)
+    # 1. logP of every node (all value tiles of a head write the same bits), read back below.
+    _log_decay(dfs_req, size_req, g + bos * hv + i_hv, lp_req, n_t, hv, a_exp_h, dt_bias_h, LB, RAW_GATES)
     tl.debug_barrier()
 
     # 2-3. Row blocks in topological order: blocked forward substitution for U, then O.
-    for r in range(0, n_blocks):
+    for r in range(0, tl.cdiv(n_t, BT)):
         rows = r * BT + o_t
         m_r = rows < n_t
         ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
@@ -217,8 +256,11 @@ def _gdn_tree_verify_kernel(
         b_r = tl.load(beta_req + rows * hv, mask=m_r, other=0.0).to(tl.float32)
         if RAW_GATES:  # beta holds b: beta = sigmoid(b)
             b_r = tl.where(m_r, 1.0 / (1.0 + tl.exp(-b_r)), 0.0)
+        v_r = _rows(v_req, rows, m_r, hv * DV, o_v)
         qs = tl.zeros([BT, BV], dtype=tl.float32)
         ks = tl.zeros([BT, BV], dtype=tl.float32)
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
+        qk = tl.zeros([BT, BT], dtype=tl.float32)
         for kc in range(0, DK, BK):
             q_c = _rows(q_req, rows, m_r, H * DK, kc + o_k)
             k_c = _rows(k_req, rows, m_r, H * DK, kc + o_k)
@@ -230,7 +272,10 @@ def _gdn_tree_verify_kernel(
             else:
                 qs = tl.dot(q_c.to(tl.float32), s_c, qs, input_precision=PREC)
                 ks = tl.dot(k_c.to(tl.float32), s_c, ks, input_precision=PREC)
-        v_r = _rows(v_req, rows, m_r, hv * DV, o_v)
+            if FUSED:  # the block's own K Kᵀ and Q Kᵀ from the same loads
+                k_t = tl.trans(_operand(k_c, UPCAST))
+                kk = tl.dot(_operand(k_c, UPCAST), k_t, kk, input_precision=PREC)
+                qk = tl.dot(_operand(q_c, UPCAST), k_t, qk, input_precision=PREC)
         decay = tl.exp(lp_r)
         rhs = b_r[:, None] * (v_r.to(tl.float32) - decay[:, None] * ks)
         o_acc = decay[:, None] * qs
@@ -240,22 +285,34 @@ def _gdn_tree_verify_kernel(
             ord_c = tl.load(dfs_req + cols).to(tl.int32)
             end_c = ord_c + tl.load(size_req + cols).to(tl.int32)
             anc = _is_ancestor(ord_r, ord_c, end_c, m_r, o_t < BT)
-            if tl.max(anc.to(tl.int32)) > 0:
+            if tl.max(anc.to(tl.int32)) > 0:  # skip column blocks holding no ancestor of this block
                 lp_c = tl.load(lp_req + cols * hv)
                 ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_c[None, :], float("-inf")))
                 u_c = tl.load(u_req + (cols[:, None] * (hv * DV) + o_v[None, :]))
-                kk = _gram(k_req, k_req, rows, m_r, cols, o_t < BT, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
-                rhs -= tl.dot(b_r[:, None] * ratio * kk, u_c, input_precision=PREC)
-                qk = _gram(q_req, k_req, rows, m_r, cols, o_t < BT, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
-                o_acc = tl.dot(ratio * qk, u_c, o_acc, input_precision=PREC)
+                if FUSED:
+                    kk_c, qk_c = _gram2(
+                        q_req, k_req, rows, m_r, cols, o_t < BT, o_k, H * DK, DK, BT, BK, PREC, UPCAST
+                    )
+                    rhs -= tl.dot(b_r[:, None] * ratio * kk_c, u_c, input_precision=PREC)
+                    o_acc = tl.dot(ratio * qk_c, u_c, o_acc, input_precision=PREC)
+                else:  # one [BT, BT] product at a time: fewer live registers for large blocks
+                    kk_c = _gram(
+                        k_req, k_req, rows, m_r, cols, o_t < BT, o_k, H * DK, DK, BT, BK, PREC, UPCAST
+                    )
+                    rhs -= tl.dot(b_r[:, None] * ratio * kk_c, u_c, input_precision=PREC)
+                    qk_c = _gram(
+                        q_req, k_req, rows, m_r, cols, o_t < BT, o_k, H * DK, DK, BT, BK, PREC, UPCAST
+                    )
+                    o_acc = tl.dot(ratio * qk_c, u_c, o_acc, input_precision=PREC)
 
         anc = _is_ancestor(ord_r, ord_r, end_r, m_r, m_r)
         u_r = rhs
         if n_squarings > 0:
             # A = -G_rr; (I + G)^-1 = (I + A)(I + A^2)(I + A^4)...: commuting factors applied to R
-            # one by one (no explicit inverse, fewer live [BT, BT] tiles). n_squarings = ceil(log2 d)
-            # is a runtime bound: one compiled kernel serves every depth up to MAX_DEPTH.
-            kk = _gram(k_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
+            # one by one (no explicit inverse). n_squarings = ceil(log2 d) is a runtime bound: one
+            # compiled kernel serves every depth up to MAX_DEPTH.
+            if not FUSED:
+                kk = _gram(k_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
             ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_r[None, :], float("-inf")))
             a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_r[:, None] * ratio * kk, 0.0)
             u_r = tl.dot(a, u_r, u_r, input_precision=PREC)
@@ -264,11 +321,11 @@ def _gdn_tree_verify_kernel(
                 u_r = tl.dot(a, u_r, u_r, input_precision=PREC)
         out_offs = rows[:, None] * (hv * DV) + o_v[None, :]
         tl.store(u_req + out_offs, u_r, mask=m_r[:, None])
-        qk = _gram(q_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
+        if not FUSED:
+            qk = _gram(q_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
         ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_r[None, :], float("-inf")))
         o_acc = tl.dot(ratio * qk, u_r, o_acc, input_precision=PREC)
-        o_out = (o_acc * scale).to(o.dtype.element_ty)
-        tl.store(o_req + out_offs, o_out, mask=m_r[:, None])
+        tl.store(o_req + out_offs, (o_acc * scale).to(o.dtype.element_ty), mask=m_r[:, None])
         tl.debug_barrier()  # later row blocks read this block's U back
 
 
@@ -297,7 +354,8 @@ def _launch(
     _gdn_tree_verify_kernel[grid](
         q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size,
         o, u, log_p, *(raw_gates or (g, g)), scale, hv, (chain - 1).bit_length(),
-        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv,
+        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, LB=64 if cfg.num_warps >= 4 else 32,
+        FUSED=cfg.fused,
         USE_SLOTS=use_slots, PREC="ieee" if precision == "ieee" else "tf32",
         S_BF16=precision == "bf16", UPCAST=_UPCAST, RAW_GATES=raw_gates is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -306,15 +364,15 @@ def _launch(
 
 
 def default_config(num_nodes: int, num_requests: int, hv: int, dk: int, dv: int) -> VerifyConfig:
-    """A config from the shape alone (no device sync). Row blocks of 16 keep every tile spill-free on
-    sm_90 (checked with ptxas); value tiles narrow enough to give every SM a program at small batch,
-    full width (G, C and the solve once per head) when the batch fills the GPU. The benchmark sweeps
-    :data:`CONFIGS` and records the measured winner per shape."""
+    """A config from the shape alone (no device sync): row blocks of 16 (few registers, checked with
+    ptxas), value tiles narrow enough to give every SM a program at small batch and full width (G, C and
+    the solve once per head) when the batch fills the GPU. The benchmark sweeps :data:`CONFIGS` and
+    records the measured winner per shape."""
     bv = tile_dividing(dv, 128)
     while bv > 32 and num_requests * hv * (dv // bv) < 512:
         bv //= 2
     bk = tile_dividing(dk, 64)
-    return VerifyConfig(16, bk, bv, 1 if bv <= 32 else 2 if bv <= 64 else 4, 2)
+    return VerifyConfig(16, bk, bv, 1 if bv <= 16 else 2 if bv <= 64 else 4, 2, fused=bv <= 64)
 
 
 def gdn_tree_verify(
