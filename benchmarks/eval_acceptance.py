@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--curve", default="1,2,4,8,16,32,64",
+        help="draft tokens per request for the MAT curve of tree d8 k4 (empty: skip)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()][: args.prompts]
@@ -91,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<12}{mat}{stats['acceptance_rate']:8.2f}{stats['tokens_per_target_forward']:9.2f}{same!s:>12}"
         )
 
+    curve = {}
+    for nodes in [int(n) for n in args.curve.split(",") if n]:
+        outputs, stats, _ = run(llm_for("bole", min(8, nodes), 4, nodes), prompts, args.max_tokens)
+        if outputs != reference:
+            raise SystemExit(f"tree with {nodes} draft tokens: greedy output differs from ar")
+        curve[nodes] = stats["mean_accepted_tokens"]
+        print(f"tree k4, {nodes:>2} draft tokens/request: MAT {curve[nodes]:.2f}")
+
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     result = {
         "what": "greedy speculation on held-out code prompts (benchmarks/data/heldout_code_prompts.jsonl)",
@@ -103,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": len(prompts),
         "max_tokens": args.max_tokens,
         "rows": rows,
+        "mat_by_draft_tokens": curve,
     }
     tag = "h200" if "H200" in device else "cpu" if device == "cpu" else device.replace(" ", "_").lower()
     args.out.mkdir(parents=True, exist_ok=True)
