@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.engine.load import is_engine_dir, load_engine
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.executor import Executor, StepEvent
@@ -75,8 +76,9 @@ class LLM:
 
     ``device``: ``"cpu"`` or ``"cuda"``; ``dtype``: ``"auto"`` (float32 on CPU, bfloat16 on CUDA),
     ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
-    each); ``max_seq_len`` bounds prompt + output; ``kv_cache_tokens`` sizes the paged KV cache
-    (default: every slot can hold ``max_seq_len`` tokens).
+    each; default 8); ``max_seq_len`` bounds prompt + output (default 1024); ``kv_cache_tokens`` sizes
+    the paged KV cache (default: every slot can hold ``max_seq_len`` tokens). An engine supplies its
+    own dtype, limits, draft settings and budget table, and refuses requests beyond its build.
     """
 
     def __init__(
@@ -86,8 +88,8 @@ class LLM:
         speculative_config: BoleConfig | None = None,
         device: str = "cpu",
         dtype: str = "auto",
-        max_batch_size: int = 8,
-        max_seq_len: int = 1024,
+        max_batch_size: int | None = None,
+        max_seq_len: int | None = None,
         kv_cache_tokens: int | None = None,
         block_size: int = 16,
     ) -> None:
@@ -95,11 +97,21 @@ class LLM:
         if not path.is_dir():
             raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
         self.model_dir = path
-        self.speculative_config = speculative_config or BoleConfig()
-        torch_dtype = _resolve_dtype(dtype, device)
-        self.model = load_model(
-            path, dtype=torch_dtype, device=device, mtp=self.speculative_config.speculates
-        )
+        self.engine = load_engine(path, device=device) if is_engine_dir(path) else None
+        if self.engine is not None:  # built by build_scripts/build_engine.py: validated above
+            max_batch_size, max_seq_len, self.speculative_config = self.engine.runtime_settings(
+                dtype, max_batch_size, max_seq_len, speculative_config
+            )
+            self.model = self.engine.load_model(device=device, mtp=self.speculative_config.speculates)
+            self._hf_config = self.engine.hf_config
+        else:
+            self.speculative_config = speculative_config or BoleConfig()
+            max_batch_size, max_seq_len = max_batch_size or 8, max_seq_len or 1024
+            torch_dtype = _resolve_dtype(dtype, device)
+            self.model = load_model(
+                path, dtype=torch_dtype, device=device, mtp=self.speculative_config.speculates
+            )
+            self._hf_config = json.loads((path / "config.json").read_text())
         self.tokenizer = Tokenizer.find(path)
         budget = _find_budget(self.speculative_config, path)
         num_blocks = None if kv_cache_tokens is None else -(-kv_cache_tokens // block_size)
@@ -199,9 +211,9 @@ class LLM:
         return out
 
     def _eos_token_id(self) -> int | None:
-        eos = json.loads((self.model_dir / "config.json").read_text()).get("eos_token_id")
+        eos = self._hf_config.get("eos_token_id")
         if isinstance(eos, dict | list) or eos is None:
-            text = json.loads((self.model_dir / "config.json").read_text()).get("text_config", {})
+            text = self._hf_config.get("text_config", {})
             eos = text.get("eos_token_id", eos)
         if isinstance(eos, list):
             eos = eos[0] if eos else None

@@ -1,0 +1,193 @@
+"""Build a trtllm_bole engine: everything hardware-specific about serving one model on one GPU.
+
+    python build_scripts/build_engine.py          # the embedded tiny model -> engines/<name>-<arch>
+    python build_scripts/build_engine.py --checkpoint CKPT --output ENGINE --calibrate
+    python -m trtllm_bole generate --model ENGINE # or LLM(model=ENGINE)
+
+The engine directory holds the weights converted to the runtime layout and dtype, the Bole kernels
+compiled for the present GPU (PTX + cubin; none when built on CPU), ``config.json`` (model, build and
+Bole settings, versions, device, SHA-256 of every file; versioned schema), the calibrated
+verification budget with ``--calibrate`` (BOLE.md §5) and a TensorRT plan with ``--tensorrt``.
+Rebuilding with the same inputs is a no-op; a different engine at ``--output`` is replaced only with
+``--force``; an interrupted build leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parser() -> argparse.ArgumentParser:
+    from trtllm_bole.spec.budget import (
+        DEFAULT_BATCH_BUCKETS,
+        DEFAULT_CAPACITIES,
+        DEFAULT_EPSILON,
+        DEFAULT_KV_BUCKETS,
+    )
+
+    p = argparse.ArgumentParser(
+        prog="build_engine.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="Hugging Face Qwen3.5 checkpoint directory (config.json + safetensors); "
+        "default: the embedded trtllm_bole/assets/qwen35-code-tiny",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="engine directory to write (default: engines/<checkpoint name>-<arch>)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="weight and activation dtype (auto: bfloat16 on a GPU, float32 on CPU)",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="where kernels are compiled and calibration runs: cuda[:N] or cpu (default: cuda if present)",
+    )
+    p.add_argument("--max-batch-size", type=int, default=8, help="requests served at once (GDN state slots)")
+    p.add_argument("--max-seq-len", type=int, default=1024, help="prompt + output tokens per request")
+    p.add_argument(
+        "--max-draft-depth",
+        type=int,
+        default=8,
+        help="draft tokens on a tree's longest path (compiled into the kernels)",
+    )
+    p.add_argument("--max-draft-nodes", type=int, default=64, help="draft tokens per request and step")
+    cal = p.add_argument_group("budget calibration (BOLE.md §5)")
+    cal.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure verify vs decode latency on this device and ship the budget table",
+    )
+    cal.add_argument(
+        "--epsilon",
+        type=float,
+        default=DEFAULT_EPSILON,
+        help="a verify may cost up to (1 + epsilon) x a decode step",
+    )
+    cal.add_argument(
+        "--calibration-batches",
+        type=_ints,
+        default=DEFAULT_BATCH_BUCKETS,
+        metavar="B,B,...",
+        help="batch-size buckets (capped at --max-batch-size)",
+    )
+    cal.add_argument(
+        "--calibration-kv-lens",
+        type=_ints,
+        default=DEFAULT_KV_BUCKETS,
+        metavar="KV,KV,...",
+        help="committed KV-length buckets (capped below --max-seq-len)",
+    )
+    cal.add_argument(
+        "--calibration-capacities",
+        type=_ints,
+        default=DEFAULT_CAPACITIES,
+        metavar="N,N,...",
+        help="tree-token capacities to time (total across the batch)",
+    )
+    cal.add_argument(
+        "--calibration-repeats", type=int, default=5, help="timed repeats per point (median kept)"
+    )
+    cal.add_argument("--calibration-warmup", type=int, default=2, help="untimed runs before each point")
+    p.add_argument(
+        "--tensorrt",
+        action="store_true",
+        help="also build a TensorRT plan (bole.plan) with the bole:: plugins; needs the full "
+        "`tensorrt` package (see plugins/README.md)",
+    )
+    p.add_argument("--force", action="store_true", help="replace a different engine already at --output")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return p  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    import torch
+
+    from trtllm_bole.engine import BuildSettings, build_engine
+    from trtllm_bole.engine.format import environment
+    from trtllm_bole.llm import DEFAULT_MODEL
+    from trtllm_bole.spec.calibration import CalibrationSettings, TimingSettings
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    checkpoint = args.checkpoint or DEFAULT_MODEL
+    output = args.output or ROOT / "engines" / f"{checkpoint.name}-{environment(device)['arch']}"
+    plan_builder = None
+    if args.tensorrt:
+        sys.path.insert(0, str(ROOT))
+        from plugins.network import build_plan, require_tensorrt
+
+        try:
+            require_tensorrt()
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        plan_builder = build_plan
+    calibration = None
+    if args.calibrate:
+        calibration = CalibrationSettings(
+            epsilon=args.epsilon,
+            capacities=args.calibration_capacities,
+            batch_buckets=args.calibration_batches,
+            kv_buckets=args.calibration_kv_lens,
+            timing=TimingSettings(
+                warmup=args.calibration_warmup,
+                repeats=args.calibration_repeats,
+                depth=args.max_draft_depth + 1,
+            ),
+        )
+    settings = BuildSettings(
+        args.dtype, args.max_batch_size, args.max_seq_len, args.max_draft_depth, args.max_draft_nodes
+    )
+    start = time.perf_counter()
+    try:
+        path, built = build_engine(
+            checkpoint, output, settings, device=device, calibration=calibration,
+            plan_builder=plan_builder, force=args.force, progress=not args.quiet,
+        )  # fmt: skip
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    config = json.loads((path / "config.json").read_text())
+    summary = {
+        "engine": str(path),
+        "built": built,
+        "seconds": round(time.perf_counter() - start, 2),
+        "arch": config["environment"]["arch"],
+        "dtype": config["build"]["dtype"],
+        "kernels_compiled": config["kernels"]["compiled"],
+        "budget": config["budget"]
+        and {"file": config["budget"]["file"], "gpu_seconds": config["budget"]["gpu_seconds"]},
+        "tensorrt_plan": bool(config.get("tensorrt")),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

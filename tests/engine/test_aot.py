@@ -1,0 +1,232 @@
+"""The plugins' plain logic on CPU: descriptors, checks, tactics, grids, and sm_90 PTX from Triton.
+
+Compilation runs in a subprocess: this test process has TRITON_INTERPRET=1 (tests/conftest.py), and
+ahead-of-time compilation needs Triton's real compiler (it needs no GPU: the target is explicit).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trtllm_bole.engine.aot import SPECS, compile_kernel, entry_params, trim_params
+from trtllm_bole.engine.build import BuildSettings
+from trtllm_bole.engine.kernel_set import plugin_io
+from trtllm_bole.models.config import load_config
+from trtllm_bole.models.presets import QWEN35_PRESETS
+
+NINE_B = load_config(QWEN35_PRESETS["qwen3.5-9b"])
+SETTINGS = BuildSettings(dtype="bfloat16").validated("cuda")
+
+
+class Sym:
+    """A symbolic dimension (what TensorRT hands the plugin for dynamic sizes): records arithmetic."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def _op(self, op, other):
+        return Sym(f"({self.text} {op} {getattr(other, 'text', other)})")
+
+    def __add__(self, o):
+        return self._op("+", o)
+
+    def __sub__(self, o):
+        return self._op("-", o)
+
+    def __mul__(self, o):
+        return self._op("*", o)
+
+    def __rmul__(self, o):
+        return Sym(f"({o} * {self.text})")
+
+    def __floordiv__(self, o):
+        return self._op("//", o)
+
+    def __neg__(self):
+        return Sym(f"-{self.text}")
+
+
+def sym_cdiv(a, b):
+    return a._op("cdiv", b) if isinstance(a, Sym) else -(-a // b)
+
+
+def dynamic(shapes, **names):
+    """Replace the leading dimension of the named inputs by symbols."""
+    return {k: (Sym(names[k]), *v[1:]) if k in names else v for k, v in shapes.items()}
+
+
+def test_descriptors_give_output_shapes_and_dtypes():
+    io = plugin_io(NINE_B, SETTINGS, batch=4)
+    shapes, dtypes, attrs = io["bole::gdn_tree_verify"]
+    assert SPECS["bole::gdn_tree_verify"].output_descs(shapes, dtypes, attrs) == [
+        ((260, 32, 128), "bfloat16"),
+        ((260, 32, 128), "float32"),
+        ((260, 32), "float32"),
+    ]
+    shapes, dtypes, attrs = io["bole::gdn_commit"]
+    descs = SPECS["bole::gdn_commit"].output_descs(shapes, dtypes, attrs)
+    assert descs == [((24, 8, 32, 128, 128), "float32")]
+    assert dict(SPECS["bole::gdn_commit"].aliased) == {"state_out": "state"}
+    shapes, dtypes, attrs = io["bole::tree_conv1d"]
+    assert SPECS["bole::tree_conv1d"].output_descs(shapes, dtypes, attrs) == [((260, 8192), "bfloat16")]
+
+
+def test_dynamic_sizes_stay_symbolic_in_grid_and_extra_args():
+    io = plugin_io(NINE_B, SETTINGS)
+    verify = SPECS["bole::gdn_tree_verify"]
+    shapes = dynamic(io["bole::gdn_tree_verify"][0], cu_seqlens="B1", q="N", v="N")
+    cfg = verify.tactics(shapes)[0]
+    gx, gy, gz = verify.grid(shapes, cfg, sym_cdiv)
+    assert (gx, gy, gz.text) == (128 // cfg.bv, 32, "(B1 - 1)")
+    commit = SPECS["bole::gdn_commit"]
+    shapes = dynamic(io["bole::gdn_commit"][0], accepted_leaf="B", depth="N", paths="N")
+    grid = commit.grid(shapes, commit.tactics(shapes)[0], sym_cdiv)
+    assert grid[2].text == "(B * 24)"
+    assert [getattr(a, "text", a) for a in commit.extra_values(shapes)] == ["B", 8, "N", 9]
+    conv = SPECS["bole::tree_conv1d"]
+    shapes = dynamic(io["bole::tree_conv1d"][0], x="N", paths="N")
+    assert conv.grid(shapes, conv.tactics(shapes)[0], sym_cdiv)[1].text == "(N cdiv 16)"
+    assert [getattr(a, "text", a) for a in conv.extra_values(shapes)] == ["N", 9]
+
+
+def test_launch_order_is_inputs_then_extra_args_then_outputs():
+    commit = SPECS["bole::gdn_commit"]
+    assert commit.params[:9] == tuple(p.name for p in commit.inputs)
+    assert commit.params[9:] == ("num_requests", "num_slots", "num_nodes", "max_depth", "state_out")
+    for spec in SPECS.values():  # the adapters declare exactly this order
+        fn = spec.adapter()
+        names = fn.fn.__code__.co_varnames if hasattr(fn, "fn") else fn.arg_names
+        assert tuple(names[: len(spec.params)]) == spec.params
+
+
+@pytest.mark.parametrize(
+    ("plugin", "edit", "message"),
+    [
+        ("bole::gdn_tree_verify", {"q": (4, 16, 128, 1)}, "rank 3"),
+        ("bole::gdn_tree_verify", {"k": (260, 16, 64)}, r"k.shape\[2\] = 64 must equal q.shape\[2\] = 128"),
+        ("bole::gdn_tree_verify", {"state": (8, 32, 128, 64)}, r"state.shape\[3\]"),
+        ("bole::gdn_commit", {"paths": (7, 9)}, r"paths.shape\[0\] = 7"),
+        ("bole::tree_conv1d", {"conv_state": (8, 8192, 4)}, "conv_state width 4 must be weight width 4 - 1"),
+    ],
+)
+def test_checks_name_the_bad_port(plugin, edit, message):
+    shapes, dtypes, _ = plugin_io(NINE_B, SETTINGS, batch=4)[plugin]
+    with pytest.raises(ValueError, match=message):
+        SPECS[plugin].check({**shapes, **edit}, dtypes)
+
+
+def test_checks_dtypes():
+    shapes, dtypes, _ = plugin_io(NINE_B, SETTINGS)["bole::gdn_tree_verify"]
+    with pytest.raises(ValueError, match="state_indices must be one of"):
+        SPECS["bole::gdn_tree_verify"].check(shapes, {**dtypes, "state_indices": "int32"})
+    with pytest.raises(ValueError, match="v, beta must share a dtype"):
+        SPECS["bole::gdn_tree_verify"].check(shapes, {**dtypes, "beta": "float32"})
+
+
+def test_tactics_only_tile_the_head_dims():
+    shapes, _, _ = plugin_io(NINE_B, SETTINGS)["bole::gdn_tree_verify"]
+    tactics = SPECS["bole::gdn_tree_verify"].tactics(shapes)
+    assert tactics and all(128 % c.bk == 0 and 128 % c.bv == 0 for c in tactics)
+    commit_shapes, _, _ = plugin_io(NINE_B, SETTINGS)["bole::gdn_commit"]
+    first = SPECS["bole::gdn_commit"].tactics(commit_shapes)[0]
+    assert (first.bk, first.bv, first.outer) == (128, 32, True)  # the runtime's default first
+
+
+PTX = """.visible .entry k(
+\t.param .u64 .ptr .global .align 1 k_param_0,
+\t.param .u32 k_param_1,
+\t.param .u64 .ptr .global .align 1 k_param_2,
+\t.param .u64 .ptr .global .align 1 k_param_3
+)
+{
+\tld.param.b64 \t%rd1, [k_param_0];
+\tld.param.b32 \t%r1, [k_param_1];
+}
+"""
+
+
+def test_trim_params_drops_unused_trailing_scratch_pointers():
+    trimmed = trim_params(PTX, "k", 2)
+    assert entry_params(trimmed, "k") == ["k_param_0", "k_param_1"]
+    assert "k_param_1\n)" in trimmed
+    assert trim_params(PTX, "k", 4) == PTX
+    with pytest.raises(ValueError, match="k_param_1 is used"):
+        trim_params(PTX, "k", 1)
+    with pytest.raises(ValueError, match="fewer than"):
+        trim_params(PTX, "k", 5)
+
+
+def test_compile_refuses_the_interpreter():
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        compile_kernel(SPECS["bole::tree_conv1d"].adapter(), {}, {}, arch=90, num_warps=4, num_stages=1)
+
+
+COMPILE = textwrap.dedent(
+    """
+    import json, sys
+    from trtllm_bole.engine.aot import SPECS, aot_payload
+    from trtllm_bole.engine.build import BuildSettings
+    from trtllm_bole.engine.kernel_set import plugin_io
+    from trtllm_bole.models.config import load_config
+    from trtllm_bole.models.presets import QWEN35_PRESETS
+
+    settings = BuildSettings(dtype="bfloat16").validated("cuda")
+    io = plugin_io(load_config(QWEN35_PRESETS["qwen3.5-9b"]), settings, batch=4)
+    out = {}
+    for plugin in sys.argv[2:]:
+        shapes, dtypes, attrs = io[plugin]
+        p = aot_payload(SPECS[plugin], shapes, dtypes, attrs, 0, arch=90)
+        path = f"{sys.argv[1]}/{p.kernel_name}.ptx"
+        open(path, "w").write(p.ptx)
+        out[plugin] = {"name": p.kernel_name, "ptx": path, "grid": list(p.launch.grid),
+                       "block": list(p.launch.block), "shared": p.launch.shared_mem,
+                       "extra": list(p.extra_args), "params": list(p.params)}
+    print(json.dumps(out))
+    """
+)
+
+
+def compile_in_subprocess(tmp_path, *plugins):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", COMPILE, str(tmp_path), *plugins], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def check_ptx(info, tmp_path):
+    with open(info["ptx"]) as f:
+        ptx = f.read()
+    assert ".target sm_90a" in ptx and re.search(r"^\.version 8\.0$", ptx, re.MULTILINE)
+    assert re.search(rf"\.visible \.entry {info['name']}\(", ptx)
+    assert len(entry_params(ptx, info["name"])) == len(info["params"])  # exactly TensorRT's launch
+    assert info["block"][0] % 32 == 0
+    if shutil.which("ptxas"):  # the PTX assembles for the H200
+        run = subprocess.run(["ptxas", "-arch=sm_90a", info["ptx"], "-o", str(tmp_path / "k.cubin")])
+        assert run.returncode == 0
+
+
+def test_aot_ptx_for_sm90_commit_and_conv(tmp_path):
+    out = compile_in_subprocess(tmp_path, "bole::gdn_commit", "bole::tree_conv1d")
+    commit, conv = out["bole::gdn_commit"], out["bole::tree_conv1d"]
+    assert commit["name"] == "gdn_commit_aot" and commit["grid"] == [4, 32, 4 * 24]
+    assert commit["extra"] == [4, 8, 260, 9]
+    assert conv["name"] == "tree_conv1d_aot" and conv["grid"] == [64, 17, 1] and conv["extra"] == [260, 9]
+    for info in out.values():
+        check_ptx(info, tmp_path)
+
+
+@pytest.mark.slow
+def test_aot_ptx_for_sm90_verify(tmp_path):
+    info = compile_in_subprocess(tmp_path, "bole::gdn_tree_verify")["bole::gdn_tree_verify"]
+    assert info["name"] == "gdn_tree_verify_aot" and info["extra"] == []
+    assert info["grid"] == [128 // 16, 32, 4]  # tactic 0: value tiles of 16, per head, per request
+    check_ptx(info, tmp_path)

@@ -1,0 +1,235 @@
+"""Engine build and load on CPU: the default engine, idempotence, refusals, atomicity, corruption."""
+
+import json
+import shutil
+import time
+
+import pytest
+import torch
+
+from trtllm_bole import LLM, BoleConfig, SamplingParams
+from trtllm_bole.engine import BuildSettings, build_engine, is_engine_dir, load_engine
+from trtllm_bole.engine import build as build_mod
+from trtllm_bole.engine import format as fmt
+from trtllm_bole.engine.load import check_device_compat
+from trtllm_bole.llm import DEFAULT_MODEL
+from trtllm_bole.spec.calibration import CalibrationSettings, TimingSettings
+
+PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    out = tmp_path_factory.mktemp("engines") / "tiny"
+    start = time.perf_counter()
+    path, built = build_engine(DEFAULT_MODEL, out, device="cpu", progress=False)
+    elapsed = time.perf_counter() - start
+    assert built and path == out
+    return out, elapsed
+
+
+def copy_of(engine, tmp_path):
+    return shutil.copytree(engine[0], tmp_path / "copy")
+
+
+def test_default_engine_builds_in_under_a_minute_and_serves_like_the_checkpoint(engine):
+    path, elapsed = engine
+    assert elapsed < 60
+    assert is_engine_dir(path) and not is_engine_dir(DEFAULT_MODEL)
+    config = json.loads((path / "config.json").read_text())
+    assert config["environment"]["arch"] == "cpu" and config["kernels"]["compiled"] is False
+    assert config["build"] == {
+        "dtype": "float32", "max_batch_size": 8, "max_seq_len": 1024, "max_draft_depth": 8,
+        "max_draft_nodes": 64,
+    }  # fmt: skip
+    params = SamplingParams(max_tokens=12)
+    from_engine = LLM(path).generate([PROMPT], params, use_tqdm=False)[0]
+    from_checkpoint = LLM(DEFAULT_MODEL).generate([PROMPT], params, use_tqdm=False)[0]
+    assert from_engine.outputs[0].token_ids == from_checkpoint.outputs[0].token_ids
+    assert from_engine.outputs[0].text and from_engine.stats.steps > 0
+
+
+def test_rebuild_with_the_same_inputs_is_a_no_op(engine):
+    path, _ = engine
+    before = (path / "config.json").stat().st_mtime_ns
+    again, built = build_engine(DEFAULT_MODEL, path, device="cpu", progress=False)
+    assert again == path and not built
+    assert (path / "config.json").stat().st_mtime_ns == before
+
+
+def test_a_different_engine_is_replaced_only_with_force(engine, tmp_path):
+    path = copy_of(engine, tmp_path)
+    other = BuildSettings(max_batch_size=2)
+    with pytest.raises(ValueError, match=r"different engine.*--force"):
+        build_engine(DEFAULT_MODEL, path, other, device="cpu", progress=False)
+    assert load_engine(path).build["max_batch_size"] == 8
+    _, built = build_engine(DEFAULT_MODEL, path, other, device="cpu", force=True, progress=False)
+    assert built and load_engine(path).build["max_batch_size"] == 2
+    assert not list(tmp_path.glob(".copy.*")), "staging or old copies left behind"
+
+
+def test_a_non_engine_directory_is_never_overwritten(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    for force in (False, True):
+        with pytest.raises(ValueError, match=r"not a trtllm_bole engine"):
+            build_engine(DEFAULT_MODEL, tmp_path, device="cpu", force=force, progress=False)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_missing_or_invalid_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match=r"not a directory"):
+        build_engine(tmp_path / "nope", tmp_path / "e", device="cpu", progress=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"config.json"):
+        build_engine(tmp_path / "empty", tmp_path / "e", device="cpu", progress=False)
+    broken = shutil.copytree(DEFAULT_MODEL, tmp_path / "broken")
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] = 512
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"does not match its config.json"):
+        build_engine(broken, tmp_path / "e", device="cpu", progress=False)
+    shard = next(broken.glob("model-00003-*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:5000])
+    with pytest.raises(ValueError, match=r"truncated or corrupt"):
+        build_engine(broken, tmp_path / "e", device="cpu", progress=False)
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (BuildSettings(dtype="float16"), "dtype"),
+        (BuildSettings(max_batch_size=0), "max_batch_size"),
+        (BuildSettings(max_draft_depth=64), "compiled maximum"),
+        (BuildSettings(max_draft_depth=8, max_draft_nodes=4), "max_draft_nodes"),
+        (BuildSettings(max_seq_len=8), "max_seq_len"),
+    ],
+)
+def test_bad_build_settings(settings, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        build_engine(DEFAULT_MODEL, tmp_path / "e", settings, device="cpu", progress=False)
+
+
+def test_an_interrupted_build_leaves_no_half_written_engine(engine, tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt  # e.g. Ctrl-C after the weights are written
+
+    monkeypatch.setattr(build_mod, "_compile_kernels", fail)
+    with pytest.raises(KeyboardInterrupt):
+        build_engine(DEFAULT_MODEL, tmp_path / "fresh", device="cpu", progress=False)
+    assert list(tmp_path.iterdir()) == []
+    # A failed forced rebuild keeps the previous engine whole.
+    path = copy_of(engine, tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        build_engine(DEFAULT_MODEL, path, BuildSettings(max_batch_size=2), device="cpu", force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
+    assert load_engine(path).build["max_batch_size"] == 8
+
+
+# -------------------------------------------------------------------------------------------- #
+# Loading: every mismatch is a clear ValueError                                                 #
+# -------------------------------------------------------------------------------------------- #
+
+
+def reseal(path, **changes):
+    """Rewrite config.json as a build would have (valid hash): a legit engine from elsewhere."""
+    config = json.loads((path / "config.json").read_text())
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            config[section][field] = value
+        else:
+            config[section] = value
+    (path / "config.json").write_text(json.dumps(fmt.seal(config)))
+
+
+def weight_file(path):
+    return next((path / "weights").glob("*.safetensors"))
+
+
+def test_corrupt_weight_file_is_caught_by_its_hash(engine, tmp_path):
+    path = copy_of(engine, tmp_path)
+    file = weight_file(path)
+    data = bytearray(file.read_bytes())
+    data[-100] ^= 0xFF
+    file.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"SHA-256 mismatch.*rebuild"):
+        LLM(path)
+
+
+def test_truncated_or_missing_files(engine, tmp_path):
+    path = copy_of(engine, tmp_path)
+    file = weight_file(path)
+    file.write_bytes(file.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"bytes.*truncated"):
+        load_engine(path)
+    file.unlink()
+    with pytest.raises(ValueError, match=r"missing"):
+        load_engine(path)
+
+
+def test_edited_config_is_caught(engine, tmp_path):
+    path = copy_of(engine, tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config["build"]["max_batch_size"] = 64
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"edited after the build"):
+        LLM(path)
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"not valid JSON"):
+        load_engine(path)
+
+
+def test_other_schema_or_package_version(engine, tmp_path):
+    path = copy_of(engine, tmp_path)
+    reseal(path, schema_version=99)
+    with pytest.raises(ValueError, match=r"schema version 99.*reads version 1"):
+        load_engine(path)
+    reseal(path, schema_version=fmt.SCHEMA_VERSION, environment__trtllm_bole="0.0.1")
+    with pytest.raises(ValueError, match=r"built by trtllm_bole 0.0.1.*rebuild"):
+        LLM(path)
+
+
+def test_other_gpu_arch_or_triton_version():
+    gpu_build = {
+        "environment": {"arch": "sm_90"},
+        "kernels": {"compiled": True, "arch": "sm_90", "triton": "3.6.0"},
+    }
+    h200 = {"arch": "sm_90", "triton": "3.6.0", "device_name": "NVIDIA H200"}
+    check_device_compat(gpu_build, h200)
+    with pytest.raises(ValueError, match=r"compiled for sm_90, but this GPU is sm_80"):
+        check_device_compat(gpu_build, {**h200, "arch": "sm_80", "device_name": "A100"})
+    with pytest.raises(ValueError, match=r"Triton 3.6.0, but Triton 3.9.0"):
+        check_device_compat(gpu_build, {**h200, "triton": "3.9.0"})
+    cpu_build = {"environment": {"arch": "cpu"}, "kernels": {"compiled": False}}
+    with pytest.raises(ValueError, match=r"without GPU kernels.*on this GPU"):
+        check_device_compat(cpu_build, h200)
+
+
+def test_runtime_requests_beyond_the_build_are_refused(engine):
+    path, _ = engine
+    with pytest.raises(ValueError, match=r"max_batch_size 16 exceeds the engine's 8"):
+        LLM(path, max_batch_size=16)
+    with pytest.raises(ValueError, match=r"max_draft_depth 12 exceeds"):
+        LLM(path, speculative_config=BoleConfig(max_depth=12))
+    with pytest.raises(ValueError, match=r"float32 weights, dtype='bfloat16'"):
+        LLM(path, dtype="bfloat16")
+    llm = LLM(path, max_batch_size=2, speculative_config=BoleConfig(mode="ar"))
+    assert llm.executor.max_batch_size == 2 and llm.model.mtp is None
+
+
+def test_calibrated_engine_ships_its_budget_and_llm_uses_it(tmp_path):
+    calibration = CalibrationSettings(
+        capacities=(2, 4), batch_buckets=(1, 2), kv_buckets=(8,), timing=TimingSettings(warmup=0, repeats=1)
+    )
+    settings = BuildSettings(max_batch_size=1, max_seq_len=64, max_draft_depth=2, max_draft_nodes=3)
+    path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", settings, device="cpu", calibration=calibration)
+    config = load_engine(path).config
+    assert config["budget"]["file"] == "budget.json" and config["budget"]["gpu_seconds"] > 0
+    assert config["budget"]["settings"]["batch_buckets"] == [1]  # fitted to max_batch_size
+    assert "budget.json" in config["files"]
+    llm = LLM(path)
+    assert llm.executor.budget is not None and llm.executor.budget.lookup(1, 8) in (2, 4)
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 4 or out.outputs[0].finish_reason == "stop"
+    assert torch.get_default_dtype() == torch.float32

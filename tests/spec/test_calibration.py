@@ -1,0 +1,41 @@
+"""The step-timing harness behind the budget table (on CPU, tiny sizes)."""
+
+import pytest
+import torch
+
+from trtllm_bole.llm import DEFAULT_MODEL
+from trtllm_bole.models.loader import load_model
+from trtllm_bole.spec.calibration import CalibrationSettings, StepTimer, TimingSettings
+
+
+@pytest.fixture(scope="module")
+def timer():
+    model = load_model(DEFAULT_MODEL, dtype=torch.float32, progress=False)
+    return StepTimer(
+        model, max_batch=2, max_kv_len=32, max_tokens=12, settings=TimingSettings(warmup=0, repeats=1)
+    )
+
+
+def test_verify_and_decode_return_seconds(timer):
+    assert timer.decode(2, 32) > 0
+    assert timer.verify(2, 16, 12) > 0  # two draft-like trees of 6 nodes
+    assert timer.verify(1, 0, 3, gdn_scheme="serial") > 0
+
+
+def test_steps_beyond_the_sizing_are_refused(timer):
+    with pytest.raises(ValueError, match="batch"):
+        timer.decode(3, 8)
+    with pytest.raises(ValueError, match="kv_len"):
+        timer.decode(1, 33)
+    with pytest.raises(ValueError, match="tokens"):
+        timer.verify(2, 8, 1)  # fewer nodes than requests
+    with pytest.raises(ValueError, match="tokens"):
+        timer.verify(1, 8, 13)
+
+
+def test_settings_fit_an_engine():
+    fitted = CalibrationSettings().fitted(max_batch=4, max_seq_len=1024, max_tokens=100)
+    assert fitted.batch_buckets == (1, 2, 4)
+    assert fitted.kv_buckets == (256,)
+    assert fitted.capacities == (8, 16, 32, 48, 64, 96)
+    assert CalibrationSettings(kv_buckets=(4096,)).fitted(1, 64, 8).kv_buckets == (4096,)  # keeps one

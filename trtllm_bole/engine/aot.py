@@ -1,0 +1,493 @@
+"""Ahead-of-time compilation of the Bole kernels: what a TensorRT AOT plugin launches, without TensorRT.
+
+For each plugin (``bole::gdn_tree_verify``, ``bole::gdn_commit``, ``bole::tree_conv1d``) a
+:class:`PluginSpec` says, as plain functions:
+
+- the I/O: input and output names in TensorRT's launch order and the dtypes each accepts;
+- the descriptor: output shapes and dtypes from the input shapes, dtypes and attributes;
+- the tactics (tiling configs) and, for one tactic, the Triton constexprs, the grid, and the int32
+  scalars that go between the input and output pointers (TensorRT's ``extra_args``).
+
+:func:`aot_payload` compiles the adapter of :mod:`trtllm_bole.engine.aot_kernels` for a GPU target and
+returns what ``@trtp.aot_impl`` hands to TensorRT: kernel name, PTX, launch parameters, extra args.
+Dimensions may be ints or symbolic expressions (``tensorrt.plugin.ShapeExpr``): the same formulas
+serve the TensorRT plugins (``plugins/``), the engine build, and the H200 check that launches the PTX
+with cuda-python. Compiling needs Triton's compiler (not its interpreter) but no GPU: the target is
+explicit (``GPUTarget("cuda", 90, 32)`` on a CPU-only machine gives sm_90 PTX).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Dim = Any  # an int, or a symbolic dimension (tensorrt.plugin.ShapeExpr) with + - * //
+Shapes = dict[str, tuple[Dim, ...]]
+
+FLOATS = ("float32", "bfloat16", "float16")
+TRITON_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64", "int32": "i32"}
+
+PTX_VERSION = {90: 80}
+"""PTX ISA pinned per target arch: 8.0 is the first that knows sm_90a, so the PTX loads on every
+driver from CUDA 12.0 on (Triton's default follows its bundled ptxas and can be newer than a
+deployed driver accepts). Other targets keep Triton's default."""
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _const(d: Dim) -> int:
+    if isinstance(d, int):
+        return d
+    raise ValueError(f"dimension {d!r} must be a build-time constant here")
+
+
+# --------------------------------------------------------------------------------------------- #
+# Compilation                                                                                    #
+# --------------------------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledKernel:
+    name: str  # PTX entry point
+    ptx: str
+    cubin: bytes
+    num_warps: int
+    shared: int  # bytes of shared memory per block
+    arch: int  # compute capability, e.g. 90
+    triton_version: str
+    num_params: int  # parameters the PTX entry declares (after trimming Triton's scratch pointers)
+
+
+def compile_kernel(
+    fn: Any,
+    signature: dict[str, str],
+    constexprs: dict[str, Any],
+    *,
+    arch: int,
+    num_warps: int,
+    num_stages: int,
+    ptx_version: int | None = None,
+) -> CompiledKernel:
+    """``triton.compile`` of ``fn`` for ``sm_<arch>``; ``signature`` maps every argument to a Triton type
+    (``"*fp32"``, ``"i32"``, ``"constexpr"``), ``constexprs`` gives the constexpr values.
+
+    Triton appends scratch-buffer pointers to every kernel's parameters; the ones the kernel never
+    reads are removed from the PTX, so that the entry declares exactly the runtime arguments (the
+    launch TensorRT performs). A kernel that does use scratch memory is refused.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if os.environ.get("TRITON_INTERPRET") == "1" or not hasattr(fn, "arg_names"):
+        raise RuntimeError(
+            "ahead-of-time compilation needs Triton's compiler, but TRITON_INTERPRET=1 (the interpreter) "
+            "is active; run it in a process without TRITON_INTERPRET"
+        )
+    missing = [a for a in fn.arg_names if a not in signature]
+    if missing:
+        raise ValueError(f"{fn.__name__}: no signature entry for {missing}")
+    constants = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
+    ptx_version = ptx_version if ptx_version is not None else PTX_VERSION.get(arch)
+    if ptx_version is not None:
+        options["ptx_version"] = ptx_version
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constants),
+        target=GPUTarget("cuda", arch, 32),
+        options=options,
+    )
+    meta = compiled.metadata
+    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+        raise ValueError(f"{meta.name} needs Triton scratch memory, which an AOT launch does not provide")
+    runtime_args = sum(1 for a in fn.arg_names if signature[a] != "constexpr")
+    ptx = trim_params(compiled.asm["ptx"], meta.name, runtime_args)
+    return CompiledKernel(
+        meta.name, ptx, compiled.asm["cubin"], meta.num_warps, meta.shared, arch,
+        triton.__version__, runtime_args,
+    )  # fmt: skip
+
+
+_PARAM = re.compile(r"^\s*\.param\s+[^\n]*?\b(\w+_param_(\d+))\s*,?\s*$", re.MULTILINE)
+
+
+def entry_params(ptx: str, name: str) -> list[str]:
+    """The parameter names of the ``.entry name(...)`` declaration, in order."""
+    match = re.search(rf"\.entry\s+{re.escape(name)}\s*\((.*?)\)", ptx, re.DOTALL)
+    if match is None:
+        raise ValueError(f"no .entry {name} in the PTX")
+    return [m.group(1) for m in _PARAM.finditer(match.group(1))]
+
+
+def trim_params(ptx: str, name: str, keep: int) -> str:
+    """Drop the entry's parameters after the first ``keep``, which must be unreferenced in the body."""
+    params = entry_params(ptx, name)
+    if len(params) < keep:
+        raise ValueError(
+            f"{name}: the PTX declares {len(params)} parameters, fewer than the {keep} arguments"
+        )
+    extra = params[keep:]
+    if not extra:
+        return ptx
+    head, sep, body = ptx.partition(f".entry {name}(")
+    decl, close, rest = body.partition(")")
+    for p in extra:
+        if re.search(rf"\b{p}\b", rest):
+            raise ValueError(f"{name}: trailing parameter {p} is used by the kernel; cannot drop it")
+    lines = [ln for ln in decl.split("\n") if not any(re.search(rf"\b{p}\b", ln) for p in extra)]
+    last = max(i for i, ln in enumerate(lines) if ".param" in ln)
+    lines[last] = lines[last].rstrip().rstrip(",")
+    return head + sep + "\n".join(lines) + close + rest
+
+
+# --------------------------------------------------------------------------------------------- #
+# Plugin specs                                                                                   #
+# --------------------------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    name: str
+    rank: int
+    dtypes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchParams:
+    """TensorRT's ``KernelLaunchParams``: grid may be symbolic, block and shared memory are fixed."""
+
+    grid: tuple[Dim, Dim, Dim]
+    block: tuple[int, int, int]
+    shared_mem: int
+
+
+@dataclass(frozen=True, slots=True)
+class AOTPayload:
+    kernel_name: str
+    ptx: str
+    launch: LaunchParams
+    extra_args: tuple[Dim, ...]  # int32 scalars, between the input and the output pointers
+    params: tuple[str, ...]  # the launch's parameter names: inputs, extra args, outputs
+    num_inputs: int
+    kernel: CompiledKernel = field(repr=False)
+
+
+class PluginSpec:
+    """One TensorRT plugin around one Bole kernel (subclasses below)."""
+
+    plugin_id: str
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]  # rank 0: the rank follows the inputs (see output_descs)
+    extra_args: tuple[str, ...]
+    attrs: tuple[tuple[str, type], ...]  # TensorRT plugin attributes (name, type)
+    aliased: tuple[tuple[str, str], ...] = ()  # (output, the input it is written in place of)
+
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+        raise NotImplementedError
+
+    def tactics(self, shapes: Shapes) -> list[Any]:
+        raise NotImplementedError
+
+    def adapter(self) -> Any:
+        raise NotImplementedError
+
+    def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
+        raise NotImplementedError
+
+    def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
+        raise NotImplementedError
+
+    def launch_options(self, cfg: Any) -> tuple[int, int]:
+        return cfg.num_warps, getattr(cfg, "num_stages", 1)
+
+    def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
+        """Ranks, dtypes and the dimensions the ports share; ``ValueError`` naming the port."""
+        for port in self.inputs:
+            if port.name not in shapes or port.name not in dtypes:
+                raise ValueError(f"{self.plugin_id}: input {port.name} is missing")
+            if len(shapes[port.name]) != port.rank:
+                raise ValueError(
+                    f"{self.plugin_id}: {port.name} must have rank {port.rank}, got shape {shapes[port.name]}"
+                )
+            if dtypes[port.name] not in port.dtypes:
+                raise ValueError(
+                    f"{self.plugin_id}: {port.name} must be one of {port.dtypes}, got {dtypes[port.name]}"
+                )
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return (*(p.name for p in self.inputs), *self.extra_args, *(p.name for p in self.outputs))
+
+    def signature(self, dtypes: dict[str, str], constexprs: dict[str, Any]) -> dict[str, str]:
+        placeholder = {p.name: (None,) * p.rank for p in self.inputs}
+        descs = self.output_descs(placeholder, dtypes, {})
+        out_dtypes = {p.name: d for p, (_, d) in zip(self.outputs, descs, strict=True)}
+        sig = {p.name: "*" + TRITON_TYPES[dtypes[p.name]] for p in self.inputs}
+        sig.update(dict.fromkeys(self.extra_args, "i32"))
+        sig.update({name: "*" + TRITON_TYPES[d] for name, d in out_dtypes.items()})
+        sig.update(dict.fromkeys(constexprs, "constexpr"))
+        return sig
+
+
+def _same_dtype(spec: str, dtypes: dict[str, str], names: Sequence[str]) -> None:
+    if len({dtypes[n] for n in names}) > 1:
+        raise ValueError(f"{spec}: {', '.join(names)} must share a dtype, got {[dtypes[n] for n in names]}")
+
+
+def _same(spec: str, shapes: Shapes, pairs: Sequence[tuple[str, int, str, int]]) -> None:
+    for a, i, b, j in pairs:
+        da, db = shapes[a][i], shapes[b][j]
+        if isinstance(da, int) and isinstance(db, int) and da != db:
+            raise ValueError(f"{spec}: {a}.shape[{i}] = {da} must equal {b}.shape[{j}] = {db}")
+
+
+class GDNTreeVerifySpec(PluginSpec):
+    plugin_id = "bole::gdn_tree_verify"
+    inputs = (
+        Port("q", 3, ("float32",)),
+        Port("k", 3, ("float32",)),
+        Port("v", 3, FLOATS),
+        Port("g", 2, ("float32",)),
+        Port("beta", 2, FLOATS),
+        Port("state", 4, ("float32",)),
+        Port("state_indices", 1, ("int64",)),
+        Port("cu_seqlens", 1, ("int64",)),
+        Port("dfs_order", 1, ("int64",)),
+        Port("subtree_size", 1, ("int64",)),
+    )
+    outputs = (Port("o", 0, FLOATS), Port("u", 0, ("float32",)), Port("log_p", 0, ("float32",)))
+    extra_args = ()
+    attrs = (("scale", float), ("max_depth", int))
+
+    def output_descs(self, shapes, dtypes, attrs):
+        return [(shapes["v"], dtypes["v"]), (shapes["v"], "float32"), (shapes["g"], "float32")]
+
+    def check(self, shapes, dtypes):
+        super().check(shapes, dtypes)
+        _same(self.plugin_id, shapes, [
+            ("k", 0, "q", 0), ("k", 1, "q", 1), ("k", 2, "q", 2), ("v", 0, "q", 0), ("g", 0, "q", 0),
+            ("g", 1, "v", 1), ("beta", 0, "q", 0), ("beta", 1, "v", 1), ("state", 1, "v", 1),
+            ("state", 2, "q", 2), ("state", 3, "v", 2), ("dfs_order", 0, "q", 0),
+            ("subtree_size", 0, "q", 0),
+        ])  # fmt: skip
+        _same_dtype(self.plugin_id, dtypes, ("v", "beta"))
+        h, dk, hv, dv = (_const(d) for d in (*shapes["q"][1:], *shapes["v"][1:]))
+        if hv % h or dk % 16 or dv % 16:
+            raise ValueError(
+                f"{self.plugin_id}: HV={hv} must be a multiple of H={h}, dk={dk} and dv={dv} of 16"
+            )
+
+    def tactics(self, shapes):
+        from trtllm_bole.kernels.gdn_tree_verify import CONFIGS
+
+        dk, dv = _const(shapes["q"][2]), _const(shapes["v"][2])
+        return [c for c in CONFIGS if dk % c.bk == 0 and dv % c.bv == 0]
+
+    def adapter(self):
+        from trtllm_bole.engine.aot_kernels import gdn_tree_verify_aot
+
+        return gdn_tree_verify_aot
+
+    def constexprs(self, shapes, dtypes, attrs, cfg):
+        chain = min(int(attrs["max_depth"]), cfg.bt)
+        exact = dtypes["v"] == "float32" and dtypes["beta"] == "float32"
+        return {
+            "SCALE": float(attrs["scale"]),
+            "H": _const(shapes["q"][1]),
+            "HV": _const(shapes["v"][1]),
+            "DK": _const(shapes["q"][2]),
+            "DV": _const(shapes["v"][2]),
+            "BT": cfg.bt,
+            "BK": cfg.bk,
+            "BV": cfg.bv,
+            "SQUARINGS": math.ceil(math.log2(chain)) if chain > 1 else 0,
+            "PREC": "ieee" if exact else "tf32",
+        }
+
+    def grid(self, shapes, cfg, cdiv):
+        return (_const(shapes["v"][2]) // cfg.bv, _const(shapes["v"][1]), shapes["cu_seqlens"][0] - 1)
+
+    def extra_values(self, shapes):
+        return ()
+
+
+class GDNCommitSpec(PluginSpec):
+    plugin_id = "bole::gdn_commit"
+    inputs = (
+        Port("state", 5, ("float32",)),
+        Port("k", 4, ("float32",)),
+        Port("u", 4, ("float32",)),
+        Port("log_p", 3, ("float32",)),
+        Port("accepted_leaf", 1, ("int64",)),
+        Port("state_indices", 1, ("int64",)),
+        Port("cu_seqlens", 1, ("int64",)),
+        Port("depth", 1, ("int64",)),
+        Port("paths", 2, ("int64",)),
+    )
+    outputs = (Port("state_out", 0, ("float32",)),)
+    extra_args = ("num_requests", "num_slots", "num_nodes", "max_depth")
+    attrs = (("max_depth", int),)
+    aliased = (("state_out", "state"),)
+
+    def output_descs(self, shapes, dtypes, attrs):
+        return [(shapes["state"], dtypes["state"])]
+
+    def check(self, shapes, dtypes):
+        super().check(shapes, dtypes)
+        _same(self.plugin_id, shapes, [
+            ("k", 0, "state", 0), ("u", 0, "state", 0), ("log_p", 0, "state", 0), ("u", 1, "k", 1),
+            ("log_p", 1, "k", 1), ("u", 2, "state", 2), ("log_p", 2, "state", 2), ("k", 3, "state", 3),
+            ("u", 3, "state", 4), ("state_indices", 0, "accepted_leaf", 0), ("depth", 0, "k", 1),
+            ("paths", 0, "k", 1),
+        ])  # fmt: skip
+        h, hv, dk, dv = (_const(d) for d in (shapes["k"][2], *shapes["state"][2:]))
+        if hv % h or dk % 16 or dv % 16:
+            raise ValueError(
+                f"{self.plugin_id}: HV={hv} must be a multiple of H={h}, dk={dk} and dv={dv} of 16"
+            )
+
+    def tactics(self, shapes):
+        from trtllm_bole.kernels._common import tile_dividing
+        from trtllm_bole.kernels.gdn_commit import COMMIT_CONFIGS, CommitConfig
+
+        dk, dv = _const(shapes["state"][3]), _const(shapes["state"][4])
+        default = CommitConfig(tile_dividing(dk, 128), tile_dividing(dv, 32), 4, outer=True)
+        rest = [c for c in COMMIT_CONFIGS if dk % c.bk == 0 and dv % c.bv == 0 and c != default]
+        return [default, *rest]
+
+    def adapter(self):
+        from trtllm_bole.engine.aot_kernels import gdn_commit_aot
+
+        return gdn_commit_aot
+
+    def constexprs(self, shapes, dtypes, attrs, cfg):
+        from trtllm_bole.kernels._common import pow2_at_least
+
+        return {
+            "H": _const(shapes["k"][2]),
+            "HV": _const(shapes["state"][2]),
+            "DK": _const(shapes["state"][3]),
+            "DV": _const(shapes["state"][4]),
+            "DP": pow2_at_least(int(attrs["max_depth"]), 16),
+            "BK": cfg.bk,
+            "BV": cfg.bv,
+            "OUTER": cfg.outer,
+        }
+
+    def grid(self, shapes, cfg, cdiv):
+        layers, requests = shapes["state"][0], shapes["accepted_leaf"][0]
+        return (_const(shapes["state"][4]) // cfg.bv, _const(shapes["state"][2]), requests * layers)
+
+    def extra_values(self, shapes):
+        return (shapes["accepted_leaf"][0], shapes["state"][1], shapes["depth"][0], shapes["paths"][1])
+
+
+@dataclass(frozen=True, slots=True)
+class ConvConfig:
+    bn: int = 16
+    num_warps: int = 4
+
+
+class TreeConv1dSpec(PluginSpec):
+    plugin_id = "bole::tree_conv1d"
+    inputs = (
+        Port("x", 2, FLOATS),
+        Port("weight", 2, FLOATS),
+        Port("conv_state", 3, FLOATS),
+        Port("state_indices", 1, ("int64",)),
+        Port("request", 1, ("int64",)),
+        Port("depth", 1, ("int64",)),
+        Port("paths", 2, ("int64",)),
+    )
+    outputs = (Port("y", 0, FLOATS),)
+    extra_args = ("num_nodes", "max_depth")
+    attrs = (("silu", int),)
+
+    def output_descs(self, shapes, dtypes, attrs):
+        return [(shapes["x"], dtypes["x"])]
+
+    def check(self, shapes, dtypes):
+        super().check(shapes, dtypes)
+        _same(self.plugin_id, shapes, [
+            ("weight", 0, "x", 1), ("conv_state", 1, "x", 1), ("request", 0, "x", 0), ("depth", 0, "x", 0),
+            ("paths", 0, "x", 0),
+        ])  # fmt: skip
+        _same_dtype(self.plugin_id, dtypes, ("x", "weight", "conv_state"))
+        w, ws = _const(shapes["weight"][1]), _const(shapes["conv_state"][2])
+        if ws != w - 1 or w < 2:
+            raise ValueError(f"{self.plugin_id}: conv_state width {ws} must be weight width {w} - 1 (W >= 2)")
+
+    def tactics(self, shapes):
+        return [ConvConfig()]
+
+    def adapter(self):
+        from trtllm_bole.engine.aot_kernels import tree_conv1d_aot
+
+        return tree_conv1d_aot
+
+    def _bc(self, shapes: Shapes) -> int:
+        import triton
+
+        return min(128, triton.next_power_of_2(_const(shapes["x"][1])))
+
+    def constexprs(self, shapes, dtypes, attrs, cfg):
+        return {
+            "C": _const(shapes["x"][1]),
+            "W": _const(shapes["weight"][1]),
+            "BN": cfg.bn,
+            "BC": self._bc(shapes),
+            "SILU": bool(attrs.get("silu", 1)),
+        }
+
+    def grid(self, shapes, cfg, cdiv):
+        c = _const(shapes["x"][1])
+        return (_cdiv(c, self._bc(shapes)), cdiv(shapes["x"][0], cfg.bn), 1)
+
+    def extra_values(self, shapes):
+        return (shapes["x"][0], shapes["paths"][1])
+
+
+SPECS: dict[str, PluginSpec] = {
+    s.plugin_id: s for s in (GDNTreeVerifySpec(), GDNCommitSpec(), TreeConv1dSpec())
+}
+
+
+def aot_payload(
+    spec: PluginSpec,
+    shapes: Shapes,
+    dtypes: dict[str, str],
+    attrs: dict[str, Any],
+    tactic: int = 0,
+    *,
+    arch: int = 90,
+    cdiv: Callable[[Dim, int], Dim] = _cdiv,
+    ptx_version: int | None = None,
+) -> AOTPayload:
+    """Compile ``spec``'s kernel for ``sm_<arch>`` and the given I/O; ``tactic`` indexes
+    ``spec.tactics(shapes)``. Dimensions used as constexprs (head counts, head dims, channels) must be
+    ints; the others may be symbolic, with ``cdiv`` acting on them."""
+    spec.check(shapes, dtypes)
+    configs = spec.tactics(shapes)
+    if not 0 <= tactic < len(configs):
+        raise ValueError(f"{spec.plugin_id}: tactic {tactic} outside [0, {len(configs)})")
+    cfg = configs[tactic]
+    constexprs = spec.constexprs(shapes, dtypes, attrs, cfg)
+    num_warps, num_stages = spec.launch_options(cfg)
+    kernel = compile_kernel(
+        spec.adapter(), spec.signature(dtypes, constexprs), constexprs,
+        arch=arch, num_warps=num_warps, num_stages=num_stages, ptx_version=ptx_version,
+    )  # fmt: skip
+    if kernel.num_params != len(spec.params):
+        raise ValueError(f"{kernel.name}: {kernel.num_params} parameters, expected {len(spec.params)}")
+    launch = LaunchParams(spec.grid(shapes, cfg, cdiv), (kernel.num_warps * 32, 1, 1), kernel.shared)
+    extra = spec.extra_values(shapes)
+    return AOTPayload(kernel.name, kernel.ptx, launch, extra, spec.params, len(spec.inputs), kernel)

@@ -1,0 +1,287 @@
+"""Build an engine directory from a Qwen3.5 checkpoint (the format: :mod:`trtllm_bole.engine.format`).
+
+The build validates the checkpoint (every tensor name and shape, through the loader), converts the
+weights to the runtime layout and dtype, compiles the Bole kernels for the present GPU (sm_XY PTX +
+cubin, through the same AOT path as the TensorRT plugins; nothing on CPU, where the runtime runs the
+torch reference), optionally calibrates the verification budget on the present device (BOLE.md §5),
+and writes ``config.json`` last.
+
+Safety: everything is written to a temporary sibling directory that is renamed into place only when
+complete, so an interrupted build leaves no half-written engine. An existing engine built from the
+same inputs is left as it is (the build is a no-op); a different one is replaced only with
+``force=True``; a non-empty directory that is not an engine is never touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtllm_bole.engine import format as fmt
+from trtllm_bole.models.checkpoint import write_safetensors
+from trtllm_bole.models.config import Qwen35Config, load_config
+from trtllm_bole.models.loader import checkpoint_files, load_model
+from trtllm_bole.spec.calibration import CalibrationSettings, calibrate_model
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SHARD_BYTES = 4 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class BuildSettings:
+    """What an engine is built for; the runtime refuses to exceed it."""
+
+    dtype: str = "auto"  # float32 | bfloat16 | auto (bfloat16 on a GPU, float32 on CPU)
+    max_batch_size: int = 8
+    max_seq_len: int = 1024
+    max_draft_depth: int = 8  # draft tokens on the longest path (the tree holds one more: the pending token)
+    max_draft_nodes: int = 64  # draft tokens per request and step
+
+    def validated(self, device: str) -> BuildSettings:
+        dtype = self.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
+        for name in ("max_batch_size", "max_seq_len", "max_draft_depth", "max_draft_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        from trtllm_bole.kernels import MAX_DEPTH
+
+        if self.max_draft_depth + 1 > MAX_DEPTH:
+            raise ValueError(
+                f"max_draft_depth {self.max_draft_depth} gives trees of depth {self.max_draft_depth + 1}, "
+                f"beyond the kernels' compiled maximum {MAX_DEPTH}"
+            )
+        if self.max_draft_nodes < self.max_draft_depth:
+            raise ValueError(
+                f"max_draft_nodes ({self.max_draft_nodes}) must be at least max_draft_depth "
+                f"({self.max_draft_depth}) so that a full-depth path fits"
+            )
+        if self.max_seq_len <= self.max_draft_depth + 1:
+            raise ValueError(
+                f"max_seq_len {self.max_seq_len} leaves no room for a prompt next to a draft tree of "
+                f"depth {self.max_draft_depth + 1}"
+            )
+        return BuildSettings(
+            dtype, self.max_batch_size, self.max_seq_len, self.max_draft_depth, self.max_draft_nodes
+        )
+
+    @property
+    def tree_depth(self) -> int:
+        return self.max_draft_depth + 1
+
+
+PlanBuilder = Callable[[Path, dict[str, Any]], dict[str, Any]]
+"""``(staging_dir, engine_config) -> plan record``: writes ``bole.plan`` (see ``plugins/network.py``)."""
+
+
+def build_engine(
+    checkpoint: str | Path,
+    output: str | Path,
+    settings: BuildSettings | None = None,
+    *,
+    device: str | None = None,
+    calibration: CalibrationSettings | None = None,
+    plan_builder: PlanBuilder | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> tuple[Path, bool]:
+    """Build (or keep) the engine at ``output``; returns ``(path, built)`` with ``built`` False when an
+    identical engine was already there. ``device``: where kernels are compiled and calibration runs
+    (default: ``cuda`` when available, else ``cpu``). ``calibration``: measure the budget table."""
+    checkpoint, output = Path(checkpoint), Path(output)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    settings = (settings or BuildSettings()).validated(device)
+    if not checkpoint.is_dir():
+        raise ValueError(f"checkpoint {checkpoint} is not a directory (config.json + safetensors expected)")
+    model_config = load_config(checkpoint)
+    sources = {f.name: fmt.sha256_file(f) for f in checkpoint_files(checkpoint)}
+    env = fmt.environment(device)
+    if calibration is not None:
+        calibration = calibration.fitted(
+            settings.max_batch_size,
+            settings.max_seq_len,
+            settings.max_batch_size * (settings.max_draft_nodes + 1),
+        )
+    build_id = _build_id(sources, settings, calibration, plan_builder is not None, env)
+    if _keep_existing(output, build_id, force):
+        return output, False
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
+    try:
+        config = _stage(checkpoint, staging, model_config, settings, device, calibration, env, progress)
+        config.update(build_id=build_id, source={"checkpoint": str(checkpoint.resolve()), "files": sources})
+        if plan_builder is not None:
+            config["tensorrt"] = plan_builder(staging, config)
+        _make_readable(staging)
+        config["files"] = fmt.file_entries(staging)
+        (staging / fmt.CONFIG).write_text(json.dumps(fmt.seal(config), indent=2) + "\n")
+        _swap_in(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output, True
+
+
+def _build_id(sources, settings, calibration, tensorrt: bool, env: dict) -> str:
+    key = {
+        "sources": sources,
+        "settings": asdict(settings),
+        "calibration": None if calibration is None else asdict(calibration),
+        "tensorrt": tensorrt,
+        "env": {k: env[k] for k in ("trtllm_bole", "torch", "triton", "arch")},
+        "schema": fmt.SCHEMA_VERSION,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _keep_existing(output: Path, build_id: str, force: bool) -> bool:
+    """True when ``output`` already holds this very engine; raises when it must not be replaced."""
+    if not output.exists():
+        return False
+    if not output.is_dir():
+        raise ValueError(f"output {output} exists and is not a directory; choose another --output")
+    if not any(output.iterdir()):
+        return False
+    try:
+        existing = json.loads((output / fmt.CONFIG).read_text())
+        is_engine = existing.get("format") == fmt.FORMAT
+    except (OSError, json.JSONDecodeError, AttributeError):
+        is_engine = False
+    if not is_engine:
+        raise ValueError(
+            f"output {output} is a non-empty directory that is not a trtllm_bole engine; it is never "
+            f"overwritten: choose another --output or empty it"
+        )
+    if existing.get("build_id") == build_id:
+        from trtllm_bole.engine.load import load_engine
+
+        try:
+            load_engine(output, check_device=False)
+        except ValueError:
+            if not force:
+                raise
+            return False
+        log.info("%s: an identical engine is already there; nothing to do", output)
+        return True
+    if not force:
+        raise ValueError(
+            f"output {output} holds a different engine (built from "
+            f"{existing.get('source', {}).get('checkpoint')} with {existing.get('build')}); pass --force to "
+            f"replace it"
+        )
+    return False
+
+
+def _make_readable(root: Path) -> None:
+    """mkdtemp and some writers create owner-only modes; an engine is read by servers too."""
+    root.chmod(0o755)
+    for p in root.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+def _swap_in(staging: Path, output: Path) -> None:
+    old = None
+    if output.exists():
+        old = output.parent / f".{output.name}.old-{os.getpid()}-{time.time_ns()}"
+        output.rename(old)
+    staging.rename(output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _stage(
+    checkpoint: Path,
+    staging: Path,
+    model_config: Qwen35Config,
+    settings: BuildSettings,
+    device: str,
+    calibration: CalibrationSettings | None,
+    env: dict,
+    progress: bool,
+) -> dict[str, Any]:
+    dtype = DTYPES[settings.dtype]
+    model = load_model(checkpoint, dtype=dtype, device=device, mtp=True, progress=progress)
+    tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()}
+    write_safetensors(staging / fmt.WEIGHTS_DIR, tensors, shard_bytes=SHARD_BYTES)
+    for name in fmt.TOKENIZER_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copyfile(checkpoint / name, staging / name)
+    hf_config = json.loads((checkpoint / "config.json").read_text())
+    config: dict[str, Any] = {
+        "format": fmt.FORMAT,
+        "schema_version": fmt.SCHEMA_VERSION,
+        "environment": env,
+        "model": {
+            "hf_config": hf_config,
+            "has_mtp": model.mtp is not None,
+            "parameters": sum(t.numel() for t in tensors.values()),
+        },
+        "build": asdict(settings),
+        "weights": {"dir": fmt.WEIGHTS_DIR, "layout": "trtllm_bole-runtime-v1", "dtype": settings.dtype},
+        "kernels": _compile_kernels(staging, model_config, settings, env, progress),
+        "budget": None,
+        "tensorrt": None,
+    }
+    if calibration is not None:
+        table = calibrate_model(model, calibration, max_depth=settings.tree_depth)
+        table.save(staging / fmt.BUDGET)
+        config["budget"] = {
+            "file": fmt.BUDGET,
+            "device": table.device,
+            "gpu_seconds": table.gpu_seconds,
+            "settings": asdict(calibration),
+        }
+    return config
+
+
+def _compile_kernels(
+    staging: Path, config: Qwen35Config, settings: BuildSettings, env: dict, progress: bool
+) -> dict[str, Any]:
+    if env["arch"] == "cpu":
+        return {
+            "compiled": False,
+            "reason": "no GPU at build time: on CPU the runtime runs the torch reference; build on the "
+            "target GPU for compiled kernels",
+        }
+    from tqdm import tqdm
+
+    from trtllm_bole.engine.kernel_set import engine_payloads
+
+    arch = int(env["arch"].removeprefix("sm_"))
+    out = staging / fmt.KERNELS_DIR
+    out.mkdir()
+    records = []
+    jobs = engine_payloads(config, settings)
+    for key, job in tqdm(jobs.items(), desc="compiling Bole kernels", unit="kernel", disable=not progress):
+        payload = job(arch)
+        (out / f"{key}.ptx").write_text(payload.ptx)
+        (out / f"{key}.cubin").write_bytes(payload.kernel.cubin)
+        records.append(
+            {
+                "key": key,
+                "entry": payload.kernel_name,
+                "ptx": f"{fmt.KERNELS_DIR}/{key}.ptx",
+                "cubin": f"{fmt.KERNELS_DIR}/{key}.cubin",
+                "block": list(payload.launch.block),
+                "shared_mem": payload.launch.shared_mem,
+                "params": list(payload.params),
+            }
+        )
+    return {"compiled": True, "arch": env["arch"], "triton": env["triton"], "list": records}

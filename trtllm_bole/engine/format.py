@@ -1,0 +1,94 @@
+"""The engine directory format (schema version :data:`SCHEMA_VERSION`).
+
+::
+
+    <engine>/
+      config.json            engine config: format, schema, versions, device, model, build, Bole settings,
+                             the files below with their SHA-256, and its own hash (``config_sha256``)
+      weights/               model weights in the runtime layout (our fused parameters, in the
+                             engine's dtype): model.safetensors, or shards + model.safetensors.index.json
+      tokenizer.json, tokenizer_config.json   (when the checkpoint has them)
+      budget.json            the calibrated verification budget (``--calibrate``, BOLE.md §5)
+      kernels/               AOT-compiled Bole kernels for the build GPU (PTX + cubin; none on CPU)
+      bole.plan              TensorRT plan (``--tensorrt``)
+
+Every file is listed in ``config.json`` with its size and SHA-256; ``config.json`` carries the hash of
+its own canonical JSON. Anything edited, truncated or swapped after the build is caught at load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+FORMAT = "trtllm_bole-engine"
+SCHEMA_VERSION = 1
+CONFIG = "config.json"
+WEIGHTS_DIR = "weights"
+KERNELS_DIR = "kernels"
+BUDGET = "budget.json"
+PLAN = "bole.plan"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def canonical_hash(config: dict[str, Any]) -> str:
+    """SHA-256 of the config's canonical JSON, without its own ``config_sha256`` field."""
+    body = {k: v for k, v in config.items() if k != "config_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(config: dict[str, Any]) -> dict[str, Any]:
+    return {**config, "config_sha256": canonical_hash(config)}
+
+
+def file_entries(root: Path) -> dict[str, dict[str, Any]]:
+    """Relative path -> {bytes, sha256} for every file under ``root`` except ``config.json``."""
+    entries = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel != CONFIG:
+            entries[rel] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    return entries
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Versions and the device an engine is built for (or loaded on): ``arch`` is ``"cpu"`` or
+    ``"sm_<major><minor>"``."""
+    import torch
+
+    import trtllm_bole
+
+    env: dict[str, Any] = {
+        "trtllm_bole": trtllm_bole.__version__,
+        "torch": torch.__version__,
+        "triton": _triton_version(),
+        "python": platform.python_version(),
+        "arch": "cpu",
+        "device_name": platform.processor() or platform.machine(),
+    }
+    if str(device).startswith("cuda"):
+        index = torch.device(device).index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        env["arch"] = f"sm_{major}{minor}"
+        env["device_name"] = torch.cuda.get_device_name(index)
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__

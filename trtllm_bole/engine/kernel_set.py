@@ -1,0 +1,84 @@
+"""The Bole kernels an engine compiles: each plugin's kernel at the model's dimensions and dtypes, for
+the tiling configs the runtime picks at the engine's batch sizes (the verify's default config varies
+with batch), with the engine's maximum tree depth compiled in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from trtllm_bole.engine.aot import SPECS, AOTPayload, aot_payload
+from trtllm_bole.models.config import Qwen35Config
+
+if TYPE_CHECKING:
+    from trtllm_bole.engine.build import BuildSettings
+
+
+def plugin_io(config: Qwen35Config, settings: BuildSettings, batch: int | None = None) -> dict[str, tuple]:
+    """``plugin_id -> (shapes, dtypes, attrs)`` for one step of ``batch`` requests (default: the
+    engine's maximum) with full draft trees, in the engine's dtype."""
+    c = config
+    b = batch or settings.max_batch_size
+    n = b * (settings.max_draft_nodes + 1)
+    s, d, layers = settings.max_batch_size, settings.tree_depth, c.num_gdn_layers
+    h, hv, dk, dv = (
+        c.linear_num_key_heads,
+        c.linear_num_value_heads,
+        c.linear_key_head_dim,
+        c.linear_value_head_dim,
+    )
+    cdim, w = c.conv_dim, c.linear_conv_kernel_dim
+    act = settings.dtype
+    i64 = "int64"
+    verify = (
+        {"q": (n, h, dk), "k": (n, h, dk), "v": (n, hv, dv), "g": (n, hv), "beta": (n, hv),
+         "state": (s, hv, dk, dv), "state_indices": (b,), "cu_seqlens": (b + 1,), "dfs_order": (n,),
+         "subtree_size": (n,)},
+        {"q": "float32", "k": "float32", "v": act, "g": "float32", "beta": act, "state": "float32",
+         "state_indices": i64, "cu_seqlens": i64, "dfs_order": i64, "subtree_size": i64},
+        {"scale": dk**-0.5, "max_depth": d},
+    )  # fmt: skip
+    commit = (
+        {"state": (layers, s, hv, dk, dv), "k": (layers, n, h, dk), "u": (layers, n, hv, dv),
+         "log_p": (layers, n, hv), "accepted_leaf": (b,), "state_indices": (b,), "cu_seqlens": (b + 1,),
+         "depth": (n,), "paths": (n, d)},
+        {"state": "float32", "k": "float32", "u": "float32", "log_p": "float32", "accepted_leaf": i64,
+         "state_indices": i64, "cu_seqlens": i64, "depth": i64, "paths": i64},
+        {"max_depth": d},
+    )  # fmt: skip
+    conv = (
+        {"x": (n, cdim), "weight": (cdim, w), "conv_state": (s, cdim, w - 1), "state_indices": (b,),
+         "request": (n,), "depth": (n,), "paths": (n, d)},
+        {"x": act, "weight": act, "conv_state": act, "state_indices": i64, "request": i64, "depth": i64,
+         "paths": i64},
+        {"silu": 1},
+    )  # fmt: skip
+    return {"bole::gdn_tree_verify": verify, "bole::gdn_commit": commit, "bole::tree_conv1d": conv}
+
+
+def engine_payloads(config: Qwen35Config, settings: BuildSettings) -> dict[str, Callable[[int], AOTPayload]]:
+    """``key -> (arch -> payload)`` for every kernel variant the engine ships."""
+    from trtllm_bole.kernels.gdn_tree_verify import default_config
+
+    jobs: dict[str, Callable[[int], AOTPayload]] = {}
+    for plugin_id, (shapes, dtypes, attrs) in plugin_io(config, settings).items():
+        spec = SPECS[plugin_id]
+        tactics = spec.tactics(shapes)
+        chosen = [0]
+        if plugin_id == "bole::gdn_tree_verify":
+            c = config
+            defaults = {
+                default_config(b * (settings.max_draft_nodes + 1), b, c.linear_num_value_heads,
+                               c.linear_key_head_dim, c.linear_value_head_dim)
+                for b in range(1, settings.max_batch_size + 1)
+            }  # fmt: skip
+            chosen = sorted(tactics.index(cfg) for cfg in defaults if cfg in tactics) or [0]
+        for t in chosen:
+            key = f"{plugin_id.split('::')[1]}-t{t}"
+            jobs[key] = partial(_payload, plugin_id, shapes, dtypes, attrs, t)
+    return jobs
+
+
+def _payload(plugin_id: str, shapes, dtypes, attrs, tactic: int, arch: int) -> AOTPayload:
+    return aot_payload(SPECS[plugin_id], shapes, dtypes, attrs, tactic, arch=arch)

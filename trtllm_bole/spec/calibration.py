@@ -1,0 +1,193 @@
+"""Timing of whole-model steps on synthetic batches: the measurements behind the budget (BOLE.md §5).
+
+:class:`StepTimer` owns a cache sized for the largest step it will time and builds each step the way
+the executor does — slots, block tables, ``kv_len`` committed tokens per request, random tokens — but
+without drafting: a verify step is a forest of ``tokens`` nodes spread over ``batch`` requests, each
+request a draft-like top-k tree (:func:`trtllm_bole.testing.topk_parents`), verified and then
+committed along its spine; a decode step is one token per request, verified and committed. Only the
+model's own work is timed (the forest and its metadata are built beforehand): CUDA events around
+the step after warm-up, the median of the repeats (``time.perf_counter`` on CPU).
+
+The cache contents are whatever the previous steps left (zeros at first): timing does not depend
+on them, and committed lengths never advance, so every repeat measures the same step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trtllm_bole.models.cache import StepContext
+from trtllm_bole.models.model import Qwen35Model
+from trtllm_bole.spec.budget import (
+    DEFAULT_BATCH_BUCKETS,
+    DEFAULT_CAPACITIES,
+    DEFAULT_EPSILON,
+    DEFAULT_KV_BUCKETS,
+    BudgetTable,
+    calibrate,
+)
+from trtllm_bole.testing import topk_parents
+from trtllm_bole.tree import TreeBatch
+
+
+@dataclass(frozen=True, slots=True)
+class TimingSettings:
+    warmup: int = 2
+    repeats: int = 5
+    top_k: int = 4  # draft tree shape: children per node
+    depth: int = 9  # and nodes on the longest root-to-leaf path (pending token + drafts)
+    seed: int = 0
+
+
+class StepTimer:
+    """Seconds per full-model step of ``model`` for ``batch`` requests with ``kv_len`` committed tokens.
+
+    ``max_batch``, ``max_kv_len`` and ``max_tokens`` (verify nodes across the batch) size the cache
+    once; larger requests raise ``ValueError``.
+    """
+
+    def __init__(
+        self,
+        model: Qwen35Model,
+        *,
+        max_batch: int,
+        max_kv_len: int,
+        max_tokens: int,
+        block_size: int = 16,
+        settings: TimingSettings | None = None,
+    ) -> None:
+        for name, value in (("max_batch", max_batch), ("max_kv_len", max_kv_len), ("max_tokens", max_tokens)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.model = model
+        self.settings = settings or TimingSettings()
+        self.max_batch, self.max_kv_len, self.max_tokens = max_batch, max_kv_len, max_tokens
+        self.block_size = block_size
+        self.blocks_per_request = -(-(max_kv_len + max_tokens) // block_size)
+        self.cache = model.allocate_cache(max_batch, max_batch * self.blocks_per_request, block_size)
+        self.generator = torch.Generator().manual_seed(self.settings.seed)
+
+    # ------------------------------------------------------------------------------------ #
+
+    def verify(self, batch: int, kv_len: int, tokens: int, gdn_scheme: str = "bole") -> float:
+        """One verify step of ``tokens`` tree nodes over ``batch`` requests, plus its commit."""
+        self._check(batch, kv_len)
+        if not batch <= tokens <= self.max_tokens:
+            raise ValueError(
+                f"tokens must lie in [batch={batch}, max_tokens={self.max_tokens}], got {tokens}"
+            )
+        sizes = [tokens // batch + (b < tokens % batch) for b in range(batch)]
+        trees = [topk_parents(n, self.settings.top_k, self.settings.depth) for n in sizes]
+        ctx = self._context(batch, kv_len, trees)
+        input_ids = self._tokens(tokens)
+        spine = torch.tensor([min(n, self.settings.depth) - 1 for n in sizes], device=self.model.device)
+
+        def step() -> None:
+            _, _, pending = self.model.verify(input_ids, ctx, gdn_scheme=gdn_scheme)
+            self.model.commit(pending, spine)
+
+        return self._time(step)
+
+    def decode(self, batch: int, kv_len: int) -> float:
+        """One plain decode step: one token per request, verified and committed."""
+        self._check(batch, kv_len)
+        ctx = self._context(batch, kv_len, [[-1]] * batch)
+        input_ids = self._tokens(batch)
+        return self._time(lambda: self.model.decode(input_ids, ctx))
+
+    # ------------------------------------------------------------------------------------ #
+
+    def _check(self, batch: int, kv_len: int) -> None:
+        if not 1 <= batch <= self.max_batch:
+            raise ValueError(f"batch must lie in [1, {self.max_batch}], got {batch}")
+        if not 0 <= kv_len <= self.max_kv_len:
+            raise ValueError(f"kv_len must lie in [0, {self.max_kv_len}], got {kv_len}")
+
+    def _context(self, batch: int, kv_len: int, trees: list[list[int]]) -> StepContext:
+        device = self.model.device
+        parents = torch.tensor([p for t in trees for p in t], dtype=torch.long, device=device)
+        cu = torch.tensor([0, *[len(t) for t in trees]], device=device).cumsum(0)
+        tree = TreeBatch.build(parents, cu)
+        blocks = torch.arange(batch * self.blocks_per_request, dtype=torch.int32, device=device)
+        tables = blocks.view(batch, self.blocks_per_request)
+        slots = torch.arange(batch, device=device)
+        context_lens = torch.full((batch,), kv_len, dtype=torch.long, device=device)
+        return StepContext(slots, tables, context_lens, tree)
+
+    def _tokens(self, n: int) -> torch.Tensor:
+        ids = torch.randint(self.model.config.vocab_size, (n,), generator=self.generator)
+        return ids.to(self.model.device)
+
+    @torch.no_grad()
+    def _time(self, step: Callable[[], None]) -> float:
+        s = self.settings
+        for _ in range(s.warmup):
+            step()
+        if self.model.device.type == "cuda":
+            times = []
+            for _ in range(s.repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            return statistics.median(times)
+        times = []
+        for _ in range(s.repeats):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationSettings:
+    epsilon: float = DEFAULT_EPSILON
+    capacities: tuple[int, ...] = DEFAULT_CAPACITIES
+    batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS
+    kv_buckets: tuple[int, ...] = DEFAULT_KV_BUCKETS
+    timing: TimingSettings = TimingSettings()
+
+    def fitted(self, max_batch: int, max_seq_len: int, max_tokens: int) -> CalibrationSettings:
+        """Buckets an engine can meet: batches up to ``max_batch``, KV lengths below ``max_seq_len``,
+        capacities up to ``max_tokens`` (each bucket set keeps at least its smallest entry)."""
+
+        def keep(values: tuple[int, ...], limit: int) -> tuple[int, ...]:
+            kept = tuple(v for v in sorted(values) if v <= limit)
+            return kept or (min(values),)
+
+        return CalibrationSettings(
+            self.epsilon,
+            keep(self.capacities, max_tokens),
+            keep(self.batch_buckets, max_batch),
+            keep(self.kv_buckets, max_seq_len - 1),
+            self.timing,
+        )
+
+
+def calibrate_model(model: Qwen35Model, settings: CalibrationSettings, *, max_depth: int) -> BudgetTable:
+    """The budget table of ``model`` on its device (BOLE.md §5); ``gpu_seconds`` is what it cost."""
+    s = settings
+    timer = StepTimer(
+        model, max_batch=max(s.batch_buckets), max_kv_len=max(s.kv_buckets),
+        max_tokens=max(max(s.capacities), max(s.batch_buckets)), settings=s.timing,
+    )  # fmt: skip
+    device = str(model.device)
+    if model.device.type == "cuda":
+        device = torch.cuda.get_device_name(model.device)
+    return calibrate(
+        lambda b, kv, n: timer.verify(b, kv, n),
+        timer.decode,
+        device=device,
+        max_depth=max_depth,
+        epsilon=s.epsilon,
+        capacities=s.capacities,
+        batch_buckets=s.batch_buckets,
+        kv_buckets=s.kv_buckets,
+    )
