@@ -18,7 +18,6 @@ explicit (``GPUTarget("cuda", 90, 32)`` on a CPU-only machine gives sm_90 PTX).
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -309,7 +308,9 @@ class GDNTreeVerifySpec(PluginSpec):
             "BT": cfg.bt,
             "BK": cfg.bk,
             "BV": cfg.bv,
-            "SQUARINGS": math.ceil(math.log2(chain)) if chain > 1 else 0,
+            "SQUARINGS": (chain - 1).bit_length(),  # ceil(log2 chain): G^chain = 0 inside a block
+            "LB": 64 if cfg.num_warps >= 4 else 32,  # as the runtime launcher picks them
+            "FUSED": getattr(cfg, "fused", False),
             "PREC": "ieee" if exact else "tf32",
         }
 

@@ -41,14 +41,16 @@ def gdn_tree_verify_aot(
     BK: tl.constexpr,
     BV: tl.constexpr,
     SQUARINGS: tl.constexpr,
+    LB: tl.constexpr,
+    FUSED: tl.constexpr,
     PREC: tl.constexpr,
 ):
     # g stands in for the raw-gate pointers (A_log, dt_bias): RAW_GATES is off, they are never read.
     _gdn_tree_verify_kernel(
         q=q, k=k, v=v, g=g, beta=beta, state=state, slots=state_indices, cu_seqlens=cu_seqlens,
         dfs_order=dfs_order, subtree_size=subtree_size, o=o, u=u, log_p=log_p, a_log=g, dt_bias=g,
-        scale=SCALE, hv=HV, n_squarings=SQUARINGS, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, USE_SLOTS=True,
-        PREC=PREC, S_BF16=False, UPCAST=False, RAW_GATES=False,
+        scale=SCALE, hv=HV, n_squarings=SQUARINGS, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, LB=LB,
+        FUSED=FUSED, USE_SLOTS=True, PREC=PREC, S_BF16=False, UPCAST=False, RAW_GATES=False,
     )  # fmt: skip
 
 
