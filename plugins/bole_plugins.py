@@ -1,0 +1,246 @@
+"""TensorRT plugin definitions (``tensorrt.plugin``) for the Bole kernels: bole::gdn_tree_verify,
+bole::gdn_commit and bole::tree_conv1d.
+
+Importing this module registers the three plugins (it needs TensorRT >= 10.8 with ``tensorrt.plugin``).
+Each plugin is a thin layer over :mod:`trtllm_bole.engine.aot`, which holds the logic as plain
+functions (tested on CPU): ``@trtp.register`` gives TensorRT the output descriptors, ``@trtp.autotune``
+the dtype combinations and one tactic per tiling config, and ``@trtp.aot_impl`` the PTX that Triton
+compiles from the unchanged ``@triton.jit`` kernels of ``trtllm_bole.kernels``, with the launch grid
+and the int32 scalars as symbolic expressions of the input shapes.
+
+Launch convention (TensorRT's): kernel parameters are ``(inputs..., extra scalars..., outputs...)``;
+``bole::gdn_commit`` updates the state in place (its output aliases input 0: build with
+``trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03``).
+
+No ``from __future__ import annotations`` here: ``tensorrt.plugin`` validates the real annotations.
+"""
+
+import os
+from typing import Any
+
+import tensorrt as trt
+import tensorrt.plugin as trtp
+
+from trtllm_bole.engine.aot import SPECS, PluginSpec, aot_payload
+
+_NAMES = {trt.float32: "float32", trt.bfloat16: "bfloat16", trt.float16: "float16", trt.int64: "int64"}
+_TYPES = {v: k for k, v in _NAMES.items()}
+_COMBO = {"float32": "FP32", "bfloat16": "BF16", "float16": "FP16", "int64": "INT64"}
+TARGET_ARCH = int(os.environ.get("BOLE_PLUGIN_ARCH", "90"))
+"""Compute capability the AOT PTX is compiled for (TensorRT builds the plan for the GPU it runs on)."""
+
+
+def _dim(expr: Any) -> Any:
+    """A build-time constant as an int (constexprs need ints), a dynamic dimension as is."""
+    if not expr.is_fake and expr.is_constant:
+        return int(expr.constant_value())
+    return expr
+
+
+def _io(spec: PluginSpec, descs: dict[str, trtp.TensorDesc]) -> tuple[dict, dict]:
+    shapes = {name: tuple(_dim(e) for e in d.shape_expr) for name, d in descs.items()}
+    dtypes = {name: _NAMES.get(d.dtype, str(d.dtype)) for name, d in descs.items()}
+    return shapes, dtypes
+
+
+def _describe(
+    spec: PluginSpec, descs: dict[str, trtp.TensorDesc], attrs: dict
+) -> tuple[trtp.TensorDesc, ...]:
+    shapes = {name: tuple(d.shape_expr) for name, d in descs.items()}
+    dtypes = {name: _NAMES[d.dtype] for name, d in descs.items()}
+    out = []
+    for port, (shape, dtype) in zip(spec.outputs, spec.output_descs(shapes, dtypes, attrs), strict=True):
+        aliased = dict(spec.aliased)
+        if port.name in aliased:
+            out.append(descs[aliased[port.name]].aliased())
+        else:
+            out.append(trtp.from_shape_expr(shape, dtype=_TYPES[dtype]))
+    return tuple(out)
+
+
+def _autotune(spec: PluginSpec, descs: dict[str, trtp.TensorDesc]) -> list[trtp.AutoTuneCombination]:
+    ports = (*spec.inputs, *spec.outputs)
+    types = ", ".join("|".join(_COMBO[d] for d in p.dtypes) for p in ports)
+    shapes, _ = _io(spec, descs)
+    return [trtp.AutoTuneCombination(types, "LINEAR", list(range(1, len(spec.tactics(shapes)) + 1)))]
+
+
+def _cdiv(a: Any, b: int) -> Any:
+    return -(-a // b) if isinstance(a, int) else trtp.cdiv(a, b)
+
+
+def _aot(spec: PluginSpec, descs: dict[str, trtp.TensorDesc], attrs: dict, tactic: int) -> tuple:
+    shapes, dtypes = _io(spec, descs)
+    payload = aot_payload(spec, shapes, dtypes, attrs, max(tactic - 1, 0), arch=TARGET_ARCH, cdiv=_cdiv)
+    (gx, gy, gz), (bx, by, bz) = payload.launch.grid, payload.launch.block
+    launch = trtp.KernelLaunchParams()
+    launch.grid_x, launch.grid_y, launch.grid_z = (trtp.SymInt32(g) for g in (gx, gy, gz))
+    launch.block_x, launch.block_y, launch.block_z = bx, by, bz
+    launch.shared_mem = payload.launch.shared_mem
+    extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(v) for v in payload.extra_args])
+    return payload.kernel_name, payload.ptx, launch, extra
+
+
+# ------------------------------------------------------------------------------------------------ #
+# bole::gdn_tree_verify                                                                              #
+# ------------------------------------------------------------------------------------------------ #
+
+VERIFY = SPECS["bole::gdn_tree_verify"]
+
+
+@trtp.register("bole::gdn_tree_verify")
+def gdn_tree_verify_desc(
+    q: trtp.TensorDesc,
+    k: trtp.TensorDesc,
+    v: trtp.TensorDesc,
+    g: trtp.TensorDesc,
+    beta: trtp.TensorDesc,
+    state: trtp.TensorDesc,
+    state_indices: trtp.TensorDesc,
+    cu_seqlens: trtp.TensorDesc,
+    dfs_order: trtp.TensorDesc,
+    subtree_size: trtp.TensorDesc,
+    scale: float,
+    max_depth: int,
+) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
+    descs = dict(locals())
+    attrs = {"scale": descs.pop("scale"), "max_depth": descs.pop("max_depth")}
+    return _describe(VERIFY, descs, attrs)
+
+
+@trtp.autotune("bole::gdn_tree_verify")
+def gdn_tree_verify_autotune(
+    q, k, v, g, beta, state, state_indices, cu_seqlens, dfs_order, subtree_size, outputs
+) -> list[trtp.AutoTuneCombination]:
+    descs = dict(locals())
+    descs.pop("outputs")
+    return _autotune(VERIFY, descs)
+
+
+@trtp.aot_impl("bole::gdn_tree_verify")
+def gdn_tree_verify_aot_impl(
+    q: trtp.TensorDesc,
+    k: trtp.TensorDesc,
+    v: trtp.TensorDesc,
+    g: trtp.TensorDesc,
+    beta: trtp.TensorDesc,
+    state: trtp.TensorDesc,
+    state_indices: trtp.TensorDesc,
+    cu_seqlens: trtp.TensorDesc,
+    dfs_order: trtp.TensorDesc,
+    subtree_size: trtp.TensorDesc,
+    scale: float,
+    max_depth: int,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
+    descs = dict(locals())
+    attrs = {"scale": descs.pop("scale"), "max_depth": descs.pop("max_depth")}
+    descs.pop("outputs"), descs.pop("tactic")
+    return _aot(VERIFY, descs, attrs, tactic)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# bole::gdn_commit (in place)                                                                       #
+# ------------------------------------------------------------------------------------------------ #
+
+COMMIT = SPECS["bole::gdn_commit"]
+
+
+@trtp.register("bole::gdn_commit")
+def gdn_commit_desc(
+    state: trtp.TensorDesc,
+    k: trtp.TensorDesc,
+    u: trtp.TensorDesc,
+    log_p: trtp.TensorDesc,
+    accepted_leaf: trtp.TensorDesc,
+    state_indices: trtp.TensorDesc,
+    cu_seqlens: trtp.TensorDesc,
+    depth: trtp.TensorDesc,
+    paths: trtp.TensorDesc,
+    max_depth: int,
+) -> trtp.TensorDesc:
+    descs = dict(locals())
+    attrs = {"max_depth": descs.pop("max_depth")}
+    return _describe(COMMIT, descs, attrs)[0]
+
+
+@trtp.autotune("bole::gdn_commit")
+def gdn_commit_autotune(
+    state, k, u, log_p, accepted_leaf, state_indices, cu_seqlens, depth, paths, outputs
+) -> list[trtp.AutoTuneCombination]:
+    descs = dict(locals())
+    descs.pop("outputs")
+    return _autotune(COMMIT, descs)
+
+
+@trtp.aot_impl("bole::gdn_commit")
+def gdn_commit_aot_impl(
+    state: trtp.TensorDesc,
+    k: trtp.TensorDesc,
+    u: trtp.TensorDesc,
+    log_p: trtp.TensorDesc,
+    accepted_leaf: trtp.TensorDesc,
+    state_indices: trtp.TensorDesc,
+    cu_seqlens: trtp.TensorDesc,
+    depth: trtp.TensorDesc,
+    paths: trtp.TensorDesc,
+    max_depth: int,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
+    descs = dict(locals())
+    attrs = {"max_depth": descs.pop("max_depth")}
+    descs.pop("outputs"), descs.pop("tactic")
+    return _aot(COMMIT, descs, attrs, tactic)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# bole::tree_conv1d                                                                                 #
+# ------------------------------------------------------------------------------------------------ #
+
+CONV = SPECS["bole::tree_conv1d"]
+
+
+@trtp.register("bole::tree_conv1d")
+def tree_conv1d_desc(
+    x: trtp.TensorDesc,
+    weight: trtp.TensorDesc,
+    conv_state: trtp.TensorDesc,
+    state_indices: trtp.TensorDesc,
+    request: trtp.TensorDesc,
+    depth: trtp.TensorDesc,
+    paths: trtp.TensorDesc,
+    silu: int,
+) -> trtp.TensorDesc:
+    descs = dict(locals())
+    attrs = {"silu": descs.pop("silu")}
+    return _describe(CONV, descs, attrs)[0]
+
+
+@trtp.autotune("bole::tree_conv1d")
+def tree_conv1d_autotune(
+    x, weight, conv_state, state_indices, request, depth, paths, outputs
+) -> list[trtp.AutoTuneCombination]:
+    descs = dict(locals())
+    descs.pop("outputs")
+    return _autotune(CONV, descs)
+
+
+@trtp.aot_impl("bole::tree_conv1d")
+def tree_conv1d_aot_impl(
+    x: trtp.TensorDesc,
+    weight: trtp.TensorDesc,
+    conv_state: trtp.TensorDesc,
+    state_indices: trtp.TensorDesc,
+    request: trtp.TensorDesc,
+    depth: trtp.TensorDesc,
+    paths: trtp.TensorDesc,
+    silu: int,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
+    descs = dict(locals())
+    attrs = {"silu": descs.pop("silu")}
+    descs.pop("outputs"), descs.pop("tactic")
+    return _aot(CONV, descs, attrs, tactic)
