@@ -62,7 +62,8 @@ class PTXKernel:
 
         torch.cuda.init()
         self.payload = payload
-        self.module = _check(driver.cuModuleLoadData(payload.ptx.encode() + b"\0"))
+        self._image = np.frombuffer(payload.ptx.encode() + b"\0", dtype=np.uint8)  # alive while loading
+        self.module = _check(driver.cuModuleLoadData(self._image.ctypes.data))
         self.function = _check(driver.cuModuleGetFunction(self.module, payload.kernel_name.encode()))
         shared = payload.launch.shared_mem
         if shared > 48 * 1024:  # beyond the default window, as TensorRT and Triton's launcher do
@@ -84,7 +85,7 @@ class PTXKernel:
             for name in p.params
         ]
         pointers = np.array([h.ctypes.data for h in holders], dtype=np.uint64)
-        stream = torch.cuda.current_stream().cuda_stream
+        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
         gx, gy, gz = (int(g) for g in p.launch.grid)
         bx, by, bz = p.launch.block
         _check(
