@@ -212,13 +212,13 @@ def _gdn_tree_verify_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    LB: tl.constexpr,
-    FUSED: tl.constexpr,
     USE_SLOTS: tl.constexpr,
     PREC: tl.constexpr,
     S_BF16: tl.constexpr,
     UPCAST: tl.constexpr,
     RAW_GATES: tl.constexpr,
+    LB: tl.constexpr = 32,  # nodes per block of the logP pass
+    FUSED: tl.constexpr = False,  # see VerifyConfig.fused
 ):
     i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (hv // H)
