@@ -10,6 +10,25 @@ import torch.nn.functional as F
 
 from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
 
+# A tiny Qwen3.5 with an MTP layer for executor-level tests. Its small vocabulary makes random drafts
+# land often, so acceptance paths are really exercised.
+TINY_MTP_CONFIG = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 16,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 4,
+    "full_attention_interval": 2,
+    "mtp_num_hidden_layers": 1,
+}
+
 
 def chain_parents(n: int) -> list[int]:
     return list(range(-1, n - 1))

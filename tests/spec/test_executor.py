@@ -11,24 +11,9 @@ from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
 from trtllm_bole.spec.executor import Executor
+from trtllm_bole.testing import TINY_MTP_CONFIG
 
-# A small vocabulary makes random drafts land often, so acceptance paths are really exercised.
-CONFIG = {
-    "model_type": "qwen3_5_text",
-    "vocab_size": 16,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 8,
-    "linear_value_head_dim": 4,
-    "full_attention_interval": 2,
-    "mtp_num_hidden_layers": 1,
-}
+CONFIG = TINY_MTP_CONFIG
 MODES = ["ar", "chain", "tree-serial", "bole"]
 
 

@@ -1,0 +1,296 @@
+"""A thread-safe serving engine: one background thread owns an :class:`Executor` and runs it.
+
+Any thread may :meth:`ServingEngine.submit` requests and :meth:`ServingEngine.cancel` them; both only
+queue a message. The engine thread is the only one that touches the executor (which is not
+thread-safe): it applies the queued messages, aborts requests whose ``is_cancelled`` predicate turns
+true, runs :meth:`Executor.step` while there is work (every running request advances in the same
+batched step: continuous batching), and hands each request's committed tokens to its callback as an
+:class:`Update`. With nothing to do it sleeps on a condition variable.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from trtllm_bole.config import SamplingParams
+from trtllm_bole.spec.executor import Executor
+from trtllm_bole.spec.scheduler import Request, SpecStats
+
+
+@dataclass(slots=True)
+class Update:
+    """What one request gained since its previous update; ``finished`` on the last one.
+
+    ``token_ids`` and ``text`` are deltas; ``stats`` and ``num_output_tokens`` are running totals.
+    ``finish_reason`` is ``"length"``, ``"stop"``, ``"abort"`` (cancelled or engine shut down) or
+    ``"error"`` (then ``error`` says why).
+    """
+
+    key: int
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    num_output_tokens: int = 0
+
+
+OnUpdate = Callable[[Update], None]
+
+
+class TextDelta:
+    """Incremental detokenization that hands out only new text, decoding a short window per update.
+
+    Only the tokens new since the last settled point are decoded (together with the tokens just
+    before them, whose context a merge may need). Text that may still change is held back until the
+    request finishes: a trailing U+FFFD (a multi-byte character cut between tokens) and a tail that
+    could be the start of a stop string; on finish the text is cut at the first stop string, as
+    :meth:`LLM.generate` cuts it.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str] | None, stop: Sequence[str] = ()) -> None:
+        self.decode = decode
+        self.stop = [s for s in stop if s]
+        self.text = ""  # the decoded output_ids[: self.read]
+        self.prefix = 0  # where the decoding window starts: the previous settled point
+        self.read = 0
+        self.sent = 0  # characters of self.text already handed out
+
+    def __call__(self, output_ids: list[int], finished: bool) -> str:
+        if self.decode is None:
+            return ""
+        if len(output_ids) > self.read:
+            before = self.decode(output_ids[self.prefix : self.read])
+            after = self.decode(output_ids[self.prefix :])
+            if finished or not after.endswith("\ufffd"):
+                if after.startswith(before):
+                    self.text += after[len(before) :]
+                else:  # the decoder rewrote earlier text: start over from the whole output
+                    self.text = self.decode(output_ids)
+                self.prefix, self.read = self.read, len(output_ids)
+        text = self.text
+        text = text[: min((text.index(s) for s in self.stop if s in text), default=len(text))]
+        if not finished:
+            text = text[: len(text) - self._possible_stop(text)]
+        delta = text[self.sent :]
+        self.sent = max(self.sent, len(text))
+        return delta
+
+    def _possible_stop(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that begins a stop string."""
+        return max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    key: int
+    on_update: OnUpdate
+    is_cancelled: Callable[[], bool] | None
+    text: TextDelta
+    request: Request | None = None
+
+
+class ServingEngine:
+    """Run ``executor`` on a background thread for many concurrent callers.
+
+    ``decode`` turns token ids into text (the tokenizer's); without it updates carry ids only.
+    Callbacks run on the engine thread: they must be quick and must not call back into the engine
+    synchronously except through :meth:`submit` / :meth:`cancel`, which only queue.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        decode: Callable[[list[int]], str] | None = None,
+        name: str = "bole-engine",
+    ) -> None:
+        self.executor = executor
+        self.decode = decode
+        self._cv = threading.Condition()
+        self._inbox: list[tuple[str, int, object]] = []
+        self._live: dict[int, _Live] = {}  # by key; engine thread only
+        self._by_request: dict[int, _Live] = {}  # by the executor's request id; engine thread only
+        self._keys = itertools.count()
+        self._closing = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_llm(cls, llm) -> ServingEngine:
+        """The engine of an :class:`~trtllm_bole.LLM`; the LLM must not generate by itself afterwards."""
+        return cls(llm.executor, decode=llm.tokenizer.decode if llm.tokenizer else None)
+
+    # ------------------------------------------------------------------------------------ #
+    # Any thread                                                                            #
+    # ------------------------------------------------------------------------------------ #
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.executor.max_batch_size
+
+    @property
+    def context_limit(self) -> int:
+        """Most prompt + output tokens one request may hold (``max_seq_len`` less one draft tree)."""
+        scheduler = self.executor.scheduler
+        return scheduler.max_seq_len - scheduler.tree_tokens
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_update: OnUpdate,
+        *,
+        is_cancelled: Callable[[], bool] | None = None,
+    ) -> int:
+        """Queue a request and return its key. ``on_update`` gets every :class:`Update` (the last
+        has ``finished=True``), ``is_cancelled`` is polled once per step and aborts the request when
+        it returns true. Raises :class:`RuntimeError` once the engine is closed."""
+        live = _Live(0, on_update, is_cancelled, TextDelta(self.decode, params.stop))
+        return self._post("submit", (live, list(prompt_ids), params))
+
+    def cancel(self, key: int) -> None:
+        """Abort a request: its slot and KV blocks are free before the next step; its callback gets
+        a final update with ``finish_reason="abort"``. Unknown or finished keys are ignored."""
+        with self._cv:
+            if not self._closing:
+                self._inbox.append(("cancel", key, None))
+                self._idle.clear()
+                self._cv.notify()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request is queued or running; False on timeout."""
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Abort every request (final updates with ``finish_reason="abort"``) and stop the thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _post(self, kind: str, payload: tuple) -> int:
+        with self._cv:
+            if self._closing or not self._thread.is_alive():
+                raise RuntimeError("the serving engine is shut down")
+            key = next(self._keys)
+            payload[0].key = key
+            self._inbox.append((kind, key, payload))
+            self._idle.clear()
+            self._cv.notify()
+        return key
+
+    # ------------------------------------------------------------------------------------ #
+    # Engine thread                                                                         #
+    # ------------------------------------------------------------------------------------ #
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._inbox or self._closing or self.executor.has_unfinished):
+                    self._idle.set()
+                    self._cv.wait()
+                inbox, self._inbox = self._inbox, []
+                closing = self._closing
+            for kind, key, payload in inbox:
+                if kind == "submit":
+                    self._start(*payload)
+                else:
+                    self._abort(key, None)
+            if closing:
+                break
+            self._poll_cancellations()
+            if self.executor.has_unfinished:
+                self._step()
+        for key in list(self._live):
+            self._abort(key, "the serving engine shut down")
+        self._idle.set()
+
+    def _start(self, live: _Live, prompt_ids: list[int], params: SamplingParams) -> None:
+        try:
+            live.request = self.executor.submit(prompt_ids, params)
+        except Exception as e:  # refused (ValueError) or a bug: either way only this request fails
+            message = str(e) if isinstance(e, ValueError) else f"submission failed: {e!r}"
+            self._deliver(live, Update(live.key, [], "", True, "error", message))
+            return
+        self._live[live.key] = live
+        self._by_request[live.request.request_id] = live
+        if live.request.finished:  # refused at submission (empty, too long, ids out of range)
+            self._finish(live, [])
+
+    def _poll_cancellations(self) -> None:
+        for live in list(self._live.values()):
+            if live.is_cancelled is None:
+                continue
+            try:
+                cancelled = live.is_cancelled()
+            except Exception:  # a vanished client counts as cancelled
+                cancelled = True
+            if cancelled:
+                self._abort(live.key, None)
+
+    def _step(self) -> None:
+        try:
+            events = self.executor.step()
+        except Exception as e:  # never let one bad step take the server down: fail that batch
+            traceback.print_exc(file=sys.stderr)
+            for live in [x for x in self._live.values() if x.request.slot >= 0]:
+                self.executor.scheduler.finish(live.request, "error", f"engine step failed: {e!r}")
+                self._finish(live, [])
+            return
+        for event in events:
+            live = self._by_request.get(event.request.request_id)
+            if live is None:
+                continue
+            if event.finished:
+                self._finish(live, event.token_ids)
+            else:
+                self._deliver(live, self._update(live, event.token_ids, finished=False))
+
+    def _abort(self, key: int, error: str | None) -> None:
+        live = self._live.get(key)
+        if live is None:
+            return
+        self.executor.abort(live.request)
+        live.request.error = error
+        self._finish(live, [])
+
+    def _finish(self, live: _Live, token_ids: list[int]) -> None:
+        del self._live[live.key]
+        del self._by_request[live.request.request_id]
+        self._deliver(live, self._update(live, token_ids, finished=True))
+
+    def _update(self, live: _Live, token_ids: list[int], *, finished: bool) -> Update:
+        r = live.request
+        return Update(
+            live.key,
+            list(token_ids),
+            live.text(r.output_ids, finished),
+            finished,
+            r.finish_reason if finished else None,
+            r.error if finished else None,
+            SpecStats(r.stats.steps, r.stats.drafted, r.stats.accepted),
+            len(r.output_ids),
+        )
+
+    def _deliver(self, live: _Live, update: Update) -> None:
+        try:
+            live.on_update(update)
+        except Exception:  # a failing consumer loses its request, never the engine
+            traceback.print_exc(file=sys.stderr)
+            if not update.finished and live.key in self._live:
+                self.executor.abort(live.request)
+                del self._live[live.key]
+                del self._by_request[live.request.request_id]
