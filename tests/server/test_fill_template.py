@@ -1,0 +1,40 @@
+"""The config.pbtxt template and the tool that fills it (no server needed)."""
+
+import subprocess
+import sys
+
+import pytest
+from fill_template import fill, parse_substitutions
+from triton_harness import ROOT
+
+TEMPLATE = ROOT / "triton_server" / "model_repository_template" / "bole" / "config.pbtxt"
+
+
+def test_substitutions_parse_and_fill_only_what_is_named():
+    values = parse_substitutions("engine_dir:/a:b, triton_max_batch_size:16,")
+    assert values == {"engine_dir": "/a:b", "triton_max_batch_size": "16"}
+    assert fill("x ${engine_dir} ${device}", values) == "x /a:b ${device}"
+    with pytest.raises(ValueError, match="key:value"):
+        parse_substitutions("engine_dir")
+
+
+def test_template_declares_a_decoupled_python_model_with_trtllm_tensor_names():
+    text = TEMPLATE.read_text()
+    assert 'backend: "python"' in text and "decoupled: true" in text
+    for name in ("text_input", "input_ids", "max_tokens", "temperature", "top_k", "top_p", "random_seed",
+                 "stream", "end_id", "stop_words", "text_output", "output_ids", "acceptance_rate",
+                 "total_accepted_draft_tokens", "total_draft_tokens"):  # fmt: skip
+        assert f'name: "{name}"' in text, name
+
+
+def test_fill_template_cli_in_place(tmp_path):
+    config = tmp_path / "config.pbtxt"
+    config.write_text(TEMPLATE.read_text())
+    tool = ROOT / "triton_server" / "fill_template.py"
+    subprocess.run(
+        [sys.executable, str(tool), "-i", str(config), "triton_max_batch_size:4,instance_kind:KIND_CPU"],
+        check=True,
+    )
+    text = config.read_text()
+    assert "max_batch_size: 4" in text and "kind: KIND_CPU" in text
+    assert "${engine_dir}" in text  # unset parameters stay placeholders: the model's defaults apply

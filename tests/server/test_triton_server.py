@@ -1,0 +1,245 @@
+"""The Bole model behind a real tritonserver, queried by stock tritonclient (gRPC streaming) and
+over HTTP: exact greedy tokens, batched concurrency, cancellation, bad input, clean shutdown."""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from triton_harness import LAUNCH, ROOT, needs_server, start_server, stop_server
+
+from trtllm_bole import LLM, BoleConfig, SamplingParams
+
+pytestmark = [needs_server, pytest.mark.slow]
+
+# A small draft tree keeps CPU steps short; the reference LLM runs the same scheme.
+BOLE = BoleConfig(mode="bole", max_depth=4, max_nodes=8, top_k=2)
+MAX_BATCH, MAX_SEQ_LEN = 16, 256
+SERVER_ARGS = ["--mode", "bole", "--max-depth", "4", "--max-nodes", "8", "--draft-top-k", "2",
+               "--max-batch-size", str(MAX_BATCH), "--max-seq-len", str(MAX_SEQ_LEN)]  # fmt: skip
+PROMPTS = [
+    "def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n",
+    "def read_json(path):\n", "for i in range(10):\n", "def is_prime(n):\n    if n < 2:\n",
+    "class Point:\n", "def main():\n    args = ", "with open(path) as f:\n", "def merge(a, b):\n",
+    "try:\n    import numpy as np\n", "def __repr__(self):\n", "if __name__ == '__main__':\n",
+    "def flatten(items):\n", "x = [i * i for i in", "def parse_args(argv=None):\n",
+]  # fmt: skip
+CONTEXT_LIMIT = MAX_SEQ_LEN - (BOLE.max_depth + 1)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("triton"), SERVER_ARGS)
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(speculative_config=BOLE, max_batch_size=MAX_BATCH, max_seq_len=MAX_SEQ_LEN)
+
+
+def generate(url: str, prompt: str | None = None, ids: list[int] | None = None, **params) -> dict:
+    """Stream one request to the end: its ids, text, final chunk and timings."""
+    from client import build_inputs, stream
+
+    start = time.perf_counter()
+    chunks, first = [], None
+    for chunk in stream(url, build_inputs(prompt, ids, **params), timeout=300):
+        first = first or time.perf_counter() - start
+        chunks.append(chunk)
+    return {
+        "ids": [t for c in chunks for t in c.token_ids],
+        "text": "".join(c.text for c in chunks),
+        "final": chunks[-1],
+        "chunks": len(chunks),
+        "first_s": first,
+        "total_s": time.perf_counter() - start,
+    }
+
+
+def error_of(url: str, inputs) -> str:
+    from client import stream
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as info:
+        list(stream(url, inputs, timeout=120))
+    return info.value.message()
+
+
+def test_server_starts_within_30_seconds(server):
+    print(f"tritonserver start to ready: {server.ready_s:.1f} s")
+    assert server.ready_s < 30
+
+
+def test_grpc_stream_returns_llm_generate_tokens(server, llm):
+    params = SamplingParams(max_tokens=24)
+    expected = llm.generate([PROMPTS[0]], params, use_tqdm=False)[0].outputs[0]
+    got = generate(server.grpc_url, PROMPTS[0], max_tokens=24)
+    assert got["ids"] == expected.token_ids
+    assert got["text"] == expected.text
+    assert got["chunks"] > 1  # streamed, not one response
+    final = got["final"]
+    assert final.final and final.finish_reason == "length"
+    assert final.stats["total_draft_tokens"] > 0
+    assert 0 <= final.stats["acceptance_rate"] <= 1 and final.stats["mean_accepted_tokens"] >= 1
+
+
+def test_grpc_stream_with_token_ids(server, llm):
+    ids = llm.encode(PROMPTS[1])
+    expected = llm.generate([ids], SamplingParams(max_tokens=16), use_tqdm=False)[0].outputs[0]
+    got = generate(server.grpc_url, ids=ids, max_tokens=16)
+    assert got["ids"] == expected.token_ids
+
+
+def test_sixteen_concurrent_streams_are_batched(server, llm):
+    params = SamplingParams(max_tokens=16)
+    expected = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    one = generate(server.grpc_url, PROMPTS[0], max_tokens=16)["total_s"]
+    results: list = [None] * len(PROMPTS)
+
+    def client(i: int) -> None:
+        results[i] = generate(server.grpc_url, PROMPTS[i], max_tokens=16)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    wall = time.perf_counter() - start
+    print(f"one request {one:.2f} s; 16 concurrent {wall:.2f} s ({wall / one:.1f}x one request)")
+    assert [r["ids"] for r in results] == [e.token_ids for e in expected]
+    assert [r["text"] for r in results] == [e.text for e in expected]
+    assert [r["final"].finish_reason for r in results] == [e.finish_reason for e in expected]
+    assert wall < 16 * one / 2, f"16 clients took {wall:.1f} s, one alone {one:.1f} s: not batched"
+
+
+def test_cancelled_stream_frees_its_slot(server):
+    from client import build_inputs, stream
+
+    long = stream(server.grpc_url, build_inputs(PROMPTS[2], max_tokens=CONTEXT_LIMIT - 16))
+    for i, _ in enumerate(long):
+        if i == 2:
+            break
+    long.close()  # stop_stream(cancel_requests=True)
+    # A burst that needs every slot: had the cancelled request kept its slot (it had ~200 tokens to
+    # go), the last of these would only start after another one finished.
+    results: list = [None] * MAX_BATCH
+
+    def client(i: int) -> None:  # end_id -1: no end token, so every request runs its 24 tokens
+        results[i] = generate(server.grpc_url, PROMPTS[i], max_tokens=24, end_id=-1)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(MAX_BATCH)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    firsts = [start + r["first_s"] for r in results]
+    finals = [start + r["total_s"] for r in results]
+    assert all(len(r["ids"]) == 24 for r in results)
+    assert max(firsts) < min(finals), "a request of the burst waited for a slot"
+    assert server.ready()
+
+
+def test_bad_requests_get_errors_while_others_are_served(server, llm):
+    import tritonclient.grpc as grpcclient
+    from client import build_inputs
+
+    def raw(name: str, array: np.ndarray, datatype: str):
+        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        return tensor
+
+    good: dict = {}
+    worker = threading.Thread(
+        target=lambda: good.update(generate(server.grpc_url, PROMPTS[3], max_tokens=24))
+    )
+    worker.start()
+    url = server.grpc_url
+    cases = {
+        "missing prompt": (build_inputs(max_tokens=4), "got neither"),
+        "two prompts": (build_inputs("a", [1, 2], max_tokens=4), "got both"),
+        "wrong dtype": (
+            [*build_inputs("a"), raw("max_tokens", np.array([[4.0]], np.float32), "FP32")],
+            "expects 'INT32'",
+        ),
+        "unknown input": (
+            [*build_inputs("a"), raw("prompt", np.array([[1]], np.int32), "INT32")],
+            "unexpected",
+        ),
+        "empty prompt": (build_inputs("", max_tokens=4), "empty prompt"),
+        "empty ids": (build_inputs(ids=[], max_tokens=4), "empty prompt"),
+        "max_tokens 0": (build_inputs("a", max_tokens=0), "max_tokens"),
+        "max_tokens too large": (build_inputs("a", max_tokens=100_000), "max_tokens 100000 is out of range"),
+        "prompt too long": (build_inputs(ids=[1] * (CONTEXT_LIMIT + 5), max_tokens=4), "too long"),
+        "ids outside the vocabulary": (build_inputs(ids=[1, 10**6], max_tokens=4), "outside the vocabulary"),
+        "negative temperature": (build_inputs("a", temperature=-1.0), "temperature"),
+        "two prompts in a batch": (
+            [raw("text_input", np.array([[b"a"], [b"b"]], dtype=np.object_), "BYTES")],
+            "one prompt per request",
+        ),
+    }
+    for case, (inputs, words) in cases.items():
+        message = error_of(url, inputs)
+        assert words in message, f"{case}: {message}"
+        assert server.ready(), f"server unhealthy after {case}"
+    worker.join(300)
+    expected = llm.generate([PROMPTS[3]], SamplingParams(max_tokens=24), use_tqdm=False)[0].outputs[0]
+    assert good["ids"] == expected.token_ids
+    assert generate(url, PROMPTS[4], max_tokens=4)["final"].finish_reason == "length"
+
+
+def post(url: str, body: dict) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_http_generate_and_generate_stream(server, llm):
+    expected = llm.generate([PROMPTS[5]], SamplingParams(max_tokens=16), use_tqdm=False)[0].outputs[0]
+    base = f"{server.http_url}/v2/models/bole"
+    status, body = post(f"{base}/generate", {"text_input": PROMPTS[5], "max_tokens": 16})
+    assert status == 200, body
+    reply = json.loads(body)
+    assert reply["text_output"] == expected.text and reply["output_ids"] == expected.token_ids
+    assert reply["finish_reason"] == "length" and reply["total_draft_tokens"] > 0
+
+    status, body = post(
+        f"{base}/generate_stream", {"text_input": PROMPTS[5], "max_tokens": 16, "stream": True}
+    )
+    assert status == 200, body
+    events = [json.loads(line[5:]) for line in body.decode().splitlines() if line.startswith("data:")]
+    assert len(events) > 1 and "".join(e["text_output"] for e in events) == expected.text
+    ids = [t for e in events for t in np.atleast_1d(e["output_ids"]).tolist()]
+    assert ids == expected.token_ids
+
+    status, body = post(f"{base}/generate", {"text_input": PROMPTS[5], "parameters": {"max_tokens": 0}})
+    assert status == 400 and "max_tokens" in json.loads(body)["error"]
+
+
+def test_client_cli(server, llm):
+    expected = llm.generate([PROMPTS[6]], SamplingParams(max_tokens=8), use_tqdm=False)[0].outputs[0]
+    client = [sys.executable, str(ROOT / "triton_server" / "client.py"), "--url", server.grpc_url]
+    done = subprocess.run(
+        [*client, "--prompt", PROMPTS[6], "--max-tokens", "8"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip("\n") == expected.text.rstrip("\n")
+    assert "finish: length" in done.stderr and "mean accepted tokens per step" in done.stderr
+    bad = subprocess.run([*client, "--prompt", "x", "--max-tokens", "0"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "error: max_tokens" in bad.stderr
+
+
+def test_launch_help_runs_without_a_server():
+    done = subprocess.run([sys.executable, str(LAUNCH), "--help"], capture_output=True, text=True, check=True)
+    assert "--engine-dir" in done.stdout

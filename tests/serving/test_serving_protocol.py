@@ -1,0 +1,162 @@
+"""Request and response tensors of the Triton model, and its config parameters, without a server."""
+
+import numpy as np
+import pytest
+
+from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.serving import Update
+from trtllm_bole.serving.protocol import (
+    RequestError,
+    ResponseStream,
+    check_request,
+    llm_kwargs,
+    parse_request,
+)
+from trtllm_bole.spec.scheduler import SpecStats
+
+
+def text(s: str) -> np.ndarray:
+    return np.array([[s.encode()]], dtype=np.object_)
+
+
+def scalar(value, dtype) -> np.ndarray:
+    return np.array([[value]], dtype=dtype)
+
+
+def test_text_prompt_and_sampling_tensors():
+    parsed = parse_request(
+        {
+            "text_input": text("def f():"),
+            "max_tokens": scalar(7, np.int32),
+            "temperature": scalar(0.5, np.float32),
+            "top_k": scalar(3, np.int32),
+            "top_p": scalar(0.9, np.float32),
+            "random_seed": scalar(11, np.uint64),
+            "stream": scalar(True, np.bool_),
+            "stop_words": np.array([[b"\n\n", b""]], dtype=np.object_),
+        }
+    )
+    assert parsed.prompt == "def f():" and parsed.stream
+    p = parsed.params
+    assert (p.max_tokens, p.top_k, p.seed, p.stop) == (7, 3, 11, ["\n\n"])
+    assert p.temperature == pytest.approx(0.5) and p.top_p == pytest.approx(0.9)
+
+
+def test_ids_prompt_trimmed_by_input_lengths_and_parameters_as_fallback():
+    parsed = parse_request(
+        {"input_ids": np.array([[5, 6, 7, 8]], dtype=np.int32), "input_lengths": scalar(3, np.int32),
+         "max_tokens": scalar(4, np.int32)},
+        {"max_tokens": 99, "temperature": 1, "stream": True},
+    )  # fmt: skip
+    assert parsed.prompt == [5, 6, 7]
+    assert parsed.params.max_tokens == 4  # the tensor wins over the parameter
+    assert parsed.params.temperature == 1.0 and parsed.stream
+    assert parse_request({"text_input": text("x")}).params == SamplingParams()
+
+
+def test_end_id_replaces_the_models_end_token():
+    assert parse_request({"text_input": text("x"), "end_id": scalar(7, np.int32)}).params.stop_token_ids == [
+        7
+    ]
+    none = parse_request({"text_input": text("x"), "end_id": scalar(-1, np.int32)}).params
+    assert none.ignore_eos and none.stop_token_ids == []
+
+
+@pytest.mark.parametrize(
+    ("tensors", "parameters", "words"),
+    [
+        ({}, {}, "got neither"),
+        ({"text_input": text("x"), "input_ids": np.array([[1]], np.int32)}, {}, "got both"),
+        ({"text_input": np.array([[b"a"], [b"b"]], dtype=np.object_)}, {}, "one prompt per request"),
+        ({"text_input": np.array([[b"\xff"]], dtype=np.object_)}, {}, "UTF-8"),
+        ({"input_ids": np.array([[1.5]], np.float32)}, {}, "integers"),
+        ({"input_ids": np.array([[1, 2]], np.int32), "input_lengths": scalar(3, np.int32)}, {}, "outside"),
+        ({"text_input": text("x"), "max_tokens": scalar(0, np.int32)}, {}, "max_tokens"),
+        ({"text_input": text("x"), "max_tokens": np.array([[1, 2]], np.int32)}, {}, "one value"),
+        ({"text_input": text("x"), "temperature": scalar(-1, np.float32)}, {}, "temperature"),
+        ({"text_input": text("x"), "top_p": scalar(0, np.float32)}, {}, "top_p"),
+        ({"text_input": text("x")}, {"max_tokens": "5"}, "must be int"),
+        ({"text_input": text("x")}, {"stream": 1}, "must be bool"),
+        ({"text_input": text("x")}, {"temperature": "hot"}, "must be float"),
+    ],
+)
+def test_bad_requests_are_refused_with_the_reason(tensors, parameters, words):
+    with pytest.raises(RequestError, match=words):
+        parse_request(tensors, parameters)
+
+
+def test_limits_are_checked_against_the_engine():
+    ok = SamplingParams(max_tokens=10)
+    check_request([1, 2], ok, context_limit=12, vocab_size=8, has_tokenizer=False)
+    cases = [
+        ([], ok, "empty prompt"),
+        (list(range(8)) * 2, ok, "too long"),
+        ([1, 9], ok, "outside the vocabulary"),
+        ([1, 2, 3], ok, "max_tokens 10 is out of range"),
+        ([1], SamplingParams(max_tokens=2, stop=["x"]), "tokenizer"),
+    ]
+    for prompt, params, words in cases:
+        with pytest.raises(RequestError, match=words):
+            check_request(prompt, params, context_limit=12, vocab_size=8, has_tokenizer=False)
+
+
+def update(ids, text_delta, finished=False, reason=None, error=None) -> Update:
+    return Update(0, ids, text_delta, finished, reason, error, SpecStats(2, 8, 3), 0)
+
+
+def test_streaming_sends_every_delta_and_flags_the_last():
+    replies = ResponseStream(stream=True)
+    first = replies(update([4, 5], "ab"))
+    assert not first.final and first.tensors["output_ids"].tolist() == [[4, 5]]
+    assert first.tensors["text_output"].tolist() == [[b"ab"]]
+    assert first.tensors["finish_reason"].tolist() == [[b""]]
+    assert replies(update([], "")) is None
+    last = replies(update([6], "c", True, "length"))
+    assert last.final and last.tensors["finish_reason"].tolist() == [[b"length"]]
+    assert last.tensors["total_draft_tokens"].item() == 8
+    assert last.tensors["total_accepted_draft_tokens"].item() == 3
+    assert last.tensors["acceptance_rate"].item() == pytest.approx(3 / 8)
+    assert last.tensors["mean_accepted_tokens"].item() == pytest.approx(2.5)
+    assert last.tensors["output_ids"].dtype == np.int32
+
+
+def test_non_streaming_sends_one_reply_with_everything():
+    replies = ResponseStream(stream=False)
+    assert replies(update([4, 5], "ab")) is None
+    last = replies(update([6], "c", True, "stop"))
+    assert last.final and last.tensors["output_ids"].tolist() == [[4, 5, 6]]
+    assert last.tensors["text_output"].tolist() == [[b"abc"]]
+    empty = ResponseStream(stream=False)(update([], "", True, "stop"))
+    assert empty.tensors["output_ids"].shape == (1, 0)
+
+
+def test_aborts_and_failures_become_errors():
+    cancelled = ResponseStream(True)(update([], "", True, "abort"))
+    assert (cancelled.final, cancelled.code) == (True, "cancelled")
+    shutdown = ResponseStream(True)(update([], "", True, "abort", "the serving engine shut down"))
+    assert shutdown.code == "unavailable" and "shut down" in shutdown.error
+    failed = ResponseStream(False)(update([], "", True, "error", "engine step failed"))
+    assert failed.code == "internal" and failed.tensors is None
+
+
+def test_model_parameters_become_llm_arguments():
+    unset = {k: "${" + k + "}" for k in ("engine_dir", "speculative_mode", "max_batch_size", "device")}
+    assert llm_kwargs(unset, "KIND_CPU", "0") == {"model": None, "device": "cpu"}
+    kwargs = llm_kwargs(
+        {"engine_dir": "/e", "speculative_mode": "chain", "max_depth": "3", "max_batch_size": "16",
+         "max_seq_len": "512", "device": "cuda", "dtype": "bfloat16", "kv_cache_tokens": ""},
+        "KIND_GPU", "2",
+    )  # fmt: skip
+    assert kwargs == {
+        "model": "/e",
+        "device": "cuda:2",
+        "dtype": "bfloat16",
+        "max_batch_size": 16,
+        "max_seq_len": 512,
+        "speculative_config": BoleConfig(mode="chain", max_depth=3),
+    }
+    assert llm_kwargs({}, "KIND_GPU", "1")["device"] == "cuda:1"
+    with pytest.raises(ValueError, match="max_batch_size must be positive"):
+        llm_kwargs({"max_batch_size": "0"})
+    with pytest.raises(ValueError, match="must be an integer"):
+        llm_kwargs({"max_seq_len": "lots"})

@@ -1,0 +1,176 @@
+"""Stream a completion from the Bole model over gRPC (a stock ``tritonclient``), tokens printed as
+they arrive, the request's speculation statistics at the end::
+
+    python triton_server/client.py --url 127.0.0.1:8001 --prompt "def fibonacci(n):" --max-tokens 64
+    python triton_server/client.py --ids 1,2,3 --max-tokens 16      # token ids in, token ids out
+
+Exits non-zero when the server answers with an error. Ctrl-C cancels the request on the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One streamed response: the new text and token ids, and the request's running statistics."""
+
+    text: str
+    token_ids: list[int]
+    final: bool
+    finish_reason: str = ""
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+STATS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "mean_accepted_tokens")
+
+
+def build_inputs(
+    prompt: str | None = None,
+    ids: list[int] | None = None,
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    end_id: int | None = None,
+    stop_words: list[str] | None = None,
+    stream: bool = True,
+) -> list[grpcclient.InferInput]:
+    """The request tensors (batch dimension 1), leaving out whatever is None."""
+    tensors: list[tuple[str, np.ndarray]] = []
+    if prompt is not None:
+        tensors.append(("text_input", np.array([[prompt.encode()]], dtype=np.object_)))
+    if ids is not None:
+        tensors.append(("input_ids", np.array([ids], dtype=np.int32)))
+    scalars = {
+        "max_tokens": (max_tokens, np.int32),
+        "temperature": (temperature, np.float32),
+        "top_k": (top_k, np.int32),
+        "top_p": (top_p, np.float32),
+        "random_seed": (seed, np.uint64),
+        "end_id": (end_id, np.int32),
+        "stream": (stream, np.bool_),
+    }
+    for name, (value, dtype) in scalars.items():
+        if value is not None:
+            tensors.append((name, np.array([[value]], dtype=dtype)))
+    if stop_words:
+        tensors.append(("stop_words", np.array([[s.encode() for s in stop_words]], dtype=np.object_)))
+    inputs = []
+    for name, array in tensors:
+        datatype = "BYTES" if array.dtype == np.object_ else grpcclient.np_to_triton_dtype(array.dtype)
+        tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def stream(
+    url: str, inputs: list[grpcclient.InferInput], *, model: str = "bole", timeout: float = 600.0
+) -> Iterator[Chunk]:
+    """Send one request on a gRPC stream and yield its responses until the final one. Raises
+    :class:`InferenceServerException` on an error response; closing the generator early (or an
+    exception in the caller) cancels the request on the server."""
+    responses: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(url) as client:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        finished = False
+        try:
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            while not finished:
+                result, error = responses.get(timeout=timeout)
+                if error is not None:
+                    finished = True
+                    raise error
+                chunk = _chunk(result)
+                finished = chunk.final
+                yield chunk
+        finally:
+            client.stop_stream(cancel_requests=not finished)
+
+
+def _chunk(result: grpcclient.InferResult) -> Chunk:
+    final = result.get_response().parameters["triton_final_response"].bool_param
+    text = result.as_numpy("text_output")
+    ids = result.as_numpy("output_ids")
+    reason = result.as_numpy("finish_reason")
+    stats = {}
+    for name in STATS:
+        value = result.as_numpy(name)
+        if value is not None:
+            stats[name] = value.item()
+    return Chunk(
+        text.item().decode() if text is not None else "",
+        ids.reshape(-1).tolist() if ids is not None else [],
+        final,
+        reason.item().decode() if reason is not None else "",
+        stats,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="127.0.0.1:8001", help="gRPC endpoint host:port")
+    p.add_argument("--model", default="bole")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument(
+        "--prompt", default='def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+    )
+    prompt.add_argument("--ids", default=None, help="comma-separated prompt token ids instead of --prompt")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--end-id", type=int, default=None, help="end token replacing the model's (-1: none)")
+    p.add_argument("--stop", action="append", default=None, help="stop word (repeatable)")
+    p.add_argument("--no-stream", action="store_true", help="one response with the whole output")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
+    args = p.parse_args(argv)
+
+    ids = [int(t) for t in args.ids.split(",")] if args.ids else None
+    inputs = build_inputs(
+        None if ids else args.prompt, ids, max_tokens=args.max_tokens, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, end_id=args.end_id, stop_words=args.stop,
+        stream=not args.no_stream,
+    )  # fmt: skip
+    start, first, count, last = time.perf_counter(), None, 0, None
+    try:
+        for last in stream(args.url, inputs, model=args.model, timeout=args.timeout):
+            first = first or time.perf_counter()
+            count += len(last.token_ids)
+            sys.stdout.write("".join(f"{t} " for t in last.token_ids) if ids else last.text)
+            sys.stdout.flush()
+    except InferenceServerException as e:
+        print(f"\nerror: {e.message()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ncancelled", file=sys.stderr)
+        return 130
+    elapsed = time.perf_counter() - start
+    s = last.stats if last else {}
+    print(
+        f"\n\n[{args.model}] finish: {last.finish_reason if last else '?'}; "
+        f"{count} tokens in {elapsed:.2f} s "
+        f"(first after {(first or start) - start:.2f} s); drafted {s.get('total_draft_tokens', 0)}, "
+        f"accepted {s.get('total_accepted_draft_tokens', 0)} (rate {s.get('acceptance_rate', 0):.2f}); "
+        f"mean accepted tokens per step {s.get('mean_accepted_tokens', 0):.2f}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

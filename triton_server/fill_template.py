@@ -1,0 +1,53 @@
+"""Fill ``${name}`` placeholders of a ``config.pbtxt`` template (as TensorRT-LLM backend's
+``tools/fill_template.py`` does)::
+
+    python triton_server/fill_template.py -i model_repository/bole/config.pbtxt \\
+        triton_max_batch_size:16,instance_kind:KIND_CPU,engine_dir:/path/to/engine,max_batch_size:16
+
+Placeholders not named stay as they are; the Bole model reads a parameter still holding ``${...}``
+(or ``""``) as unset and uses its default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from string import Template
+
+
+def parse_substitutions(text: str) -> dict[str, str]:
+    """``"a:1,b:x"`` -> ``{"a": "1", "b": "x"}`` (values may contain ``:``, not ``,``)."""
+    values = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, value = item.partition(":")
+        if not sep or not key:
+            raise ValueError(f"substitution {item!r} is not key:value")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    return Template(template).safe_substitute(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("file", type=Path, help="config.pbtxt template")
+    parser.add_argument(
+        "substitutions", help='comma-separated key:value pairs, e.g. "engine_dir:/e,device:cpu"'
+    )
+    parser.add_argument("-i", "--in-place", action="store_true", help="rewrite the file instead of printing")
+    args = parser.parse_args(argv)
+    filled = fill(args.file.read_text(), parse_substitutions(args.substitutions))
+    if args.in_place:
+        args.file.write_text(filled)
+    else:
+        sys.stdout.write(filled)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,297 @@
+"""Start a real Triton Inference Server (the ``tritonserver`` bundled in the nvidia-pytriton wheel)
+serving the Bole model, wait until it is ready, print the endpoints, and stop it on SIGTERM/SIGINT::
+
+    python triton_server/launch.py                        # embedded tiny model, CPU, ports 8000/8001
+    python triton_server/launch.py --engine-dir DIR --http-port 0 --grpc-port 0   # 0: any free port
+
+It fills a fresh model repository from ``model_repository_template/`` (``--model-repository`` serves
+an existing one instead), links the Python backend stub built for this interpreter into the model
+directory, and runs ``tritonserver`` with the *server environment* first on PATH.
+
+The server environment exists because the backend stub of nvidia-pytriton 0.7.0 was compiled
+against NumPy 1.x: under NumPy 2 it silently corrupts every input tensor of more than one element
+(``input_ids`` [1, 2, 3] arrives as [1, 1, 1]) and aborts on any BYTES tensor. So the stub's Python
+is a small venv holding only NumPy 1.26 that then adds this venv's site-packages (torch,
+trtllm_bole, ...) behind it. It is made once, under this venv (``--prepare-only`` makes it and
+exits; it needs pip and the package index once). Needs ``pip install --no-deps
+nvidia-pytriton==0.7.0`` (README, "Serving with Triton").
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fill_template import fill
+
+TEMPLATE = Path(__file__).resolve().parent / "model_repository_template"
+MODEL = "bole"
+STUB = "triton_python_backend_stub"
+STUB_NUMPY = "numpy==1.26.4"  # the NumPy ABI the bundled Python backend stub was built for
+
+
+def triton_root() -> Path:
+    """``<site-packages>/pytriton/tritonserver`` (found without importing pytriton, whose own
+    dependencies are deliberately not installed)."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or spec.origin is None:
+        raise SystemExit(
+            "tritonserver not found: install it with `pip install --no-deps nvidia-pytriton==0.7.0`"
+        )
+    root = Path(spec.origin).parent / "tritonserver"
+    if not (root / "bin" / "tritonserver").is_file():
+        raise SystemExit(f"{root}/bin/tritonserver is missing: reinstall nvidia-pytriton==0.7.0")
+    return root
+
+
+def make_repository(dest: Path, values: dict[str, str], root: Path) -> Path:
+    """Copy the template to ``dest``, fill every ``config.pbtxt`` and link this Python's backend
+    stub into each model directory (the Python backend prefers a stub found there)."""
+    shutil.copytree(TEMPLATE, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    for config in dest.glob("*/config.pbtxt"):
+        config.write_text(fill(config.read_text(), values))
+        link_stub(config.parent, root)
+    return dest
+
+
+def link_stub(model_dir: Path, root: Path) -> None:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / STUB
+    if not stub.is_file():
+        raise SystemExit(f"nvidia-pytriton has no Python backend stub for Python {version} ({stub})")
+    target = model_dir / STUB
+    if target.is_symlink() or target.exists():
+        target.unlink()
+    target.symlink_to(stub)  # a link keeps the stub's $ORIGIN rpath pointing at pytriton's libs
+
+
+def prepare_server_python(env_dir: Path) -> Path:
+    """Make (once; safe against concurrent launchers) the stub's Python environment: a venv with
+    NumPy 1.x whose ``.pth`` adds this interpreter's site-packages after its own. Returns its bin."""
+    site_packages = sysconfig.get_paths()["purelib"]
+    stamp = f"{STUB_NUMPY} {site_packages}"
+    env_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(env_dir.with_name(env_dir.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = env_dir / "bole-server-env"
+        if marker.is_file() and marker.read_text() == stamp:
+            return env_dir / "bin"
+        shutil.rmtree(env_dir, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+        python = env_dir / "bin" / "python"
+        purelib = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", purelib, STUB_NUMPY],
+            check=True,
+        )
+        (Path(purelib) / "zz_bole_main_venv.pth").write_text(
+            f"import site; site.addsitedir({site_packages!r})\n"
+        )
+        marker.write_text(stamp)
+    return env_dir / "bin"
+
+
+def default_server_env_dir() -> Path:
+    return Path(sys.prefix) / "triton-server-env"
+
+
+def server_env(python_bin: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(python_bin), env.get("PATH", "")])
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def server_command(
+    root: Path, repository: Path, http_port: int, grpc_port: int, *, log_verbose: int = 0, shm_prefix: str
+) -> list[str]:
+    return [
+        str(root / "bin" / "tritonserver"),
+        f"--model-repository={repository}",
+        f"--backend-directory={root / 'backends'}",
+        "--http-address=127.0.0.1",
+        "--grpc-address=127.0.0.1",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        "--allow-metrics=false",
+        "--allow-gpu-metrics=false",
+        "--pinned-memory-pool-byte-size=0",
+        "--cuda-memory-pool-byte-size=0:0",
+        # Servers sharing /dev/shm need distinct Python-backend shared-memory names.
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        "--exit-timeout-secs=10",
+        f"--log-verbose={log_verbose}",
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(process: subprocess.Popen, http_port: int, timeout: float) -> float:
+    """Seconds until ``/v2/health/ready`` answers 200; raises if the server exits or times out."""
+    start = time.monotonic()
+    url = f"http://127.0.0.1:{http_port}/v2/health/ready"
+    while time.monotonic() - start < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with code {process.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"tritonserver was not ready within {timeout:.0f} s")
+
+
+def stop(process: subprocess.Popen, timeout: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout`` (the server itself gives up on models after 10 s)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the launcher dies, so no server outlives it (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine-dir", default="", help="engine or checkpoint dir (default: the embedded model)")
+    p.add_argument("--mode", default="", choices=["", "ar", "chain", "tree-serial", "bole"],
+                   help="speculative mode (default: the engine's, else bole)")  # fmt: skip
+    p.add_argument("--max-depth", default="", help="draft tree depth")
+    p.add_argument("--max-nodes", default="", help="draft tokens per request and step")
+    p.add_argument("--draft-top-k", default="", help="children per draft node")
+    p.add_argument("--max-batch-size", type=int, default=8, help="requests the engine runs at once")
+    p.add_argument("--max-seq-len", default="", help="prompt + output tokens per request")
+    p.add_argument("--kv-cache-tokens", default="", help="paged KV cache size in tokens")
+    p.add_argument("--device", default="", help="cpu, cuda or cuda:N (default: from the instance kind)")
+    p.add_argument("--dtype", default="", help="auto, float32 or bfloat16")
+    p.add_argument("--instance-kind", default="KIND_CPU", choices=["KIND_CPU", "KIND_GPU"])
+    p.add_argument("--http-port", type=int, default=8000, help="0: any free port")
+    p.add_argument("--grpc-port", type=int, default=8001, help="0: any free port")
+    p.add_argument("--model-repository", type=Path, default=None, help="serve this filled repository as is")
+    p.add_argument("--workdir", type=Path, default=None, help="where to write the repository (default: temp)")
+    p.add_argument("--server-env", type=Path, default=None,
+                   help="the stub Python environment (default: triton-server-env in this venv)")  # fmt: skip
+    p.add_argument("--prepare-only", action="store_true", help="make the server environment and exit")
+    p.add_argument("--ready-timeout", type=float, default=120.0)
+    p.add_argument("--log-verbose", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def template_values(args: argparse.Namespace) -> dict[str, str]:
+    return {
+        "triton_max_batch_size": str(args.max_batch_size),
+        "instance_kind": args.instance_kind,
+        "engine_dir": str(Path(args.engine_dir).resolve()) if args.engine_dir else "",
+        "speculative_mode": args.mode,
+        "max_depth": args.max_depth,
+        "max_nodes": args.max_nodes,
+        "draft_top_k": args.draft_top_k,
+        "max_batch_size": str(args.max_batch_size),
+        "max_seq_len": args.max_seq_len,
+        "kv_cache_tokens": args.kv_cache_tokens,
+        "device": args.device,
+        "dtype": args.dtype,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    root = triton_root()
+    python_bin = prepare_server_python(args.server_env or default_server_env_dir())
+    if args.prepare_only:
+        print(f"server environment ready: {python_bin.parent}")
+        return 0
+    workdir = Path(tempfile.mkdtemp(prefix="bole-triton-")) if args.workdir is None else args.workdir
+    if args.model_repository is not None:
+        repository = args.model_repository.resolve()
+        for config in repository.glob("*/config.pbtxt"):
+            link_stub(config.parent, root)
+    else:
+        repository = make_repository(workdir / "model_repository", template_values(args), root)
+    http_port = args.http_port or free_port()
+    grpc_port = args.grpc_port or free_port()
+    shm_prefix = f"bole{os.getpid()}_"
+    command = server_command(
+        root, repository, http_port, grpc_port, log_verbose=args.log_verbose, shm_prefix=shm_prefix
+    )
+    try:
+        return serve(command, python_bin, http_port, grpc_port, repository, args.ready_timeout)
+    finally:
+        for leftover in Path("/dev/shm").glob(f"{shm_prefix}*"):  # left behind when a stub dies
+            leftover.unlink(missing_ok=True)
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def serve(command: list[str], python_bin: Path, http_port: int, grpc_port: int, repository: Path,
+          ready_timeout: float) -> int:  # fmt: skip
+    """Run the server until it exits or we are told to stop; 0 on a requested stop."""
+    process = subprocess.Popen(command, env=server_env(python_bin), preexec_fn=_die_with_parent)
+    stopping = False
+
+    def on_signal(signum, frame):
+        nonlocal stopping
+        if not stopping:  # a second signal must not interrupt the shutdown itself
+            stopping = True
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        seconds = wait_ready(process, http_port, ready_timeout)
+        print(
+            f"tritonserver ready in {seconds:.1f} s (pid {process.pid}); model {MODEL!r} from {repository}\n"
+            f"  gRPC  127.0.0.1:{grpc_port}\n"
+            f"  HTTP  http://127.0.0.1:{http_port}/v2/models/{MODEL}/generate (and /generate_stream)",
+            flush=True,
+        )
+        process.wait()
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        stop(process)
+        return 1
+    code = stop(process)
+    print(f"tritonserver stopped (exit code {code})", flush=True)
+    return 0 if stopping or code == 0 else code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

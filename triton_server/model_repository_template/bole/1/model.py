@@ -1,0 +1,110 @@
+"""The Bole model for Triton's Python backend: a thin adapter over ``trtllm_bole.serving``.
+
+``execute`` only parses each request and hands it to one shared :class:`ServingEngine` (continuous
+batching on its own thread) and returns at once; the engine's callbacks send each committed delta
+through the request's response sender (decoupled mode) and the final flag with the last one. Bad
+requests get an error response; client cancellation aborts the request and frees its slot.
+"""
+
+import json
+import traceback
+
+import triton_python_backend_utils as pb_utils
+
+from trtllm_bole import LLM, SamplingParams
+from trtllm_bole.serving import ServingEngine
+from trtllm_bole.serving.protocol import (
+    INPUT_NAMES,
+    Reply,
+    ResponseStream,
+    check_request,
+    llm_kwargs,
+    parse_request,
+)
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException(
+                "the bole model streams tokens: set model_transaction_policy { decoupled: true }"
+            )
+        parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        kwargs = llm_kwargs(parameters, args["model_instance_kind"], args["model_instance_device_id"])
+        self.llm = LLM(**kwargs)
+        # Warm up (first-call costs) before the server reports ready.
+        self.llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+        self.engine = ServingEngine.for_llm(self.llm)
+        bole = self.llm.speculative_config
+        pb_utils.Logger.log_info(
+            f"bole: serving {self.llm.model_dir} on {kwargs['device']}, mode {bole.mode} "
+            f"(depth {bole.max_depth}, nodes {bole.max_nodes}, top-k {bole.top_k}), "
+            f"max batch {self.engine.max_batch_size}, context limit {self.engine.context_limit} tokens"
+        )
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except ValueError as e:  # RequestError and tokenizer refusals: the client's to fix
+                _refuse(sender, str(e), "invalid")
+            except Exception as e:  # never let one request take the model down
+                traceback.print_exc()
+                _refuse(sender, f"internal error: {e!r}", "internal")
+        return None
+
+    def _submit(self, request, sender) -> None:
+        tensors = {}
+        for name in INPUT_NAMES:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                tensors[name] = tensor.as_numpy()
+        parsed = parse_request(tensors, json.loads(request.parameters() or "{}"))
+        prompt_ids = self.llm.encode(parsed.prompt)
+        check_request(
+            prompt_ids,
+            parsed.params,
+            context_limit=self.engine.context_limit,
+            vocab_size=self.llm.model.config.vocab_size,
+            has_tokenizer=self.llm.tokenizer is not None,
+        )
+        replies = ResponseStream(parsed.stream)
+
+        def on_update(update):
+            reply = replies(update)
+            if reply is not None:
+                _send(sender, reply)
+
+        try:
+            self.engine.submit(prompt_ids, parsed.params, on_update, is_cancelled=sender.is_cancelled)
+        except RuntimeError as e:  # shutting down
+            _refuse(sender, str(e), "unavailable")
+
+    def finalize(self):
+        self.engine.close()
+
+
+def _send(sender, reply: Reply) -> None:
+    """Send one reply. Raises if the client is gone: the engine then drops the request."""
+    if reply.error is not None:
+        code = {
+            "invalid": pb_utils.TritonError.INVALID_ARG,
+            "cancelled": pb_utils.TritonError.CANCELLED,
+            "unavailable": pb_utils.TritonError.UNAVAILABLE,
+        }.get(reply.code, pb_utils.TritonError.INTERNAL)
+        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error, code))
+    else:
+        tensors = [pb_utils.Tensor(name, array) for name, array in reply.tensors.items()]
+        response = pb_utils.InferenceResponse(output_tensors=tensors)
+    sender.send(response, flags=FINAL if reply.final else 0)
+
+
+def _refuse(sender, message: str, code: str) -> None:
+    try:
+        _send(sender, Reply(None, True, message, code))
+    except Exception:  # the client is gone already
+        traceback.print_exc()

@@ -1,0 +1,288 @@
+"""The tensors of the Triton model: named as TensorRT-LLM's Triton models name them.
+
+Requests carry a batch dimension of one (``max_batch_size > 0`` in ``config.pbtxt``):
+
+| input | type | shape | meaning |
+|---|---|---|---|
+| ``text_input`` | BYTES | [1, 1] | the prompt as UTF-8 text (or ``input_ids``) |
+| ``input_ids`` | INT32 | [1, L] | the prompt as token ids (or ``text_input``) |
+| ``input_lengths`` | INT32 | [1, 1] | use only the first ``input_lengths`` of ``input_ids`` |
+| ``max_tokens`` | INT32 | [1, 1] | most tokens to generate (default 64) |
+| ``temperature`` / ``top_p`` | FP32 | [1, 1] | sampling (default 0 = greedy / 1 = off) |
+| ``top_k`` | INT32 | [1, 1] | sampling (default 0 = off) |
+| ``random_seed`` | UINT64 | [1, 1] | per-request sampling seed |
+| ``stream`` | BOOL | [1, 1] | one response per committed delta (default false: one response) |
+| ``end_id`` | INT32 | [1, 1] | end-of-sequence token replacing the model's (-1: none) |
+| ``stop_words`` | BYTES | [1, S] | stop when the text contains any of these |
+
+Every scalar may instead come as a request parameter of the same name (the HTTP ``generate``
+endpoint's ``"parameters"``); a tensor wins over a parameter. Outputs, on every response:
+``text_output`` BYTES [1, 1] and ``output_ids`` INT32 [1, n] (the delta when streaming, the whole
+output otherwise), ``finish_reason`` BYTES [1, 1] (empty until the final response), and the
+request's running speculation totals ``acceptance_rate`` FP32, ``total_accepted_draft_tokens`` INT32,
+``total_draft_tokens`` INT32, ``mean_accepted_tokens`` FP32 (all [1, 1]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.serving.engine import Update
+
+# SamplingParams field -> (tensor name, Python type of its value)
+SCALARS: dict[str, tuple[str, type]] = {
+    "max_tokens": ("max_tokens", int),
+    "temperature": ("temperature", float),
+    "top_k": ("top_k", int),
+    "top_p": ("top_p", float),
+    "seed": ("random_seed", int),
+}
+INPUT_NAMES = (
+    "text_input", "input_ids", "input_lengths", "max_tokens", "temperature", "top_k", "top_p",
+    "random_seed", "stream", "end_id", "stop_words",
+)  # fmt: skip
+OUTPUT_NAMES = (
+    "text_output", "output_ids", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
+    "total_draft_tokens", "mean_accepted_tokens",
+)  # fmt: skip
+
+
+class RequestError(ValueError):
+    """A request the server refuses: the message says what was wrong and how to fix it."""
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    prompt: str | list[int]
+    params: SamplingParams
+    stream: bool
+
+
+def parse_request(
+    tensors: Mapping[str, np.ndarray], parameters: Mapping[str, Any] | None = None
+) -> ParsedRequest:
+    """Read one request's input tensors (and request parameters) into a prompt and sampling params."""
+    parameters = parameters or {}
+    for name, array in tensors.items():
+        if array.ndim == 0 or array.shape[0] != 1:
+            raise RequestError(
+                f"input {name!r} has shape {list(array.shape)}: send one prompt per request "
+                "(batch dimension 1); run several requests concurrently instead"
+            )
+    prompt = _prompt(tensors)
+    values: dict[str, Any] = {}
+    for field_name, (name, kind) in SCALARS.items():
+        value = _scalar(tensors, parameters, name, kind)
+        if value is not None:
+            values[field_name] = value
+    end_id = _scalar(tensors, parameters, "end_id", int)
+    if end_id is not None:
+        values["ignore_eos"] = True
+        values["stop_token_ids"] = [end_id] if end_id >= 0 else []
+    stop = _strings(tensors["stop_words"]) if "stop_words" in tensors else []
+    if stop := [s for s in stop if s]:
+        values["stop"] = stop
+    try:
+        params = SamplingParams(**values)
+    except ValidationError as e:
+        names = {f: n for f, (n, _) in SCALARS.items()}
+        raise RequestError(
+            "; ".join(
+                f"{names.get(str(err['loc'][0]), err['loc'][0])}: {err['msg']} (got {err['input']!r})"
+                for err in e.errors()
+            )
+        ) from None
+    stream = _scalar(tensors, parameters, "stream", bool)
+    return ParsedRequest(prompt, params, bool(stream))
+
+
+def check_request(
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    *,
+    context_limit: int,
+    vocab_size: int,
+    has_tokenizer: bool,
+) -> None:
+    """Refuse what the engine could only partly serve: an empty or too long prompt, ids outside the
+    vocabulary, ``max_tokens`` that does not fit after the prompt, stop strings without a tokenizer."""
+    n = len(prompt_ids)
+    if n == 0:
+        raise RequestError("empty prompt: send a non-empty text_input or input_ids")
+    if n >= context_limit:
+        raise RequestError(
+            f"prompt of {n} tokens is too long: this server holds at most {context_limit} prompt + "
+            f"output tokens per request; shorten the prompt below {context_limit} tokens"
+        )
+    bad = [int(t) for t in prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    if n + params.max_tokens > context_limit:
+        raise RequestError(
+            f"max_tokens {params.max_tokens} is out of range: the prompt has {n} tokens and this server "
+            f"holds at most {context_limit} per request, so max_tokens must be at most {context_limit - n}"
+        )
+    if params.stop and not has_tokenizer:
+        raise RequestError("stop_words need a tokenizer and this model has none; use end_id instead")
+
+
+@dataclass(slots=True)
+class Reply:
+    """What to send for one update: tensors, or an error (``code``: ``cancelled``, ``unavailable``,
+    ``internal``); ``final`` marks the request's last response."""
+
+    tensors: dict[str, np.ndarray] | None
+    final: bool
+    error: str | None = None
+    code: str = ""
+
+
+@dataclass(slots=True)
+class ResponseStream:
+    """Turn a request's engine updates into replies: one per update when streaming, otherwise one
+    with the whole output once the request finishes."""
+
+    stream: bool
+    _ids: list[int] = field(default_factory=list)
+    _text: list[str] = field(default_factory=list)
+
+    def __call__(self, update: Update) -> Reply | None:
+        if update.finish_reason == "abort":
+            if update.error:
+                return Reply(None, True, update.error, "unavailable")
+            return Reply(None, True, "request cancelled", "cancelled")
+        if update.finish_reason == "error":
+            return Reply(None, True, update.error or "generation failed", "internal")
+        if self.stream:
+            if not (update.token_ids or update.text or update.finished):
+                return None
+            return Reply(_tensors(update.token_ids, update.text, update), update.finished)
+        self._ids += update.token_ids
+        self._text.append(update.text)
+        if not update.finished:
+            return None
+        return Reply(_tensors(self._ids, "".join(self._text), update), True)
+
+
+def _tensors(token_ids: list[int], text: str, update: Update) -> dict[str, np.ndarray]:
+    stats = update.stats
+    return {
+        "text_output": np.array([[text.encode()]], dtype=np.object_),
+        "output_ids": np.array([token_ids], dtype=np.int32).reshape(1, -1),
+        "finish_reason": np.array([[(update.finish_reason or "").encode()]], dtype=np.object_),
+        "acceptance_rate": np.array([[stats.acceptance_rate]], dtype=np.float32),
+        "total_accepted_draft_tokens": np.array([[stats.accepted]], dtype=np.int32),
+        "total_draft_tokens": np.array([[stats.drafted]], dtype=np.int32),
+        "mean_accepted_tokens": np.array([[stats.mean_accepted_tokens]], dtype=np.float32),
+    }
+
+
+def _prompt(tensors: Mapping[str, np.ndarray]) -> str | list[int]:
+    has_text, has_ids = "text_input" in tensors, "input_ids" in tensors
+    if has_text == has_ids:
+        raise RequestError(
+            "send exactly one of text_input (BYTES, the prompt text) and input_ids (INT32 token ids), "
+            f"got {'both' if has_text else 'neither'}"
+        )
+    if has_text:
+        texts = _strings(tensors["text_input"])
+        if len(texts) != 1:
+            raise RequestError(f"text_input must hold one string, got {len(texts)}")
+        return texts[0]
+    ids = tensors["input_ids"]
+    if ids.dtype.kind not in "iu":
+        raise RequestError(f"input_ids must be integers, got {ids.dtype}")
+    ids = [int(t) for t in ids.reshape(-1)]
+    if "input_lengths" in tensors:
+        length = _one(tensors["input_lengths"], "input_lengths", int)
+        if not 0 <= length <= len(ids):
+            raise RequestError(f"input_lengths {length} is outside [0, {len(ids)}] (the input_ids given)")
+        ids = ids[:length]
+    return ids
+
+
+def _strings(array: np.ndarray) -> list[str]:
+    out = []
+    for item in array.reshape(-1):
+        if isinstance(item, bytes | np.bytes_):
+            try:
+                item = item.decode()
+            except UnicodeDecodeError as e:
+                raise RequestError(f"text is not valid UTF-8: {e}") from None
+        if not isinstance(item, str):
+            raise RequestError(f"expected text (BYTES), got {type(item).__name__}")
+        out.append(item)
+    return out
+
+
+def _scalar(tensors: Mapping[str, np.ndarray], parameters: Mapping[str, Any], name: str, kind: type) -> Any:
+    if name in tensors:
+        return _one(tensors[name], name, kind)
+    if name not in parameters:
+        return None
+    value = parameters[name]
+    ok = isinstance(value, bool) if kind is bool else isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        ok = ok or isinstance(value, float)
+    if not ok:
+        raise RequestError(f"parameter {name!r} must be {kind.__name__}, got {value!r}")
+    return kind(value)
+
+
+def _one(array: np.ndarray, name: str, kind: type) -> Any:
+    if array.size != 1:
+        raise RequestError(f"input {name!r} must hold one value, got shape {list(array.shape)}")
+    value = array.reshape(-1)[0]
+    want = {bool: "b", int: "iu", float: "f"}[kind]
+    if array.dtype.kind not in want:
+        raise RequestError(f"input {name!r} must be {kind.__name__}, got {array.dtype}")
+    return kind(value)
+
+
+def llm_kwargs(
+    parameters: Mapping[str, str], instance_kind: str = "CPU", device_id: str = "0"
+) -> dict[str, Any]:
+    """Keyword arguments of :class:`~trtllm_bole.LLM` from the model's ``config.pbtxt`` parameters.
+
+    A parameter that is empty or still a ``${...}`` placeholder is unset: the LLM (or the engine
+    directory) decides. ``device`` defaults to ``cpu`` for a CPU instance and to the instance's GPU
+    for a GPU instance (``cuda`` is bound to that GPU too).
+    """
+    given = {k: v.strip() for k, v in parameters.items() if v.strip() and not v.strip().startswith("${")}
+    kwargs: dict[str, Any] = {"model": given.get("engine_dir")}
+    device = given.get("device", "cuda" if "GPU" in instance_kind.upper() else "cpu")
+    kwargs["device"] = f"cuda:{device_id}" if device == "cuda" else device
+    if "dtype" in given:
+        kwargs["dtype"] = given["dtype"]
+    for name in ("max_batch_size", "max_seq_len", "kv_cache_tokens"):
+        if name in given:
+            kwargs[name] = _positive_int(name, given[name])
+    bole = {}
+    if "speculative_mode" in given:
+        bole["mode"] = given["speculative_mode"]
+    for param, field_name in (
+        ("max_depth", "max_depth"),
+        ("max_nodes", "max_nodes"),
+        ("draft_top_k", "top_k"),
+    ):
+        if param in given:
+            bole[field_name] = _positive_int(param, given[param])
+    if bole:
+        kwargs["speculative_config"] = BoleConfig(**bole)
+    return kwargs
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"model parameter {name} must be an integer, got {text!r}") from None
+    if value <= 0:
+        raise ValueError(f"model parameter {name} must be positive, got {value}")
+    return value
