@@ -48,6 +48,19 @@ SMOKE = {
     "sweep": [(4, 2, 20)], "rep_ms": 1,
 }  # fmt: skip
 TOL_EXACT, TOL_SERVING = 1e-4, 1e-2
+NOTES = [
+    "Bole and SGLang both apply Qwen3.5's gating on chip from raw a, b (same gating work); L2-norm is off "
+    "on both (unit-norm inputs). tree-serial and fla take precomputed g, beta.",
+    "SGLang's tree kernel takes equal-size trees with one root child (node 0): the top-k trees used here.",
+    "fla's fused_recurrent has no tree form and returns no per-node states: chains only, output only.",
+    "tree-serial total = its verify + the accepted-snapshot copy for that layer; per-node snapshots and "
+    "SGLang's intermediate buffer are fp32 [N, HV, dk, dv] per layer.",
+    "Verify configs with bv = dv form G, C and the solve once per (request, head); bv < dv recompute them "
+    "per value tile in parallel programs: the sweep times both kinds.",
+    "Floor bytes: read S_pre, q, k, v, a, b once; write o, u, logP once. floor_fraction = (floor bytes / "
+    "time) / measured copy bandwidth (read + write bytes per second).",
+    "Commit: one launch for all GDN layers and requests; bytes = read + write of every committed state.",
+]
 
 
 class Bench:
@@ -82,6 +95,7 @@ class Bench:
                 "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "dims": {"H": self.h, "dk": self.dk, "dv": self.dv, "models": self.models},
+                "notes": NOTES,
             },
         )  # fmt: skip
         self.configs = [c for c in gdn_tree_verify.CONFIGS if self.dk % c.bk == 0 and self.dv % c.bv == 0]
