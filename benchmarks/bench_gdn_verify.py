@@ -12,8 +12,9 @@ Schemes, all at Qwen3.5 GDN sizes (H=16, dk=dv=128; HV=32 for 9B, 48 for 27B), b
 - tree-serial: our serial per-node kernel writing a full state per node, plus the accepted-state copy;
 - fla (fla-core wheel): fused_recurrent_gated_delta_rule on chains (it has no tree form).
 
-Every kernel (each config, precision and compiled specialisation) is checked against the float64
-reference on fresh random inputs before it is timed; one that fails is never timed. Times are medians
+Every kernel variant is first compiled in parallel worker processes (Triton's disk cache then serves
+this process). Every kernel (each config, precision and compiled specialisation) is checked against the
+float64 reference on fresh random inputs before it is timed; one that fails is never timed. Times are medians
 of triton's do_bench (warm-up, L2 flushed between runs, CUDA events) over rotating input sets. Results
 go to <out>/gdn_verify_h200.json (rewritten after every section) and <out>/gdn_verify_h200.png.
 """
