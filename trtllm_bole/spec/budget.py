@@ -64,19 +64,26 @@ class BudgetTable:
     gpu_seconds: float = 0.0  # what calibration cost
     schema_version: int = SCHEMA_VERSION
 
-    def lookup(self, batch_size: int, kv_len: int) -> int:
+    def lookup(self, batch_size: int, kv_len: int, epsilon: float | None = None) -> int:
         """B_ver for the smallest bucket that covers (batch_size, kv_len); the largest bucket
-        beyond the calibrated range (budgets grow with batch, so this is conservative)."""
+        beyond the calibrated range (budgets grow with batch, so this is conservative).
+
+        ``epsilon`` other than the table's own re-derives the budget from the stored timings, so ε
+        can be changed at serving time without recalibrating.
+        """
         if not self.entries:
             raise ValueError("the budget table has no entries")
         batch_keys = sorted({e.batch_max for e in self.entries})
         kv_keys = sorted({e.kv_max for e in self.entries})
         b = batch_keys[min(bisect.bisect_left(batch_keys, batch_size), len(batch_keys) - 1)]
         kv = kv_keys[min(bisect.bisect_left(kv_keys, kv_len), len(kv_keys) - 1)]
-        for entry in self.entries:
-            if entry.batch_max == b and entry.kv_max == kv:
-                return entry.budget
-        raise ValueError(f"the budget table has no entry for batch bucket {b} and KV bucket {kv}")
+        entry = next((e for e in self.entries if e.batch_max == b and e.kv_max == kv), None)
+        if entry is None:
+            raise ValueError(f"the budget table has no entry for batch bucket {b} and KV bucket {kv}")
+        if epsilon is None or epsilon == self.epsilon:
+            return entry.budget
+        usable = [n for n in self.capacities if n >= entry.batch_max][: len(entry.t_ver_ms)]
+        return budget_from_timings(usable, entry.t_ver_ms, entry.t_dec_ms, epsilon)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -262,7 +262,8 @@ class Executor:
     def _budget(self, requests: list[Request]) -> int | None:
         if self.bole.mode != "bole" or self.budget is None:
             return None
-        return self.budget.lookup(len(requests), max(r.context_len for r in requests))
+        context = max(r.context_len for r in requests)
+        return self.budget.lookup(len(requests), context, epsilon=self.bole.epsilon)
 
     def _slots_and_tables(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.model.device
