@@ -5,16 +5,17 @@ serving the Bole model, wait until it is ready, print the endpoints, and stop it
     python triton_server/launch.py --engine-dir DIR --http-port 0 --grpc-port 0   # 0: any free port
 
 It fills a fresh model repository from ``model_repository_template/`` (``--model-repository`` serves
-an existing one instead), links the Python backend stub built for this interpreter into the model
-directory, and runs ``tritonserver`` with the *server environment* first on PATH.
+an existing one instead) and runs ``tritonserver`` with the *server environment*: a backend
+directory holding pytriton's Python backend and the stub built for this Python (links; pytriton's
+site-packages is never modified), and the stub's Python first on PATH.
 
-The server environment exists because the backend stub of nvidia-pytriton 0.7.0 was compiled
+That Python is its own small venv because the backend stub of nvidia-pytriton 0.7.0 was compiled
 against NumPy 1.x: under NumPy 2 it silently corrupts every input tensor of more than one element
-(``input_ids`` [1, 2, 3] arrives as [1, 1, 1]) and aborts on any BYTES tensor. So the stub's Python
-is a small venv holding only NumPy 1.26 that then adds this venv's site-packages (torch,
-trtllm_bole, ...) behind it. It is made once, under this venv (``--prepare-only`` makes it and
-exits; it needs pip and the package index once). Needs ``pip install --no-deps
-nvidia-pytriton==0.7.0`` (README, "Serving with Triton").
+(``input_ids`` [1, 2, 3] arrives as [1, 1, 1]) and aborts on any BYTES tensor. The venv holds only
+NumPy 1.26 and adds this venv's site-packages (torch, trtllm_bole, ...) behind it. The server
+environment is made once, under this venv (``--prepare-only`` makes it and exits; it needs pip and
+the package index once). Needs ``pip install --no-deps nvidia-pytriton==0.7.0`` (README, "Serving
+with Triton").
 """
 
 from __future__ import annotations
@@ -57,39 +58,34 @@ def triton_root() -> Path:
     return root
 
 
-def make_repository(dest: Path, values: dict[str, str], root: Path) -> Path:
-    """Copy the template to ``dest``, fill every ``config.pbtxt`` and link this Python's backend
-    stub into each model directory (the Python backend prefers a stub found there)."""
+def make_repository(dest: Path, values: dict[str, str]) -> Path:
+    """Copy the template to ``dest`` and fill every ``config.pbtxt``."""
     shutil.copytree(TEMPLATE, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     for config in dest.glob("*/config.pbtxt"):
         config.write_text(fill(config.read_text(), values))
-        link_stub(config.parent, root)
     return dest
 
 
-def link_stub(model_dir: Path, root: Path) -> None:
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = root / "python_backend_stubs" / version / STUB
-    if not stub.is_file():
-        raise SystemExit(f"nvidia-pytriton has no Python backend stub for Python {version} ({stub})")
-    target = model_dir / STUB
-    if target.is_symlink() or target.exists():
-        target.unlink()
-    target.symlink_to(stub)  # a link keeps the stub's $ORIGIN rpath pointing at pytriton's libs
+def prepare_server_env(env_dir: Path, root: Path) -> Path:
+    """Make (once; safe against concurrent launchers) what the server runs with, and return it:
 
-
-def prepare_server_python(env_dir: Path) -> Path:
-    """Make (once; safe against concurrent launchers) the stub's Python environment: a venv with
-    NumPy 1.x whose ``.pth`` adds this interpreter's site-packages after its own. Returns its bin."""
+    - ``bin/``: the stub's Python, a venv with NumPy 1.x whose ``.pth`` adds this interpreter's
+      site-packages after its own;
+    - ``backends/python/``: pytriton's Python backend with the stub built for this Python beside it
+      (links, so that pytriton's site-packages is never modified and the stub's ``$ORIGIN`` rpath
+      still finds pytriton's libraries).
+    """
     site_packages = sysconfig.get_paths()["purelib"]
-    stamp = f"{STUB_NUMPY} {site_packages}"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stamp = f"{STUB_NUMPY} {site_packages} {root} {version}"
     env_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(env_dir.with_name(env_dir.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         marker = env_dir / "bole-server-env"
         if marker.is_file() and marker.read_text() == stamp:
-            return env_dir / "bin"
+            return env_dir
         shutil.rmtree(env_dir, ignore_errors=True)
+        _link_backend(env_dir / "backends" / "python", root, version)
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
         python = env_dir / "bin" / "python"
         purelib = subprocess.run(
@@ -104,29 +100,48 @@ def prepare_server_python(env_dir: Path) -> Path:
             f"import site; site.addsitedir({site_packages!r})\n"
         )
         marker.write_text(stamp)
-    return env_dir / "bin"
+    return env_dir
+
+
+def _link_backend(dest: Path, root: Path, version: str) -> None:
+    stub = root / "python_backend_stubs" / version / STUB
+    if not stub.is_file():
+        raise SystemExit(f"nvidia-pytriton has no Python backend stub for Python {version} ({stub})")
+    dest.mkdir(parents=True)
+    for item in (root / "backends" / "python").iterdir():
+        if item.name not in (STUB, "__pycache__"):
+            (dest / item.name).symlink_to(item)
+    (dest / STUB).symlink_to(stub)
 
 
 def default_server_env_dir() -> Path:
     return Path(sys.prefix) / "triton-server-env"
 
 
-def server_env(python_bin: Path) -> dict[str, str]:
+def server_env(server_dir: Path, root: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(python_bin), env.get("PATH", "")])
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    env["PATH"] = os.pathsep.join([str(server_dir / "bin"), env.get("PATH", "")])
+    # libpython for the stub; pytriton's own libraries for the backend loaded through a link.
+    libs = [sysconfig.get_config_var("LIBDIR") or "", str(root.parent.parent / "nvidia_pytriton.libs")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (*libs, env.get("LD_LIBRARY_PATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
 def server_command(
-    root: Path, repository: Path, http_port: int, grpc_port: int, *, log_verbose: int = 0, shm_prefix: str
+    root: Path,
+    server_dir: Path,
+    repository: Path,
+    ports: tuple[int, int],
+    *,
+    log_verbose: int,
+    shm_prefix: str,
 ) -> list[str]:
+    http_port, grpc_port = ports
     return [
         str(root / "bin" / "tritonserver"),
         f"--model-repository={repository}",
-        f"--backend-directory={root / 'backends'}",
+        f"--backend-directory={server_dir / 'backends'}",
         "--http-address=127.0.0.1",
         "--grpc-address=127.0.0.1",
         f"--http-port={http_port}",
@@ -195,7 +210,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-depth", default="", help="draft tree depth")
     p.add_argument("--max-nodes", default="", help="draft tokens per request and step")
     p.add_argument("--draft-top-k", default="", help="children per draft node")
-    p.add_argument("--max-batch-size", type=int, default=8, help="requests the engine runs at once")
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="requests the engine runs at once (default: the engine's, else 8)")  # fmt: skip
     p.add_argument("--max-seq-len", default="", help="prompt + output tokens per request")
     p.add_argument("--kv-cache-tokens", default="", help="paged KV cache size in tokens")
     p.add_argument("--device", default="", help="cpu, cuda or cuda:N (default: from the instance kind)")
@@ -215,14 +231,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def template_values(args: argparse.Namespace) -> dict[str, str]:
     return {
-        "triton_max_batch_size": str(args.max_batch_size),
+        # Triton's own batch bound: each request carries one prompt, so any value >= 1 serves.
+        "triton_max_batch_size": str(args.max_batch_size or 64),
         "instance_kind": args.instance_kind,
         "engine_dir": str(Path(args.engine_dir).resolve()) if args.engine_dir else "",
         "speculative_mode": args.mode,
         "max_depth": args.max_depth,
         "max_nodes": args.max_nodes,
         "draft_top_k": args.draft_top_k,
-        "max_batch_size": str(args.max_batch_size),
+        "max_batch_size": str(args.max_batch_size or ""),
         "max_seq_len": args.max_seq_len,
         "kv_cache_tokens": args.kv_cache_tokens,
         "device": args.device,
@@ -233,25 +250,22 @@ def template_values(args: argparse.Namespace) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = triton_root()
-    python_bin = prepare_server_python(args.server_env or default_server_env_dir())
+    server_dir = prepare_server_env(args.server_env or default_server_env_dir(), root)
     if args.prepare_only:
-        print(f"server environment ready: {python_bin.parent}")
+        print(f"server environment ready: {server_dir}")
         return 0
     workdir = Path(tempfile.mkdtemp(prefix="bole-triton-")) if args.workdir is None else args.workdir
     if args.model_repository is not None:
         repository = args.model_repository.resolve()
-        for config in repository.glob("*/config.pbtxt"):
-            link_stub(config.parent, root)
     else:
-        repository = make_repository(workdir / "model_repository", template_values(args), root)
-    http_port = args.http_port or free_port()
-    grpc_port = args.grpc_port or free_port()
+        repository = make_repository(workdir / "model_repository", template_values(args))
+    ports = (args.http_port or free_port(), args.grpc_port or free_port())
     shm_prefix = f"bole{os.getpid()}_"
     command = server_command(
-        root, repository, http_port, grpc_port, log_verbose=args.log_verbose, shm_prefix=shm_prefix
+        root, server_dir, repository, ports, log_verbose=args.log_verbose, shm_prefix=shm_prefix
     )
     try:
-        return serve(command, python_bin, http_port, grpc_port, repository, args.ready_timeout)
+        return serve(command, server_env(server_dir, root), ports, repository, args.ready_timeout)
     finally:
         for leftover in Path("/dev/shm").glob(f"{shm_prefix}*"):  # left behind when a stub dies
             leftover.unlink(missing_ok=True)
@@ -259,10 +273,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def serve(command: list[str], python_bin: Path, http_port: int, grpc_port: int, repository: Path,
-          ready_timeout: float) -> int:  # fmt: skip
+def serve(
+    command: list[str], env: dict[str, str], ports: tuple[int, int], repository: Path, ready_timeout: float
+) -> int:
     """Run the server until it exits or we are told to stop; 0 on a requested stop."""
-    process = subprocess.Popen(command, env=server_env(python_bin), preexec_fn=_die_with_parent)
+    http_port, grpc_port = ports
+    process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
     stopping = False
 
     def on_signal(signum, frame):
