@@ -44,7 +44,7 @@ def _time_bole(b, sets: list[U.Inputs], cands: list[tuple], hv: int, depth: int)
     """Time every candidate (config, precision) that passes its check; report the fastest."""
     times = {}
     for cand in cands:
-        if b.check_bole(cand, hv, depth):
+        if b.check_bole(cand, hv, depth, sets[0].max_nodes):
             times[cand] = b.measure(U.Rotating(sets, lambda x, c=cand: b.bole(x, c)))
     if not times:
         return {}
@@ -444,8 +444,8 @@ def summarize(data: dict) -> dict[str, Any]:
     """The issue's 'done when' list, evaluated on this run's numbers."""
     s: dict[str, Any] = {}
     checks = data.get("checks", [])
-    for kind, match, target in (("exact", "fp32-exact", 1e-4), ("serving", "bole verify", 1e-2)):
-        rows = [c for c in checks if match in c["what"].lower()]
+    for kind, exact, target in (("exact", True, 1e-4), ("serving", False, 1e-2)):
+        rows = [c for c in checks if c["what"].startswith("bole ") and ("fp32-exact" in c["what"]) == exact]
         errs = [max(c.get("o", math.inf), c.get("u", math.inf)) for c in rows if c["ok"]]
         s[f"correct_{kind}"] = {
             "checked": len(rows), "passed": sum(c["ok"] for c in rows), "target": target,

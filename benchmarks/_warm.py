@@ -52,6 +52,15 @@ def _run(task: tuple) -> None:
             x.q, x.k, x.v, x.a, x.b, x.state, x.tree, scale=x.scale, precision=precision, config=cfg,
             raw_gates=(x.a_log, x.dt_bias),
         )  # fmt: skip
+    elif kind == "inverse":
+        cfg_fields, precision, blocked = args
+        cfg = gdn_tree_verify.InverseConfig(*cfg_fields)
+        trees = [topk_parents(100, 4, 8), [-1]] if blocked else [topk_parents(16, 4, 8)]
+        x = _inputs(trees, 32, torch.float32 if precision == "ieee" else torch.bfloat16)
+        gdn_tree_verify.gdn_tree_verify(
+            x.q, x.k, x.v, x.a, x.b, x.state, x.tree, scale=x.scale, precision=precision, config=cfg,
+            raw_gates=(x.a_log, x.dt_bias), max_request_nodes=None if blocked else 16,
+        )  # fmt: skip
     elif kind == "serial":
         cfg_fields, hv = args
         x = _inputs([topk_parents(20, 4, 8)], hv)
@@ -111,6 +120,31 @@ def tasks_for(bench) -> list[tuple]:
     tasks += [("commit", astuple(c)) for c in bench.commit_mod.COMMIT_CONFIGS]
     tasks += [("conv", hvs[0]), ("fla", 32)]
     tasks += [("sglang", hv, t) for hv in hvs for t in sizes]
+    return tasks
+
+
+def focus_tasks(bench, old: list[tuple], sizes: list[int]) -> list[tuple]:
+    """What ``--focus headline`` launches: the blocked kernel's candidates, the inverse configs at every
+    tile (their blocked variants where trees exceed 64 nodes), tree-serial's config and SGLang's kernel
+    at each (HV, T) it is specialised on."""
+    from dataclasses import astuple
+
+    import _focus
+
+    hvs = [m["hv"] for m in bench.models.values()]
+    tasks: list[tuple] = [("verify", astuple(c), p) for c, p in old]
+    seen = set()
+    for size in sizes:
+        for c, p in _focus.new_candidates(bench, size):
+            key = (astuple(c), p, size > 64)
+            if key not in seen:
+                seen.add(key)
+                tasks.append(("inverse", *key))
+    for batch in (1, 16):  # the fp32-exact check of the likely winners
+        default = bench.verify_mod.default_config(64 * batch, batch, hvs[0], 128, 128)
+        tasks.append(("inverse", astuple(default), "ieee", False))
+    tasks += [("serial", astuple(bench.serial_mod.SERIAL_CONFIGS[0]), hv) for hv in hvs]
+    tasks += [("sglang", hv, 64) for hv in hvs] + [("sglang", hvs[0], t) for t in sizes if t != 64]
     return tasks
 
 

@@ -1,11 +1,14 @@
 """GDN tree verification on the H200: Bole's kernels against the schemes engines run today.
 
     python benchmarks/bench_gdn_verify.py [--quick] [--budget-s 540] [--out benchmarks/results]
+    python benchmarks/bench_gdn_verify.py --focus headline --budget-s 150 --out DIR   # ~2 min, see _focus.py
     python benchmarks/bench_gdn_verify.py --plot-only benchmarks/results/gdn_verify_h200.json
     python benchmarks/bench_gdn_verify.py --smoke     # tiny shapes in Triton's interpreter (CPU)
 
 Schemes, all at Qwen3.5 GDN sizes (H=16, dk=dv=128; HV=32 for 9B, 48 for 27B), bf16 q/k/v, fp32 state:
-- Bole: closed-form verify (trtllm_bole.kernels.gdn_tree_verify), gating fused on chip (raw a, b);
+- Bole: closed-form verify (trtllm_bole.kernels.gdn_tree_verify), gating fused on chip (raw a, b): the
+  blocked kernel (VerifyConfig) and the explicit-inverse path (InverseConfig), given the largest
+  request's node count as an engine would (SGLang's kernel is likewise told T);
 - SGLang (0.5.10.post1 wheel): its tree verify kernel with retrieve_parent_token and the per-node
   intermediate-state buffer, gating fused on chip: the same gating work on both sides, L2-norm off on
   both (inputs are unit vectors);
@@ -15,7 +18,10 @@ Schemes, all at Qwen3.5 GDN sizes (H=16, dk=dv=128; HV=32 for 9B, 48 for 27B), b
 Every kernel variant is first compiled in parallel worker processes (Triton's disk cache then serves
 this process). Every kernel (each config, precision and compiled specialisation) is checked against the
 float64 reference on fresh random inputs before it is timed; one that fails is never timed. Times are medians
-of triton's do_bench (warm-up, L2 flushed between runs, CUDA events) over rotating input sets. Results
+of triton's do_bench (warm-up, L2 flushed between runs, CUDA events) over rotating input sets, launched
+from the host (``--timing eager``, the full run's default) or replayed from CUDA graphs (``--timing
+graph``, the focused run's default: the host's launch overhead, tens of µs of Python per call, is out of
+the window, as in an engine that captures its verify step). Results
 go to <out>/gdn_verify_h200.json (rewritten after every section) and <out>/gdn_verify_h200.png.
 """
 
@@ -49,6 +55,12 @@ SMOKE = {
     "sweep": [(4, 2, 20)], "rep_ms": 1,
 }  # fmt: skip
 TOL_EXACT, TOL_SERVING = 1e-4, 1e-2
+TIMING_NOTES = {
+    "eager": "Times: launches from the host, L2 flushed before each (triton do_bench); below ~100 us the "
+    "host's launch overhead can leak into the window.",
+    "graph": "Times: CUDA-graph replays (one graph per rotating input set), L2 flushed before each (triton "
+    "do_bench), for every scheme alike; *_eager_us fields are host-launched times of the same call.",
+}
 NOTES = [
     "Bole and SGLang both apply Qwen3.5's gating on chip from raw a, b (same gating work); L2-norm is off "
     "on both (unit-norm inputs). tree-serial and fla take precomputed g, beta.",
@@ -75,10 +87,17 @@ class Bench:
         self.args = args
         self.cuda = torch.cuda.is_available() and not args.smoke
         self.device = "cuda" if self.cuda else "cpu"
-        self.plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+        import _focus
+
+        self.focus = _focus if args.focus else None
+        self.plan = SMOKE if args.smoke else _focus.PLAN if args.focus else QUICK if args.quick else FULL
         self.h, self.dk, self.dv = (2, 32, 32) if args.smoke else (U.H, U.DK, U.DV)
         self.models = {"tiny": {"hv": 4, "gdn_layers": 3}} if args.smoke else U.MODELS
-        self.measure = U.timer(self.cuda, self.plan["rep_ms"])
+        self.timing = args.timing or ("graph" if args.focus else "eager")
+        self.measure_eager = U.timer(self.cuda, self.plan["rep_ms"])
+        self.measure = (
+            U.graph_timer(self.plan["rep_ms"]) if self.cuda and self.timing == "graph" else self.measure_eager
+        )
         self.budget = U.Budget(args.budget_s)
         self.gen = torch.Generator(device=self.device).manual_seed(args.seed)
         self.checked: dict[tuple, bool] = {}
@@ -93,10 +112,12 @@ class Bench:
             {
                 "device": device, "torch": torch.__version__, "triton": triton.__version__,
                 "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),
-                "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
+                "mode": "smoke" if args.smoke else f"focus {args.focus}" if args.focus else
+                "quick" if args.quick else "full",
+                "timing": self.timing,
                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "dims": {"H": self.h, "dk": self.dk, "dv": self.dv, "models": self.models},
-                "notes": NOTES,
+                "notes": [*NOTES, TIMING_NOTES[self.timing]],
             },
         )  # fmt: skip
         self.configs = [c for c in gdn_tree_verify.CONFIGS if self.dk % c.bk == 0 and self.dv % c.bv == 0]
@@ -107,6 +128,11 @@ class Bench:
             ]
         self.candidates: list[tuple] = []
         self.serial_best: dict[int, object] = {}
+        if args.focus:  # tree-serial's winner at B = 1 and 32 in the first H200 run
+            self.serial_best = {
+                1: tree_serial.SERIAL_CONFIGS[0] if self.cuda else tree_serial.SerialConfig(16, 1)
+            }
+        self._check_inputs: dict[tuple, tuple] = {}
 
     # ----------------------------------------------------------------------------------------- #
     # Runners                                                                                   #
@@ -117,7 +143,7 @@ class Bench:
         gates = (x.a, x.b) if raw else (x.g, x.beta)
         return self.verify_mod.gdn_tree_verify(
             x.q, x.k, x.v, *gates, x.state, x.tree, scale=x.scale, precision=precision, config=cfg,
-            raw_gates=(x.a_log, x.dt_bias) if raw else None,
+            raw_gates=(x.a_log, x.dt_bias) if raw else None, max_request_nodes=x.max_nodes,
         )  # fmt: skip
 
     def serial(self, x: U.Inputs, cfg):
@@ -157,15 +183,21 @@ class Bench:
         print(f"  check {what}: {'ok' if ok else 'FAILED'} {errors}", flush=True)
         return ok
 
-    def check_bole(self, cand: tuple, hv: int, depth: int) -> bool:
+    def check_bole(self, cand: tuple, hv: int, depth: int, max_nodes: int | None = None) -> bool:
+        """A request larger than the tile in the timed inputs: the check has one too (blocked code)."""
         cfg, precision = cand
         chain = min(depth, cfg.bt)
         squarings = (chain - 1).bit_length() if chain > 1 else 0
+        blocked = max_nodes is not None and max_nodes > cfg.bt
         from trtllm_bole.testing import chain_parents, topk_parents
 
         def run():
-            x = self.inputs([topk_parents(48, 4, depth), chain_parents(depth), [-1]], hv)
-            o, _, u, log_p = self.truth(x)
+            key = ("serving", hv, depth, blocked)  # one input set and truth per shape, for every candidate
+            if key not in self._check_inputs:
+                big = [topk_parents(100, 4, depth)] if blocked else []
+                x = self.inputs([*big, topk_parents(48, 4, depth), chain_parents(depth), [-1]], hv)
+                self._check_inputs[key] = (x, self.truth(x))
+            x, (o, _, u, log_p) = self._check_inputs[key]
             o_k, u_k, lp_k = self.bole(x, cand)
             return {
                 "o": U.rel_rms(o_k, o),
@@ -173,9 +205,8 @@ class Bench:
                 "log_p": U.rel_rms(lp_k, log_p),
             }, TOL_SERVING
 
-        return self._check(
-            ("bole", cfg, precision, hv, squarings), f"bole {cfg} {precision} HV={hv} d={depth}", run
-        )
+        what = f"bole {cfg} {precision} HV={hv} d={depth}{' blocked' if blocked else ''}"
+        return self._check(("bole", cfg, precision, hv, squarings, blocked), what, run)
 
     def check_bole_exact(self, cfg, hv: int) -> bool:
         from trtllm_bole.testing import chain_parents, topk_parents
@@ -248,7 +279,7 @@ class Bench:
     def run(self) -> int:
         from _sections import SECTIONS, summarize
 
-        for name, fn in SECTIONS:
+        for name, fn in self.focus.SECTIONS if self.focus else SECTIONS:
             self.section(name, lambda fn=fn: fn(self))
 
         self.r["summary"] = summarize(self.r.data)
@@ -264,6 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer points (a few minutes)")
+    parser.add_argument(
+        "--focus",
+        choices=["headline"],
+        help="the short pass of _focus.py: headline grid, T sweep, depth probe",
+    )
+    parser.add_argument(
+        "--timing", choices=["eager", "graph"], help="default: graph with --focus, else eager"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU in Triton's interpreter")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting sections after this")
     parser.add_argument("--out", default=str(OUT), help="where the JSON and PNG go")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from trtllm_bole.engine.aot import SPECS, AOTPayload, aot_payload
-from trtllm_bole.kernels.gdn_tree_verify import default_config
+from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config
 from trtllm_bole.reference import conv_tree, gdn_tree
 from trtllm_bole.testing import forest, random_gdn_inputs, topk_parents
 
@@ -143,7 +143,7 @@ def check_verify(arch: int, gen: torch.Generator, act: torch.dtype, tactics: lis
     shapes, dtypes = _io(tensors, spec)
     all_tactics = spec.tactics(shapes)
     if tactics is None:  # what the runtime launches at this size (if listed), and the widest tile
-        runtime = default_config(n, batch, HV, DK, DV)
+        runtime = blocked_default_config(n, batch, HV, DK, DV)
         tactics = sorted({all_tactics.index(runtime) if runtime in all_tactics else 0, len(all_tactics) - 1})
     tol = EXACT if act == torch.float32 else SERVING
     results = []

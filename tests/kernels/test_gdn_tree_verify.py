@@ -7,7 +7,14 @@ import torch
 
 from tests.kernels.helpers import DEVICE, rel_rms
 from trtllm_bole.kernels import MAX_DEPTH
-from trtllm_bole.kernels.gdn_tree_verify import CONFIGS, VerifyConfig, gdn_tree_verify
+from trtllm_bole.kernels.gdn_tree_verify import (
+    CONFIGS,
+    INVERSE_CONFIGS,
+    InverseConfig,
+    VerifyConfig,
+    default_config,
+    gdn_tree_verify,
+)
 from trtllm_bole.reference import gdn_tree
 from trtllm_bole.testing import (
     chain_parents,
@@ -28,6 +35,7 @@ SHAPES = {
     "ragged": [topk_parents(40, 4, 8), [-1], chain_parents(9), star_parents(5)],
 }
 SMALL = VerifyConfig(bt=16, bk=16, bv=16)
+INV = {launches: InverseConfig(bt=16, bk=16, bv=16, num_warps=1, launches=launches) for launches in (1, 2)}
 EXACT, SERVING = 1e-4, 1e-2  # fp32 inputs with IEEE dots; bf16 q/k/v with tensor-core dots
 
 
@@ -185,12 +193,80 @@ def test_rejects_bad_arguments(change, match, gen):
 
 
 # ------------------------------------------------------------------------------------------ #
+# The explicit-inverse path (gdn_tree_verify_inverse): one tile in registers, or blocked       #
+# ------------------------------------------------------------------------------------------ #
+
+
+@pytest.mark.parametrize("launches", [1, 2])
+@pytest.mark.parametrize("shape", ["single", "seven", "star64", "topk100", "ragged"])
+def test_inverse_fp32_exact(shape, launches, gen, nan_outputs):
+    """Tiles of 16: the 7-node tree in one tile, the others blocked (several block rows, ragged mixes)."""
+    tree, x = make(SHAPES[shape], 2, 4, 32, 32, gen)
+    check(run(x, tree, torch.float32, config=INV[launches]), truth(x, tree), EXACT)
+
+
+@pytest.mark.parametrize("launches", [1, 2])
+def test_inverse_one_tile_of_64(launches, gen, nan_outputs):
+    """A 64-node and a 63-node tree, each in one tile of 64 (the serving shape); the launcher knows that
+    no request exceeds the tile, so the blocked variant is not launched."""
+    tree, x = make([topk_parents(64, 4, 8), topk_parents(63, 4, 8)], 2, 4, 32, 32, gen)
+    cfg = InverseConfig(64, 32, 16, 4, launches)
+    check(run(x, tree, torch.float32, config=cfg, max_request_nodes=64), truth(x, tree), EXACT)
+
+
+@pytest.mark.parametrize("launches", [1, 2])
+def test_inverse_serving_mode_grouped_heads_slots(launches, gen, nan_outputs):
+    """bf16 q/k/v, raw gates on chip, HV = 3H, a slot pool, tiles of 32 (one request blocked)."""
+    tree, x = make(SHAPES["ragged"], 1, 3, 32, 32, gen, torch.bfloat16, num_slots=6)
+    slots = torch.tensor([4, 0, 5, 2], device=DEVICE)
+    n, hv = x.g.shape
+    a = (torch.randn(n, hv, generator=gen) * 3).to(DEVICE)
+    a[0, 0] = 30.0  # above softplus' threshold
+    b = torch.randn(n, hv, generator=gen).to(DEVICE)
+    a_log = torch.log(torch.rand(hv, generator=gen) * 15.99 + 0.01).to(DEVICE)
+    dt_bias = torch.randn(hv, generator=gen).to(DEVICE)
+    x.g = -a_log.double().exp() * torch.nn.functional.softplus(a.double() + dt_bias.double())
+    x.beta = torch.sigmoid(b.double())
+    q, k, v = (t.bfloat16() for t in (x.q, x.k, x.v))
+    state = x.state.float()
+    before = state.clone()
+    out = gdn_tree_verify(
+        q, k, v, a, b, state, tree, scale=x.scale, state_indices=slots, raw_gates=(a_log, dt_bias),
+        config=InverseConfig(32, 16, 16, 2, launches), precision="bf16" if launches == 1 else "tf32",
+    )  # fmt: skip
+    assert out[0].dtype == torch.bfloat16
+    check(out, truth(x, tree, slots), SERVING)
+    assert torch.equal(state, before)
+
+
+def test_inverse_depth_one_and_compiled_maximum(gen):
+    tree, x = make([[-1], [-1, -1, -1]], 2, 2, 16, 16, gen)
+    check(run(x, tree, torch.float32, config=INV[2]), truth(x, tree), EXACT)
+    tree, x = make([chain_parents(MAX_DEPTH), topk_parents(20, 3, 4)], 1, 2, 16, 16, gen)
+    assert tree.max_depth == MAX_DEPTH
+    for cfg in (InverseConfig(64, 16, 16, 4, 1), InverseConfig(32, 16, 16, 2, 2)):  # one tile; blocked
+        check(run(x, tree, torch.float32, config=cfg), truth(x, tree), EXACT)
+
+
+def test_default_config_is_a_benchmarked_config():
+    for batch in (1, 2, 4, 16, 32):
+        for size in (8, 16, 32, 64, 256):
+            cfg = default_config(batch * size, batch, 32, 128, 128)
+            assert cfg in INVERSE_CONFIGS
+            assert cfg.bt >= min(size, 64)
+
+
+# ------------------------------------------------------------------------------------------ #
 # On the H200: real sizes, every benchmarked config                                          #
 # ------------------------------------------------------------------------------------------ #
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [None, CONFIGS[6], CONFIGS[-2]], ids=str)  # every config: the benchmark
+@pytest.mark.parametrize(
+    "cfg",
+    [None, CONFIGS[6], CONFIGS[-2], INVERSE_CONFIGS[1], INVERSE_CONFIGS[7], INVERSE_CONFIGS[12]],
+    ids=str,
+)  # every config: the benchmark
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_real_size(cfg, dtype, gen, nan_outputs):
     trees = [topk_parents(64, 4, 8)] * 3 + [topk_parents(256, 4, 16), chain_parents(MAX_DEPTH), [-1]]

@@ -1,6 +1,6 @@
 """The Bole kernels an engine compiles: each plugin's kernel at the model's dimensions and dtypes, for
-the tiling configs the runtime picks at the engine's batch sizes (the verify's default config varies
-with batch), with the engine's maximum tree depth compiled in."""
+the tiling configs the runtime picks at the engine's batch sizes (the verify plugin runs the blocked
+kernel, whose default config varies with batch), with the engine's maximum tree depth compiled in."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def plugin_io(config: Qwen35Config, settings: BuildSettings, batch: int | None =
 
 def engine_payloads(config: Qwen35Config, settings: BuildSettings) -> dict[str, Callable[[int], AOTPayload]]:
     """``key -> (arch -> payload)`` for every kernel variant the engine ships."""
-    from trtllm_bole.kernels.gdn_tree_verify import default_config
+    from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config
 
     jobs: dict[str, Callable[[int], AOTPayload]] = {}
     for plugin_id, (shapes, dtypes, attrs) in plugin_io(config, settings).items():
@@ -69,8 +69,8 @@ def engine_payloads(config: Qwen35Config, settings: BuildSettings) -> dict[str, 
         if plugin_id == "bole::gdn_tree_verify":
             c = config
             defaults = {
-                default_config(b * (settings.max_draft_nodes + 1), b, c.linear_num_value_heads,
-                               c.linear_key_head_dim, c.linear_value_head_dim)
+                blocked_default_config(b * (settings.max_draft_nodes + 1), b, c.linear_num_value_heads,
+                                       c.linear_key_head_dim, c.linear_value_head_dim)
                 for b in range(1, settings.max_batch_size + 1)
             }  # fmt: skip
             chosen = sorted(tactics.index(cfg) for cfg in defaults if cfg in tactics) or [0]

@@ -1,8 +1,12 @@
-"""Closed-form Gated DeltaNet tree verification (BOLE.md §2), value-split, one launch.
+"""Closed-form Gated DeltaNet tree verification (BOLE.md §2): the public launcher and the blocked kernel.
 
-One program per (request, value head, value tile of ``BV`` channels); ragged batches need no padding
-(each program loops over its own request's nodes). Nodes go in row blocks of ``BT`` (the packed order
-is topological, so a block's ancestors lie in it or in earlier blocks):
+:func:`gdn_tree_verify` runs one of two kernels, picked by the config's type: :class:`InverseConfig`
+(the explicit ``(I + G)⁻¹`` path of :mod:`.gdn_tree_verify_inverse`, the default) or
+:class:`VerifyConfig` (the blocked kernel below, one launch; the TensorRT plugin's kernel).
+
+Blocked kernel: one program per (request, value head, value tile of ``BV`` channels); ragged batches
+need no padding (each program loops over its own request's nodes). Nodes go in row blocks of ``BT``
+(the packed order is topological, so a block's ancestors lie in it or in earlier blocks):
 
 1. ``logP`` of every node (masked row sums of ``g`` over the ancestor set), written to the ``log_p``
    output and read back after a barrier;
@@ -25,8 +29,7 @@ tile otherwise (the benchmark measures both kinds of config); the state tile is 
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -41,6 +44,8 @@ from trtllm_bole.kernels._common import (
     slot_indices,
     tile_dividing,
 )
+from trtllm_bole.kernels._verify_tiles import _UPCAST, _gram, _gram2, _is_ancestor, _operand, _rows
+from trtllm_bole.kernels.gdn_tree_verify_inverse import INVERSE_CONFIGS, InverseConfig, launch_inverse
 from trtllm_bole.tree import TreeBatch
 
 PRECISIONS = ("ieee", "tf32", "bf16")
@@ -78,86 +83,6 @@ CONFIGS = tuple(
 """Candidates the benchmark sweeps (benchmarks/bench_gdn_verify.py records the winner per shape). On
 sm_90 (ptxas of triton 3.9) the row blocks of 16 and 32 compile with no or few spilled bytes; those of
 64 spill a few hundred bytes (the [64, 64] solve tiles) and are kept for the measurement to judge."""
-
-
-_UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
-"""Triton's interpreter (3.9) multiplies the bit patterns of bf16 dot operands: upcast them there."""
-
-
-@triton.jit
-def _operand(x, UPCAST: tl.constexpr):
-    if UPCAST:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _is_ancestor(ord_row, ord_col, end_col, m_row, m_col):
-    """``[BT, BT]``: column node is an ancestor of (or is) the row node, within valid rows/columns."""
-    inside = (ord_col[None, :] <= ord_row[:, None]) & (ord_row[:, None] < end_col[None, :])
-    return inside & m_row[:, None] & m_col[None, :]
-
-
-@triton.jit
-def _rows(base, rows, m_rows, row_stride, cols):
-    """``base[rows, cols]`` of a row-major matrix, zero on masked rows. ``base`` is a scalar pointer and
-    the offsets int32, so no per-element 64-bit pointer stays live across the loops."""
-    return tl.load(base + (rows[:, None] * row_stride + cols[None, :]), mask=m_rows[:, None], other=0.0)
-
-
-@triton.jit
-def _gram(
-    a_req,
-    k_req,
-    rows,
-    m_rows,
-    cols,
-    m_cols,
-    o_k,
-    ROW_STRIDE: tl.constexpr,
-    DK: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    PREC: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    """``A_rows K_colsᵀ`` (``[BT, BT]`` fp32, A = K or Q), dk streamed in ``BK`` chunks."""
-    acc = tl.zeros([BT, BT], dtype=tl.float32)
-    for kc in range(0, DK, BK):
-        a_c = _operand(_rows(a_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST)
-        k_c = _operand(_rows(k_req, cols, m_cols, ROW_STRIDE, kc + o_k), UPCAST)
-        acc = tl.dot(a_c, tl.trans(k_c), acc, input_precision=PREC)
-    return acc
-
-
-@triton.jit
-def _gram2(
-    q_req,
-    k_req,
-    rows,
-    m_rows,
-    cols,
-    m_cols,
-    o_k,
-    ROW_STRIDE: tl.constexpr,
-    DK: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    PREC: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    """``K_rows K_colsᵀ`` and ``Q_rows K_colsᵀ`` in one pass over dk (small blocks: fewer loads)."""
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    qk = tl.zeros([BT, BT], dtype=tl.float32)
-    for kc in range(0, DK, BK):
-        k_c = tl.trans(_operand(_rows(k_req, cols, m_cols, ROW_STRIDE, kc + o_k), UPCAST))
-        kk = tl.dot(
-            _operand(_rows(k_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST), k_c, kk, input_precision=PREC
-        )
-        qk = tl.dot(
-            _operand(_rows(q_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST), k_c, qk, input_precision=PREC
-        )
-    return kk, qk
 
 
 @triton.jit
@@ -363,16 +288,39 @@ def _launch(
     return o, u, log_p
 
 
-def default_config(num_nodes: int, num_requests: int, hv: int, dk: int, dv: int) -> VerifyConfig:
-    """A config from the shape alone (no device sync): row blocks of 16 (few registers, checked with
-    ptxas), value tiles narrow enough to give every SM a program at small batch and full width (G, C and
-    the solve once per head) when the batch fills the GPU. The benchmark sweeps :data:`CONFIGS` and
-    records the measured winner per shape."""
+def blocked_default_config(num_nodes: int, num_requests: int, hv: int, dk: int, dv: int) -> VerifyConfig:
+    """The blocked kernel's config from the shape alone (the TensorRT plugin's kernel): row blocks of 16
+    (few registers, checked with ptxas), value tiles narrow enough to give every SM a program at small
+    batch and full width (G, C and the solve once per head) when the batch fills the GPU."""
     bv = tile_dividing(dv, 128)
     while bv > 32 and num_requests * hv * (dv // bv) < 512:
         bv //= 2
     bk = tile_dividing(dk, 64)
     return VerifyConfig(16, bk, bv, 1 if bv <= 16 else 2 if bv <= 64 else 4, 2, fused=bv <= 64)
+
+
+def default_config(num_nodes: int, num_requests: int, hv: int, dk: int, dv: int) -> InverseConfig:
+    """The launcher's config from the shape alone (no device sync): the explicit-inverse path.
+
+    Tile: the smallest of 16, 32, 64 holding an average request (larger ones take the blocked variant).
+    Up to 64 (request, value head) pairs, the latency-bound regime (Qwen3.5-9B has 32 at B=1): one
+    launch with phase 1 in every program and value tiles giving about one program per SM. Beyond, two
+    launches: phase 1 once per head at two programs per SM, phase 2 in 32-channel value tiles (four
+    programs per SM). An estimate (the blocked kernel's H200 numbers, the register counts), until
+    benchmarks/bench_gdn_verify.py --focus headline measures this path."""
+    per_request = -(-num_nodes // max(num_requests, 1))
+    bt = 16 if per_request <= 16 else 32 if per_request <= 32 else 64
+    heads = num_requests * hv
+    if bt < 64:  # (16 | 32, 128, 32, 2 | 4, 1, 2 | 4) or (16 | 32, 64, 64, 2 | 4, 2, 1 | 2)
+        picked = (bt, 128, 32, bt // 8, 1, bt // 8) if heads <= 64 else (bt, 64, 64, bt // 8, 2, bt // 16)
+    elif heads <= 32:
+        picked = (64, 128, 32, 8, 1, 8)
+    elif heads <= 64:
+        picked = (64, 64, 64, 8, 1, 8)
+    else:
+        picked = (64, 64, 32, 4, 2, 4)
+    cfg = InverseConfig(*picked)
+    return replace(cfg, bk=tile_dividing(dk, cfg.bk), bv=tile_dividing(dv, cfg.bv))
 
 
 def gdn_tree_verify(
@@ -387,8 +335,9 @@ def gdn_tree_verify(
     scale: float | None = None,
     state_indices: torch.Tensor | None = None,
     precision: str | None = None,
-    config: VerifyConfig | None = None,
+    config: VerifyConfig | InverseConfig | None = None,
     raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None,
+    max_request_nodes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Closed-form tree verification; the committed state is read, never written.
 
@@ -400,10 +349,16 @@ def gdn_tree_verify(
 
     ``precision``: ``"ieee"`` (default for fp32 q/k/v: exact fp32 dots), ``"tf32"`` (default for
     bf16/fp16: tensor-core dots on fp32 operands) or ``"bf16"`` (see :data:`PRECISIONS`).
-    ``config``: tiling (default :func:`default_config`). dk and dv must be multiples of 16.
+    ``config``: :class:`VerifyConfig` (the blocked kernel, one launch) or :class:`InverseConfig` (the
+    explicit-inverse path, :mod:`.gdn_tree_verify_inverse`); default :func:`default_config`. dk and dv
+    must be multiples of 16.
     ``raw_gates=(A_log, dt_bias)`` (fp32 ``[HV]``): g and beta hold the raw gate inputs a and b, and the
     kernel applies Qwen3.5's gating on chip: ``g = -exp(A_log) softplus(a + dt_bias)``,
     ``beta = sigmoid(b)`` (the fused form SGLang's verify kernel uses).
+    ``max_request_nodes``: a host-side bound on every request's node count that the caller guarantees
+    (an engine's tree budget). The explicit-inverse path then skips the launch of its blocked variant
+    when no request can exceed the tile; default ``N - B + 1`` (no sync). A wrong bound leaves the
+    larger requests' outputs unwritten.
     """
     if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
         raise ValueError(
@@ -449,14 +404,31 @@ def gdn_tree_verify(
             f"raw_gates must be two float32 tensors [HV={hv}] (A_log, dt_bias) on {state.device}"
         )
     cfg = config or default_config(n, tree.num_requests, hv, dk, dv)
-    if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16:
-        raise ValueError(f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv)")
+    if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16 or cfg.bt & (cfg.bt - 1):
+        raise ValueError(
+            f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv, bt a power of two)"
+        )
     slots = slot_indices(state_indices, tree.num_requests, state.device)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    return _launch(
+    if max_request_nodes is not None and max_request_nodes < 1:
+        raise ValueError(f"max_request_nodes must be a positive bound, got {max_request_nodes}")
+    args = (
         q, k, v, g, beta, state, slots, tree, raw_gates, 1.0 if scale is None else float(scale),
         state_indices is not None, precision, cfg,
     )  # fmt: skip
+    if isinstance(cfg, InverseConfig):
+        return launch_inverse(*args, max_request_nodes)
+    return _launch(*args)
 
 
-__all__ = ["CONFIGS", "MAX_DEPTH", "PRECISIONS", "VerifyConfig", "default_config", "gdn_tree_verify"]
+__all__ = [
+    "CONFIGS",
+    "INVERSE_CONFIGS",
+    "MAX_DEPTH",
+    "PRECISIONS",
+    "InverseConfig",
+    "VerifyConfig",
+    "blocked_default_config",
+    "default_config",
+    "gdn_tree_verify",
+]

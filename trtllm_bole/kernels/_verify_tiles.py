@@ -1,0 +1,87 @@
+"""Tile helpers shared by the verify kernels (:mod:`.gdn_tree_verify`, :mod:`.gdn_tree_verify_inverse`)."""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+_UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
+"""Triton's interpreter (3.9) multiplies the bit patterns of bf16 dot operands: upcast them there."""
+
+
+@triton.jit
+def _operand(x, UPCAST: tl.constexpr):
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _is_ancestor(ord_row, ord_col, end_col, m_row, m_col):
+    """``[BT, BT]``: column node is an ancestor of (or is) the row node, within valid rows/columns."""
+    inside = (ord_col[None, :] <= ord_row[:, None]) & (ord_row[:, None] < end_col[None, :])
+    return inside & m_row[:, None] & m_col[None, :]
+
+
+@triton.jit
+def _rows(base, rows, m_rows, row_stride, cols):
+    """``base[rows, cols]`` of a row-major matrix, zero on masked rows. ``base`` is a scalar pointer and
+    the offsets int32, so no per-element 64-bit pointer stays live across the loops."""
+    return tl.load(base + (rows[:, None] * row_stride + cols[None, :]), mask=m_rows[:, None], other=0.0)
+
+
+@triton.jit
+def _gram(
+    a_req,
+    k_req,
+    rows,
+    m_rows,
+    cols,
+    m_cols,
+    o_k,
+    ROW_STRIDE: tl.constexpr,
+    DK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """``A_rows K_colsᵀ`` (``[BT, BT]`` fp32, A = K or Q), dk streamed in ``BK`` chunks."""
+    acc = tl.zeros([BT, BT], dtype=tl.float32)
+    for kc in range(0, DK, BK):
+        a_c = _operand(_rows(a_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST)
+        k_c = _operand(_rows(k_req, cols, m_cols, ROW_STRIDE, kc + o_k), UPCAST)
+        acc = tl.dot(a_c, tl.trans(k_c), acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _gram2(
+    q_req,
+    k_req,
+    rows,
+    m_rows,
+    cols,
+    m_cols,
+    o_k,
+    ROW_STRIDE: tl.constexpr,
+    DK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """``K_rows K_colsᵀ`` and ``Q_rows K_colsᵀ`` in one pass over dk (small blocks: fewer loads)."""
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    qk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kc in range(0, DK, BK):
+        k_c = tl.trans(_operand(_rows(k_req, cols, m_cols, ROW_STRIDE, kc + o_k), UPCAST))
+        kk = tl.dot(
+            _operand(_rows(k_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST), k_c, kk, input_precision=PREC
+        )
+        qk = tl.dot(
+            _operand(_rows(q_req, rows, m_rows, ROW_STRIDE, kc + o_k), UPCAST), k_c, qk, input_precision=PREC
+        )
+    return kk, qk

@@ -1,0 +1,425 @@
+"""Closed-form tree verification with an explicit ``(I + G)⁻¹`` (BOLE.md §2): no serial chain per tile.
+
+Rewriting Lemma 2 and Theorem 1 with ``W = (I + G)⁻¹`` and ``X = V - D_P K S_pre``:
+
+    U = W' X,    O = scale (D_P Q S_pre) + M' X,    W' = W D_β,    M' = scale C W'.
+
+``W'`` and ``M'`` depend on the tree, Q, K and the gates only (not on the state or the value channel),
+and are nonzero only where column node j is an ancestor of (or is) row node i: the ancestor relation is
+transitive, so every power of G keeps G's pattern. A row therefore holds at most ``d`` (tree depth)
+nonzeros, which we store compactly as ``[HV, N, d]`` indexed by the column node's depth: 2·d floats per
+node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
+
+- Phase 1, once per (request, value head): ancestor masks from the pre-order interval test; ``logP`` as a
+  masked row sum of g in registers; ``K Kᵀ``, ``Q Kᵀ``; ``G``, ``C``; ``W = (I - G)(I + G²)(I + G⁴)…``
+  (⌈log2 d⌉ squarings, ``G^d = 0`` by Lemma 3); ``M' = scale C W D_β``. Trees larger than the tile
+  ``BT`` are blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back.
+- Phase 2, one program per (request, value head, value tile): ``Q S``, ``K S`` over dk, X, then two
+  tensor-core products for U and O. For trees larger than ``BT``, X goes through the ``u`` output and
+  row blocks are finished last-first (``U_r`` only needs ``X_c``, c ≤ r).
+
+``launches=2`` runs the phases as two kernels (phase 1 once per head; the factors make one round trip
+through L2); ``launches=1`` runs both in every program of one launch (phase 1 repeated per value tile,
+the factors stay in registers for trees of up to ``BT`` nodes): the benchmark measures both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from trtllm_bole.kernels._verify_tiles import _UPCAST, _gram, _gram2, _is_ancestor, _operand, _rows
+from trtllm_bole.tree import TreeBatch
+
+
+@dataclass(frozen=True, slots=True)
+class InverseConfig:
+    bt: int  # tree nodes per tile (power of two >= 16); larger trees are blocked
+    bk: int  # dk chunk (bk == dk: one chunk; one launch then loads the state tile before the phase-1 math)
+    bv: int  # value channels per phase-2 program (divides dv)
+    num_warps: int = 4  # phase 2 (and the one-launch kernel)
+    launches: int = 2  # 2: phase 1 kernel + phase 2 kernel; 1: both phases in every program
+    warps1: int = 4  # phase-1 kernel (launches=2)
+
+
+INVERSE_CONFIGS = tuple(
+    InverseConfig(bt, bk, bv, w, launches, w1)
+    for bt, bk, bv, w, launches, w1 in (
+        (64, 128, 16, 8, 1, 8),
+        (64, 128, 32, 8, 1, 8),
+        (64, 64, 32, 4, 1, 4),
+        (64, 64, 64, 8, 1, 8),
+        (64, 32, 64, 4, 1, 4),
+        (64, 64, 128, 8, 1, 8),
+        (64, 128, 32, 4, 2, 8),
+        (64, 64, 32, 4, 2, 4),
+        (64, 64, 64, 4, 2, 8),
+        (64, 32, 64, 4, 2, 4),
+        (64, 64, 128, 8, 2, 8),
+        (32, 128, 32, 4, 1, 4),
+        (32, 64, 64, 4, 2, 2),
+        (16, 128, 32, 2, 1, 2),
+        (16, 64, 64, 2, 2, 1),
+    )
+)
+"""Candidates the benchmark sweeps next to :data:`~trtllm_bole.kernels.gdn_tree_verify.CONFIGS`. On sm_90
+(ptxas of triton 3.9, 16-byte aligned pointers as the JIT specialises them) the single-tile variants of
+all of them compile without spills in the serving precisions (tf32, bf16), 126-255 registers: tiles of
+64 take 8 warps (one program per SM) or 4 warps at the register limit (two per SM). The blocked
+variants (trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact variants (FMA dots) spill more."""
+
+
+@triton.jit
+def _gates(g_ptr, b_ptr, rows, m, hv, a_exp_h, dt_bias_h, RAW_GATES: tl.constexpr):
+    """Per-node ``g`` and ``β`` (zero on masked rows); with raw gates, Qwen3.5's gating on chip:
+    ``g = -exp(A_log) softplus(a + dt_bias)`` (torch's threshold 20), ``β = sigmoid(b)``."""
+    g = tl.load(g_ptr + rows * hv, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + rows * hv, mask=m, other=0.0).to(tl.float32)
+    if RAW_GATES:
+        x = g + dt_bias_h
+        g = tl.where(m, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)
+        b = tl.where(m, 1.0 / (1.0 + tl.exp(-b)), 0.0)
+    return g, b
+
+
+@triton.jit
+def _path_offsets(rows, dep_c, d):
+    """Compact ``[node, depth]`` offsets of the ``(row node, column node)`` pairs of a tile."""
+    return rows[:, None] * d + (dep_c - 1)[None, :]
+
+
+@triton.jit
+def _inverse(a, eye, n_squarings, PREC: tl.constexpr):
+    """``(I - A)⁻¹ = (I + A)(I + A²)(I + A⁴)…`` for nilpotent ``A`` (``A^(2^n_squarings) = 0``). The
+    factors commute, so each step is ``W += A^(2^s) W``."""
+    w = tl.where(eye, 1.0, 0.0)
+    if n_squarings > 0:
+        w += a
+        for _ in range(1, n_squarings):
+            a = tl.dot(a, a, input_precision=PREC)
+            w = tl.dot(a, w, w, input_precision=PREC)
+    return w
+
+
+@triton.jit
+def _tile_factors(
+    q_req, k_req, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings,
+    ROW_STRIDE: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Phase 1 for a tree of at most ``BT`` nodes, in registers: ``logP``, ``W' = W D_β``, ``M'``.
+    ``K Kᵀ`` is consumed before ``Q Kᵀ`` is formed, and the masks and ratios are recomputed rather
+    than kept, so that few ``[BT, BT]`` tiles are live at once."""
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
+    lp = tl.sum(tl.where(anc, g_t[None, :], 0.0), axis=1)
+    kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for kc in range(0, DK, BK):  # K Kᵀ from one load of each chunk
+        k_c = _operand(_rows(k_req, o_t, m_t, ROW_STRIDE, kc + o_k), UPCAST)
+        kk = tl.dot(k_c, tl.trans(k_c), kk, input_precision=PREC)
+    ratio = tl.exp(tl.where(anc, lp[:, None] - lp[None, :], float("-inf")))
+    a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_t[:, None] * ratio * kk, 0.0)
+    w = _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, PREC) * b_t[None, :]
+    qk = _gram(q_req, k_req, o_t, m_t, o_t, m_t, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST)
+    anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
+    c = tl.exp(tl.where(anc, lp[:, None] - lp[None, :], float("-inf"))) * qk
+    return lp, w, tl.dot(c, w, input_precision=PREC) * scale
+
+
+@triton.jit
+def _blocked_factors(
+    q_req, k_req, g_req, b_req, dfs_req, size_req, dep_req, lp_req, w_req, m_req,
+    n_t, hv, d, a_exp_h, dt_bias_h, scale, n_squarings,
+    ROW_STRIDE: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """Phase 1 for a tree of more than ``BT`` nodes, by row blocks: ``logP`` and the compact ``W'``,
+    ``M'`` of block row r are stored before a barrier; later rows read them back."""
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    eye = o_t[:, None] == o_t[None, :]
+    off_diag = o_t[:, None] != o_t[None, :]
+    full = o_t < BT
+    for r in range(0, tl.cdiv(n_t, BT)):
+        rows = r * BT + o_t
+        m_r = rows < n_t
+        ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
+        end_r = ord_r + tl.load(size_req + rows, mask=m_r, other=0).to(tl.int32)
+        dep_r = tl.load(dep_req + rows, mask=m_r, other=1).to(tl.int32)
+        g_r, b_r = _gates(g_req, b_req, rows, m_r, hv, a_exp_h, dt_bias_h, RAW_GATES)
+        lp_r = tl.zeros([BT], dtype=tl.float32)
+        for c in range(0, r):
+            cols = c * BT + o_t
+            ord_c = tl.load(dfs_req + cols).to(tl.int32)
+            end_c = ord_c + tl.load(size_req + cols).to(tl.int32)
+            g_c, _ = _gates(g_req, b_req, cols, full, hv, a_exp_h, dt_bias_h, RAW_GATES)
+            lp_r += tl.sum(tl.where(_is_ancestor(ord_r, ord_c, end_c, m_r, full), g_c[None, :], 0.0), axis=1)
+        anc_rr = _is_ancestor(ord_r, ord_r, end_r, m_r, m_r)
+        lp_r += tl.sum(tl.where(anc_rr, g_r[None, :], 0.0), axis=1)
+        tl.store(lp_req + rows * hv, lp_r, mask=m_r)
+
+        ratio = tl.exp(tl.where(anc_rr, lp_r[:, None] - lp_r[None, :], float("-inf")))
+        kk, qk = _gram2(q_req, k_req, rows, m_r, rows, m_r, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST)
+        w_rr = _inverse(tl.where(anc_rr & off_diag, -b_r[:, None] * ratio * kk, 0.0), eye, n_squarings, PREC)
+        c_rr = ratio * qk
+        offs = _path_offsets(rows, dep_r, d)
+        tl.store(w_req + offs, w_rr * b_r[None, :], mask=anc_rr)
+        tl.store(m_req + offs, tl.dot(c_rr, w_rr * b_r[None, :], input_precision=PREC) * scale, mask=anc_rr)
+        for c in range(0, r):
+            cols = c * BT + o_t
+            ord_c = tl.load(dfs_req + cols).to(tl.int32)
+            end_c = ord_c + tl.load(size_req + cols).to(tl.int32)
+            anc_rc = _is_ancestor(ord_r, ord_c, end_c, m_r, full)
+            if tl.max(anc_rc.to(tl.int32)) > 0:  # tiles without ancestor pairs are zero: never stored
+                dep_c = tl.load(dep_req + cols).to(tl.int32)
+                acc_w = tl.zeros([BT, BT], dtype=tl.float32)
+                acc_m = tl.zeros([BT, BT], dtype=tl.float32)
+                for mb in range(c, r):
+                    mid = mb * BT + o_t
+                    ord_m = tl.load(dfs_req + mid).to(tl.int32)
+                    end_m = ord_m + tl.load(size_req + mid).to(tl.int32)
+                    anc_rm = _is_ancestor(ord_r, ord_m, end_m, m_r, full)
+                    if tl.max(anc_rm.to(tl.int32)) > 0:
+                        lp_m = tl.load(lp_req + mid * hv)
+                        ratio_rm = tl.exp(tl.where(anc_rm, lp_r[:, None] - lp_m[None, :], float("-inf")))
+                        kk_rm, qk_rm = _gram2(
+                            q_req, k_req, rows, m_r, mid, full, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST
+                        )
+                        anc_mc = _is_ancestor(ord_m, ord_c, end_c, full, full)
+                        w_mc = tl.load(w_req + _path_offsets(mid, dep_c, d), mask=anc_mc, other=0.0)
+                        acc_w = tl.dot(b_r[:, None] * ratio_rm * kk_rm, w_mc, acc_w, input_precision=PREC)
+                        acc_m = tl.dot(ratio_rm * qk_rm, w_mc, acc_m, input_precision=PREC)
+                w_rc = -tl.dot(w_rr, acc_w, input_precision=PREC)
+                acc_m = tl.dot(c_rr, w_rc, acc_m, input_precision=PREC)
+                offs = _path_offsets(rows, dep_c, d)
+                tl.store(w_req + offs, w_rc, mask=anc_rc)
+                tl.store(m_req + offs, acc_m * scale, mask=anc_rc)
+        tl.debug_barrier()  # later block rows read this row's logP and factors back
+
+
+@triton.jit
+def _state_dot(a_req, s_req, rows, m, o_v, acc, ROW_STRIDE: tl.constexpr, DK: tl.constexpr,
+               DV: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, S_BF16: tl.constexpr,
+               UPCAST: tl.constexpr):  # fmt: skip
+    """``acc + A_rows S[:, o_v]`` (A = Q or K), dk streamed in ``BK`` chunks."""
+    o_k = tl.arange(0, BK)
+    for kc in range(0, DK, BK):
+        a_c = _rows(a_req, rows, m, ROW_STRIDE, kc + o_k)
+        s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :]))
+        if S_BF16:
+            acc = tl.dot(_operand(a_c.to(tl.bfloat16), UPCAST), _operand(s_c.to(tl.bfloat16), UPCAST), acc)
+        else:
+            acc = tl.dot(a_c.to(tl.float32), s_c, acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _blocked_apply(
+    q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req, w_req, m_req,
+    n_t, hv, d, scale, o_v,
+    H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PREC: tl.constexpr, S_BF16: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Phase 2 for a tree of more than ``BT`` nodes: X of every row block to ``u``, then U and O of the
+    row blocks last-first (``U_r = Σ_{c≤r} W'_rc X_c``: a block's X is read before it is overwritten)."""
+    o_t = tl.arange(0, BT)
+    n_b = tl.cdiv(n_t, BT)
+    for r in range(0, n_b):
+        rows = r * BT + o_t
+        m_r = rows < n_t
+        ks = _state_dot(k_req, s_req, rows, m_r, o_v, tl.zeros([BT, BV], dtype=tl.float32), H * DK, DK, DV,
+                        BK, PREC, S_BF16, UPCAST)  # fmt: skip
+        decay = tl.exp(tl.load(lp_req + rows * hv, mask=m_r, other=0.0))
+        x = _rows(v_req, rows, m_r, hv * DV, o_v).to(tl.float32) - decay[:, None] * ks
+        tl.store(u_req + (rows[:, None] * (hv * DV) + o_v[None, :]), x, mask=m_r[:, None])
+    tl.debug_barrier()
+    for i in range(0, n_b):
+        r = n_b - 1 - i
+        rows = r * BT + o_t
+        m_r = rows < n_t
+        ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
+        decay = tl.exp(tl.load(lp_req + rows * hv, mask=m_r, other=0.0))
+        qs = _state_dot(q_req, s_req, rows, m_r, o_v, tl.zeros([BT, BV], dtype=tl.float32), H * DK, DK, DV,
+                        BK, PREC, S_BF16, UPCAST)  # fmt: skip
+        acc_o = scale * decay[:, None] * qs
+        acc_u = tl.zeros([BT, BV], dtype=tl.float32)
+        for c in range(0, r + 1):
+            cols = c * BT + o_t
+            m_c = cols < n_t
+            ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
+            end_c = ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32)
+            anc = _is_ancestor(ord_r, ord_c, end_c, m_r, m_c)
+            if tl.max(anc.to(tl.int32)) > 0:
+                offs = _path_offsets(rows, tl.load(dep_req + cols, mask=m_c, other=1).to(tl.int32), d)
+                x_c = tl.load(
+                    u_req + (cols[:, None] * (hv * DV) + o_v[None, :]), mask=m_c[:, None], other=0.0
+                )
+                acc_u = tl.dot(tl.load(w_req + offs, mask=anc, other=0.0), x_c, acc_u, input_precision=PREC)
+                acc_o = tl.dot(tl.load(m_req + offs, mask=anc, other=0.0), x_c, acc_o, input_precision=PREC)
+        tl.debug_barrier()  # every thread has read X_r before U_r overwrites it
+        out = rows[:, None] * (hv * DV) + o_v[None, :]
+        tl.store(u_req + out, acc_u, mask=m_r[:, None])
+        tl.store(o_req + out, acc_o.to(o_req.dtype.element_ty), mask=m_r[:, None])
+
+
+@triton.jit(do_not_specialize=["n_squarings", "d", "n_total"])
+def _gdn_tree_verify_inverse_kernel(
+    q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth,
+    o, u, log_p, factors, a_log, dt_bias,
+    scale, hv, n_total, d, n_squarings,
+    H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PHASE: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr,
+    S_BF16: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, BLOCKED: tl.constexpr,
+):  # fmt: skip
+    """``PHASE`` 1: factors only (grid ``(1, HV, B)``); 2: outputs from stored factors; 3: both.
+    ``BLOCKED``: serve only the requests of more than ``BT`` nodes (else only the others): the blocked
+    code needs more registers, and the allocation is per kernel."""
+    i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (hv // H)
+    bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+    n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
+    q_req = q + (bos * H + i_h) * DK
+    k_req = k + (bos * H + i_h) * DK
+    dfs_req = dfs_order + bos
+    size_req = subtree_size + bos
+    dep_req = depth + bos
+    lp_req = log_p + bos * hv + i_hv
+    w_req = factors + (i_hv * n_total + bos) * d  # [2, HV, N, d]: W' then M'
+    m_req = w_req + hv * n_total * d
+    a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32)) if RAW_GATES else 1.0
+    dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32) if RAW_GATES else 0.0
+    o_v = i_v * BV + tl.arange(0, BV)
+    if PHASE != 1:
+        slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+        s_req = state + (slot * hv + i_hv) * (DK * DV)
+        v_req = v + (bos * hv + i_hv) * DV
+        u_req = u + (bos * hv + i_hv) * DV
+        o_req = o + (bos * hv + i_hv) * DV
+
+    if BLOCKED:
+        if n_t > BT:
+            if PHASE != 2:
+                _blocked_factors(q_req, k_req, g + bos * hv + i_hv, beta + bos * hv + i_hv, dfs_req, size_req,
+                                 dep_req, lp_req, w_req, m_req, n_t, hv, d, a_exp_h, dt_bias_h, scale,
+                                 n_squarings, H * DK, DK, BT, BK, PREC, UPCAST, RAW_GATES)  # fmt: skip
+            if PHASE != 1:
+                _blocked_apply(q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req,
+                               w_req, m_req, n_t, hv, d, scale, o_v, H, DK, DV, BT, BK, BV, PREC, S_BF16,
+                               UPCAST)  # fmt: skip
+    elif n_t <= BT:
+        o_t = tl.arange(0, BT)
+        m_t = o_t < n_t
+        ord_t = tl.load(dfs_req + o_t, mask=m_t, other=0).to(tl.int32)
+        end_t = ord_t + tl.load(size_req + o_t, mask=m_t, other=0).to(tl.int32)
+        if PHASE != 3:
+            offs = _path_offsets(o_t, tl.load(dep_req + o_t, mask=m_t, other=1).to(tl.int32), d)
+        if PHASE == 3 and BK == DK:  # the state tile's loads are issued before the phase-1 math
+            s_t = tl.load(s_req + (tl.arange(0, DK)[:, None] * DV + o_v[None, :]))
+        if PHASE != 2:
+            g_t, b_t = _gates(g + bos * hv + i_hv, beta + bos * hv + i_hv, o_t, m_t, hv, a_exp_h, dt_bias_h,
+                              RAW_GATES)  # fmt: skip
+            lp, w, mm = _tile_factors(q_req, k_req, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings, H * DK,
+                                      DK, BT, BK, PREC, UPCAST)  # fmt: skip
+            tl.store(lp_req + o_t * hv, lp, mask=m_t)
+            if PHASE == 1:
+                anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
+                tl.store(w_req + offs, w, mask=anc)
+                tl.store(m_req + offs, mm, mask=anc)
+        else:
+            lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)
+        if PHASE != 1:
+            decay = tl.exp(lp)
+            acc = tl.zeros([BT, BV], dtype=tl.float32)
+            if PHASE == 3 and BK == DK:
+                k_t = _rows(k_req, o_t, m_t, H * DK, tl.arange(0, DK))
+                if S_BF16:
+                    ks = tl.dot(
+                        _operand(k_t.to(tl.bfloat16), UPCAST), _operand(s_t.to(tl.bfloat16), UPCAST), acc
+                    )
+                else:
+                    ks = tl.dot(k_t.to(tl.float32), s_t, acc, input_precision=PREC)
+            else:
+                ks = _state_dot(k_req, s_req, o_t, m_t, o_v, acc, H * DK, DK, DV, BK, PREC, S_BF16, UPCAST)
+            x = _rows(v_req, o_t, m_t, hv * DV, o_v).to(tl.float32) - decay[:, None] * ks
+            if PHASE == 2:
+                anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
+                w = tl.load(w_req + offs, mask=anc, other=0.0)
+            out = o_t[:, None] * (hv * DV) + o_v[None, :]
+            tl.store(u_req + out, tl.dot(w, x, input_precision=PREC), mask=m_t[:, None])
+            if PHASE == 3 and BK == DK:
+                q_t = _rows(q_req, o_t, m_t, H * DK, tl.arange(0, DK))
+                if S_BF16:
+                    qs = tl.dot(
+                        _operand(q_t.to(tl.bfloat16), UPCAST), _operand(s_t.to(tl.bfloat16), UPCAST), acc
+                    )
+                else:
+                    qs = tl.dot(q_t.to(tl.float32), s_t, acc, input_precision=PREC)
+            else:
+                qs = _state_dot(q_req, s_req, o_t, m_t, o_v, acc, H * DK, DK, DV, BK, PREC, S_BF16, UPCAST)
+            if PHASE == 2:
+                mm = tl.load(m_req + offs, mask=anc, other=0.0)
+            o_out = tl.dot(mm, x, scale * decay[:, None] * qs, input_precision=PREC)
+            tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
+
+
+def launch_inverse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    tree: TreeBatch,
+    raw_gates: tuple[torch.Tensor, torch.Tensor] | None,
+    scale: float,
+    use_slots: bool,
+    precision: str,
+    cfg: InverseConfig,
+    max_request_nodes: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Allocates the outputs and the compact factors ``[2, HV, N, depth]`` and launches, with no host
+    sync (the tree metadata stays on the device; ``tree.max_depth`` is a host int). Requests of more
+    than ``bt`` nodes go to a second, blocked variant, launched only when ``max_request_nodes`` (default
+    ``N - B + 1``, every request holding a node) allows such a request."""
+    n, h, dk = q.shape
+    hv, dv = v.shape[1:]
+    batch = tree.num_requests
+    o = torch.empty_like(v)
+    u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    log_p = torch.empty((n, hv), dtype=torch.float32, device=v.device)
+    d = tree.max_depth
+    factors = torch.empty((2, hv, n, d), dtype=torch.float32, device=v.device)
+    chain = min(d, cfg.bt)  # longest chain inside one tile
+    args = (
+        q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size, tree.depth,
+        o, u, log_p, factors, *(raw_gates or (g, g)), scale, hv, n, d, (chain - 1).bit_length(),
+    )  # fmt: skip
+    consts = dict(
+        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=use_slots,
+        PREC="ieee" if precision == "ieee" else "tf32", S_BF16=precision == "bf16", UPCAST=_UPCAST,
+        RAW_GATES=raw_gates is not None,
+    )  # fmt: skip
+    phase1 = {**consts, "BV": 16, "USE_SLOTS": False, "S_BF16": False}  # one phase-1 kernel for every bv
+    grid = (dv // cfg.bv, hv, batch)
+    largest = n - batch + 1 if max_request_nodes is None else max_request_nodes
+    for blocked in (False, True) if largest > cfg.bt else (False,):
+        if cfg.launches == 2:
+            _gdn_tree_verify_inverse_kernel[(1, hv, batch)](
+                *args, **phase1, PHASE=1, BLOCKED=blocked, num_warps=cfg.warps1, num_stages=1
+            )
+            _gdn_tree_verify_inverse_kernel[grid](
+                *args, **consts, PHASE=2, BLOCKED=blocked, num_warps=cfg.num_warps, num_stages=1
+            )
+        else:
+            _gdn_tree_verify_inverse_kernel[grid](
+                *args, **consts, PHASE=3, BLOCKED=blocked, num_warps=cfg.num_warps, num_stages=1
+            )
+    return o, u, log_p
+
+
+__all__ = ["INVERSE_CONFIGS", "InverseConfig", "launch_inverse"]
