@@ -43,9 +43,18 @@ def _io(spec: PluginSpec, descs: dict[str, trtp.TensorDesc]) -> tuple[dict, dict
     return shapes, dtypes
 
 
-def _describe(
-    spec: PluginSpec, descs: dict[str, trtp.TensorDesc], attrs: dict
-) -> tuple[trtp.TensorDesc, ...]:
+def _inputs(spec: PluginSpec, args: dict[str, Any]) -> dict[str, trtp.TensorDesc]:
+    """The input descriptors among a plugin function's arguments (its ``locals()``), in launch order."""
+    return {port.name: args[port.name] for port in spec.inputs}
+
+
+def _attrs(spec: PluginSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """The plugin attributes among a plugin function's arguments (its ``locals()``)."""
+    return {name: args[name] for name, _ in spec.attrs}
+
+
+def _describe(spec: PluginSpec, args: dict[str, Any]) -> tuple[trtp.TensorDesc, ...]:
+    descs, attrs = _inputs(spec, args), _attrs(spec, args)
     shapes = {name: tuple(d.shape_expr) for name, d in descs.items()}
     dtypes = {name: _NAMES[d.dtype] for name, d in descs.items()}
     out = []
@@ -58,10 +67,10 @@ def _describe(
     return tuple(out)
 
 
-def _autotune(spec: PluginSpec, descs: dict[str, trtp.TensorDesc]) -> list[trtp.AutoTuneCombination]:
+def _autotune(spec: PluginSpec, args: dict[str, Any]) -> list[trtp.AutoTuneCombination]:
     ports = (*spec.inputs, *spec.outputs)
     types = ", ".join("|".join(_COMBO[d] for d in p.dtypes) for p in ports)
-    shapes, _ = _io(spec, descs)
+    shapes, _ = _io(spec, _inputs(spec, args))
     return [trtp.AutoTuneCombination(types, "LINEAR", list(range(1, len(spec.tactics(shapes)) + 1)))]
 
 
@@ -69,9 +78,10 @@ def _cdiv(a: Any, b: int) -> Any:
     return -(-a // b) if isinstance(a, int) else trtp.cdiv(a, b)
 
 
-def _aot(spec: PluginSpec, descs: dict[str, trtp.TensorDesc], attrs: dict, tactic: int) -> tuple:
-    shapes, dtypes = _io(spec, descs)
-    payload = aot_payload(spec, shapes, dtypes, attrs, max(tactic - 1, 0), arch=TARGET_ARCH, cdiv=_cdiv)
+def _aot(spec: PluginSpec, args: dict[str, Any]) -> tuple:
+    shapes, dtypes = _io(spec, _inputs(spec, args))
+    tactic = max(args["tactic"] - 1, 0)
+    payload = aot_payload(spec, shapes, dtypes, _attrs(spec, args), tactic, arch=TARGET_ARCH, cdiv=_cdiv)
     (gx, gy, gz), (bx, by, bz) = payload.launch.grid, payload.launch.block
     launch = trtp.KernelLaunchParams()
     launch.grid_x, launch.grid_y, launch.grid_z = (trtp.SymInt32(g) for g in (gx, gy, gz))
@@ -103,18 +113,14 @@ def gdn_tree_verify_desc(
     scale: float,
     max_depth: int,
 ) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
-    descs = dict(locals())
-    attrs = {"scale": descs.pop("scale"), "max_depth": descs.pop("max_depth")}
-    return _describe(VERIFY, descs, attrs)
+    return _describe(VERIFY, locals())
 
 
 @trtp.autotune("bole::gdn_tree_verify")
 def gdn_tree_verify_autotune(
     q, k, v, g, beta, state, state_indices, cu_seqlens, dfs_order, subtree_size, outputs
 ) -> list[trtp.AutoTuneCombination]:
-    descs = dict(locals())
-    descs.pop("outputs")
-    return _autotune(VERIFY, descs)
+    return _autotune(VERIFY, locals())
 
 
 @trtp.aot_impl("bole::gdn_tree_verify")
@@ -134,10 +140,7 @@ def gdn_tree_verify_aot_impl(
     outputs: tuple[trtp.TensorDesc],
     tactic: int,
 ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
-    descs = dict(locals())
-    attrs = {"scale": descs.pop("scale"), "max_depth": descs.pop("max_depth")}
-    descs.pop("outputs"), descs.pop("tactic")
-    return _aot(VERIFY, descs, attrs, tactic)
+    return _aot(VERIFY, locals())
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -160,18 +163,14 @@ def gdn_commit_desc(
     paths: trtp.TensorDesc,
     max_depth: int,
 ) -> trtp.TensorDesc:
-    descs = dict(locals())
-    attrs = {"max_depth": descs.pop("max_depth")}
-    return _describe(COMMIT, descs, attrs)[0]
+    return _describe(COMMIT, locals())[0]
 
 
 @trtp.autotune("bole::gdn_commit")
 def gdn_commit_autotune(
     state, k, u, log_p, accepted_leaf, state_indices, cu_seqlens, depth, paths, outputs
 ) -> list[trtp.AutoTuneCombination]:
-    descs = dict(locals())
-    descs.pop("outputs")
-    return _autotune(COMMIT, descs)
+    return _autotune(COMMIT, locals())
 
 
 @trtp.aot_impl("bole::gdn_commit")
@@ -189,10 +188,7 @@ def gdn_commit_aot_impl(
     outputs: tuple[trtp.TensorDesc],
     tactic: int,
 ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
-    descs = dict(locals())
-    attrs = {"max_depth": descs.pop("max_depth")}
-    descs.pop("outputs"), descs.pop("tactic")
-    return _aot(COMMIT, descs, attrs, tactic)
+    return _aot(COMMIT, locals())
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -213,18 +209,14 @@ def tree_conv1d_desc(
     paths: trtp.TensorDesc,
     silu: int,
 ) -> trtp.TensorDesc:
-    descs = dict(locals())
-    attrs = {"silu": descs.pop("silu")}
-    return _describe(CONV, descs, attrs)[0]
+    return _describe(CONV, locals())[0]
 
 
 @trtp.autotune("bole::tree_conv1d")
 def tree_conv1d_autotune(
     x, weight, conv_state, state_indices, request, depth, paths, outputs
 ) -> list[trtp.AutoTuneCombination]:
-    descs = dict(locals())
-    descs.pop("outputs")
-    return _autotune(CONV, descs)
+    return _autotune(CONV, locals())
 
 
 @trtp.aot_impl("bole::tree_conv1d")
@@ -240,7 +232,4 @@ def tree_conv1d_aot_impl(
     outputs: tuple[trtp.TensorDesc],
     tactic: int,
 ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
-    descs = dict(locals())
-    attrs = {"silu": descs.pop("silu")}
-    descs.pop("outputs"), descs.pop("tactic")
-    return _aot(CONV, descs, attrs, tactic)
+    return _aot(CONV, locals())
