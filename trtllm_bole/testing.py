@@ -10,11 +10,11 @@ import torch.nn.functional as F
 
 from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
 
-# A tiny Qwen3.5 with an MTP layer for executor-level tests. Its small vocabulary makes random drafts
-# land often, so acceptance paths are really exercised.
-TINY_MTP_CONFIG = {
+# A tiny Qwen3.5, small enough for two CPU cores; dv != dk and HV = 2H so that transposed or mis-grouped
+# heads fail.
+TINY_CONFIG = {
     "model_type": "qwen3_5_text",
-    "vocab_size": 16,
+    "vocab_size": 96,
     "hidden_size": 32,
     "intermediate_size": 48,
     "num_hidden_layers": 4,
@@ -26,8 +26,11 @@ TINY_MTP_CONFIG = {
     "linear_key_head_dim": 8,
     "linear_value_head_dim": 4,
     "full_attention_interval": 2,
-    "mtp_num_hidden_layers": 1,
 }
+
+# The tiny config with an MTP layer, for executor-level tests. Its smaller vocabulary makes random
+# drafts land often, so acceptance paths are really exercised.
+TINY_MTP_CONFIG = {**TINY_CONFIG, "vocab_size": 16, "mtp_num_hidden_layers": 1}
 
 
 def chain_parents(n: int) -> list[int]:
