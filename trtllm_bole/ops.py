@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trtllm_bole.kernels._common import check_conv_shapes, check_state_indices
 from trtllm_bole.reference import conv_tree, gdn_tree
 from trtllm_bole.tree import TreeBatch
 
@@ -344,15 +345,7 @@ def _check_conv(
     tree: TreeBatch,
     state_indices: torch.Tensor | None,
 ) -> None:
-    if x.dim() != 2 or x.shape[0] != tree.num_nodes:
-        raise ValueError(f"x must be [N={tree.num_nodes}, C], got {tuple(x.shape)}")
-    c = x.shape[1]
-    if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 2:
-        raise ValueError(f"weight must be [C={c}, W>=2], got {tuple(weight.shape)}")
-    if conv_state.dim() != 3 or conv_state.shape[1:] != (c, weight.shape[1] - 1):
-        raise ValueError(
-            f"conv_state must be [S, C={c}, W-1={weight.shape[1] - 1}], got {tuple(conv_state.shape)}"
-        )
+    check_conv_shapes(x, weight, conv_state, tree)
     for name, t in (("weight", weight), ("conv_state", conv_state)):
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
@@ -370,13 +363,7 @@ def _check_slots(
                 f"pass state_indices to address a slot pool"
             )
         return
-    if state_indices.shape != (num_requests,) or state_indices.dtype.is_floating_point:
-        raise ValueError(
-            f"state_indices must be an integer tensor [B={num_requests}], got "
-            f"{state_indices.dtype} {tuple(state_indices.shape)}"
-        )
-    if state_indices.device != device:
-        raise ValueError(f"state_indices is on {state_indices.device} but the state is on {device}")
+    check_state_indices(state_indices, num_requests, device)
     if int(state_indices.min()) < 0 or int(state_indices.max()) >= num_slots:
         raise ValueError(f"state_indices must lie in [0, {num_slots}), got {state_indices.tolist()}")
     if torch.unique(state_indices).numel() != num_requests:

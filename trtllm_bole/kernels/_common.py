@@ -1,5 +1,6 @@
-"""Checks shared by the kernel launchers. Nothing here synchronises with the device: launchers stay
-cheap enough to be timed and captured in CUDA graphs (value checks live in :mod:`trtllm_bole.ops`)."""
+"""Checks shared by the kernel launchers (the argument checks also by :mod:`trtllm_bole.ops`). Nothing
+here synchronises with the device: launchers stay cheap enough to be timed and captured in CUDA graphs
+(value checks live in :mod:`trtllm_bole.ops`)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,22 @@ def check_contiguous(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be contiguous (it is updated in place), got strides {t.stride()}")
 
 
-def slot_indices(state_indices: torch.Tensor | None, num_requests: int, device: torch.device) -> torch.Tensor:
-    """``state_indices`` as a contiguous int64 tensor, or a dummy when requests own slots 0..B-1."""
-    if state_indices is None:
-        return torch.empty(1, dtype=torch.int64, device=device)
+def check_conv_shapes(
+    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, tree: TreeBatch
+) -> None:
+    """x ``[N, C]``, weight ``[C, W >= 2]``, conv_state ``[S, C, W - 1]``."""
+    if x.dim() != 2 or x.shape[0] != tree.num_nodes:
+        raise ValueError(f"x must be [N={tree.num_nodes}, C], got {tuple(x.shape)}")
+    c = x.shape[1]
+    if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 2:
+        raise ValueError(f"weight must be [C={c}, W>=2], got {tuple(weight.shape)}")
+    if conv_state.dim() != 3 or conv_state.shape[1:] != (c, weight.shape[1] - 1):
+        raise ValueError(
+            f"conv_state must be [S, C={c}, W-1={weight.shape[1] - 1}], got {tuple(conv_state.shape)}"
+        )
+
+
+def check_state_indices(state_indices: torch.Tensor, num_requests: int, device: torch.device) -> None:
     if state_indices.shape != (num_requests,) or state_indices.dtype.is_floating_point:
         raise ValueError(
             f"state_indices must be an integer tensor [B={num_requests}], got "
@@ -49,6 +62,21 @@ def slot_indices(state_indices: torch.Tensor | None, num_requests: int, device: 
         )
     if state_indices.device != device:
         raise ValueError(f"state_indices is on {state_indices.device} but the state is on {device}")
+
+
+def check_slot_count(
+    num_slots: int, num_requests: int, state_indices: torch.Tensor | None, what: str = "state"
+) -> None:
+    """Without ``state_indices`` request b owns slot b: ``what`` must hold exactly one slot a request."""
+    if state_indices is None and num_slots != num_requests:
+        raise ValueError(f"{what} holds {num_slots} slots but the tree has {num_requests} requests")
+
+
+def slot_indices(state_indices: torch.Tensor | None, num_requests: int, device: torch.device) -> torch.Tensor:
+    """``state_indices`` as a contiguous int64 tensor, or a dummy when requests own slots 0..B-1."""
+    if state_indices is None:
+        return torch.empty(1, dtype=torch.int64, device=device)
+    check_state_indices(state_indices, num_requests, device)
     return state_indices.to(torch.int64).contiguous()
 
 

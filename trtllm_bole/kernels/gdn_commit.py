@@ -20,6 +20,7 @@ from trtllm_bole.kernels._common import (
     check_contiguous,
     check_depth,
     check_device,
+    check_slot_count,
     pow2_at_least,
     slot_indices,
     tile_dividing,
@@ -228,8 +229,7 @@ def gdn_commit(
     check_depth(tree, "gdn_commit")
     leaves = _check_leaves(accepted_leaf, tree, state.device)
     num_slots = state.shape[-4]
-    if state_indices is None and num_slots != tree.num_requests:
-        raise ValueError(f"state holds {num_slots} slots but the tree has {tree.num_requests} requests")
+    check_slot_count(num_slots, tree.num_requests, state_indices)
     slots = slot_indices(state_indices, tree.num_requests, state.device)
     cfg = config or CommitConfig(tile_dividing(dk, 128), tile_dividing(dv, 32), 4, outer=True)
     if dk % cfg.bk or dv % cfg.bv:
@@ -272,8 +272,7 @@ def conv_state_commit(
     check_contiguous(conv_state=conv_state)
     leaves = _check_leaves(accepted_leaf, tree, conv_state.device)
     num_slots = conv_state.shape[-3]
-    if state_indices is None and num_slots != tree.num_requests:
-        raise ValueError(f"conv_state holds {num_slots} slots but the tree has {tree.num_requests} requests")
+    check_slot_count(num_slots, tree.num_requests, state_indices, "conv_state")
     slots = slot_indices(state_indices, tree.num_requests, conv_state.device)
     bc = min(256, triton.next_power_of_2(c))
     grid = (triton.cdiv(c, bc), layers * tree.num_requests)

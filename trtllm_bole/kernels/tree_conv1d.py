@@ -11,7 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_bole.kernels._common import INPUT_DTYPES, check_device, slot_indices
+from trtllm_bole.kernels._common import (
+    INPUT_DTYPES,
+    check_conv_shapes,
+    check_device,
+    check_slot_count,
+    slot_indices,
+)
 from trtllm_bole.tree import TreeBatch
 
 
@@ -87,14 +93,8 @@ def tree_conv1d(
     conv_state ``[S, C, W - 1]`` (the committed last inputs, oldest first; slots ``state_indices``
     int ``[B]`` or S = B); bias ``[C]``. Returns y ``[N, C]`` in x's dtype (fp32 accumulation).
     """
-    if x.dim() != 2 or x.shape[0] != tree.num_nodes:
-        raise ValueError(f"x must be [N={tree.num_nodes}, C], got {tuple(x.shape)}")
-    c = x.shape[1]
-    if weight.dim() != 2 or weight.shape[0] != c or weight.shape[1] < 2:
-        raise ValueError(f"weight must be [C={c}, W>=2], got {tuple(weight.shape)}")
-    width = weight.shape[1]
-    if conv_state.dim() != 3 or conv_state.shape[1:] != (c, width - 1):
-        raise ValueError(f"conv_state must be [S, C={c}, W-1={width - 1}], got {tuple(conv_state.shape)}")
+    check_conv_shapes(x, weight, conv_state, tree)
+    c, width = weight.shape
     if bias is not None and bias.shape != (c,):
         raise ValueError(f"bias must be [C={c}], got {tuple(bias.shape)}")
     if activation not in ("silu", None):
@@ -103,10 +103,7 @@ def tree_conv1d(
         if t.dtype not in INPUT_DTYPES:
             raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
     check_device(tree, x.device, weight=weight, conv_state=conv_state, bias=bias)
-    if state_indices is None and conv_state.shape[0] != tree.num_requests:
-        raise ValueError(
-            f"conv_state holds {conv_state.shape[0]} slots but the tree has {tree.num_requests} requests"
-        )
+    check_slot_count(conv_state.shape[0], tree.num_requests, state_indices, "conv_state")
     slots = slot_indices(state_indices, tree.num_requests, x.device)
     y = torch.empty_like(x)
     bn, bc = 16, min(128, triton.next_power_of_2(c))

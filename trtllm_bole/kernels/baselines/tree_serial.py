@@ -22,6 +22,7 @@ from trtllm_bole.kernels._common import (
     INPUT_DTYPES,
     check_contiguous,
     check_device,
+    check_slot_count,
     slot_indices,
     tile_dividing,
 )
@@ -158,8 +159,7 @@ def gdn_tree_verify_serial(
             raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
     check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)
     check_contiguous(state=state)
-    if state_indices is None and state.shape[0] != tree.num_requests:
-        raise ValueError(f"state holds {state.shape[0]} slots but the tree has {tree.num_requests} requests")
+    check_slot_count(state.shape[0], tree.num_requests, state_indices)
     slots = slot_indices(state_indices, tree.num_requests, state.device)
     cfg = config or SerialConfig(tile_dividing(dv, 32), 2)
     if dv % cfg.bv:
@@ -203,8 +203,7 @@ def gdn_snapshot_commit(
     if accepted_leaf.shape != (tree.num_requests,) or accepted_leaf.dtype.is_floating_point:
         raise ValueError(f"accepted_leaf must be an integer tensor [B={tree.num_requests}]")
     num_slots = state.shape[-4]
-    if state_indices is None and num_slots != tree.num_requests:
-        raise ValueError(f"state holds {num_slots} slots but the tree has {tree.num_requests} requests")
+    check_slot_count(num_slots, tree.num_requests, state_indices)
     slots = slot_indices(state_indices, tree.num_requests, state.device)
     layers = state.shape[0] if state.dim() == 5 else 1
     entry = state.shape[-3] * state.shape[-2] * state.shape[-1]
