@@ -12,6 +12,7 @@ from trtllm_bole.kernels.gdn_tree_verify import (
     INVERSE_CONFIGS,
     InverseConfig,
     VerifyConfig,
+    check_inverse_config,
     default_config,
     gdn_tree_verify,
 )
@@ -232,7 +233,7 @@ def test_inverse_serving_mode_grouped_heads_slots(launches, gen, nan_outputs):
     before = state.clone()
     out = gdn_tree_verify(
         q, k, v, a, b, state, tree, scale=x.scale, state_indices=slots, raw_gates=(a_log, dt_bias),
-        config=InverseConfig(32, 16, 16, 2, launches), precision="bf16" if launches == 1 else "tf32",
+        config=InverseConfig(32, 16, 16, 2, launches), precision="tf32" if launches == 1 else "bf16",
     )  # fmt: skip
     assert out[0].dtype == torch.bfloat16
     check(out, truth(x, tree, slots), SERVING)
@@ -249,11 +250,27 @@ def test_inverse_depth_one_and_compiled_maximum(gen):
 
 
 def test_default_config_is_a_benchmarked_config():
-    for batch in (1, 2, 4, 16, 32):
-        for size in (8, 16, 32, 64, 256):
-            cfg = default_config(batch * size, batch, 32, 128, 128)
-            assert cfg in INVERSE_CONFIGS
-            assert cfg.bt >= min(size, 64)
+    """The default is a measured candidate: the inverse path for 17-64 nodes a request (its tile holds
+    the average request), the blocked kernel otherwise; never a combination the launcher refuses."""
+    for precision in ("tf32", "bf16"):
+        for batch in (1, 2, 4, 16, 32):
+            for size in (8, 16, 32, 64, 256):
+                cfg = default_config(batch * size, batch, 32, 128, 128, precision)
+                if 16 < size <= 64:
+                    assert cfg in INVERSE_CONFIGS and cfg.bt >= size
+                    check_inverse_config(cfg, precision)
+                else:
+                    assert cfg in CONFIGS
+
+
+def test_refuses_the_config_that_miscompiles_on_the_h200(gen):
+    tree, x = make([topk_parents(20, 4, 8)], 1, 2, 32, 32, gen)
+    bad = InverseConfig(32, 32, 32, 4, launches=1)
+    with pytest.raises(ValueError, match="miscompiles on sm_90"):
+        run(x, tree, torch.bfloat16, config=bad, precision="bf16")
+    with pytest.raises(ValueError, match="miscompiles on sm_90"):
+        check_inverse_config(INVERSE_CONFIGS[0], "bf16")
+    check_inverse_config(INVERSE_CONFIGS[0], "tf32")
 
 
 # ------------------------------------------------------------------------------------------ #
@@ -264,7 +281,7 @@ def test_default_config_is_a_benchmarked_config():
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "cfg",
-    [None, CONFIGS[6], CONFIGS[-2], INVERSE_CONFIGS[1], INVERSE_CONFIGS[7], INVERSE_CONFIGS[12]],
+    [None, CONFIGS[6], CONFIGS[-2], INVERSE_CONFIGS[0], INVERSE_CONFIGS[6], INVERSE_CONFIGS[11]],
     ids=str,
 )  # every config: the benchmark
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -45,7 +45,12 @@ from trtllm_bole.kernels._common import (
     tile_dividing,
 )
 from trtllm_bole.kernels._verify_tiles import _UPCAST, _gram, _gram2, _is_ancestor, _operand, _rows
-from trtllm_bole.kernels.gdn_tree_verify_inverse import INVERSE_CONFIGS, InverseConfig, launch_inverse
+from trtllm_bole.kernels.gdn_tree_verify_inverse import (
+    INVERSE_CONFIGS,
+    InverseConfig,
+    check_inverse_config,
+    launch_inverse,
+)
 from trtllm_bole.tree import TreeBatch
 
 PRECISIONS = ("ieee", "tf32", "bf16")
@@ -299,26 +304,30 @@ def blocked_default_config(num_nodes: int, num_requests: int, hv: int, dk: int, 
     return VerifyConfig(16, bk, bv, 1 if bv <= 16 else 2 if bv <= 64 else 4, 2, fused=bv <= 64)
 
 
-def default_config(num_nodes: int, num_requests: int, hv: int, dk: int, dv: int) -> InverseConfig:
-    """The launcher's config from the shape alone (no device sync): the explicit-inverse path.
+def default_config(
+    num_nodes: int, num_requests: int, hv: int, dk: int, dv: int, precision: str = "tf32"
+) -> VerifyConfig | InverseConfig:
+    """The launcher's config from the shape alone (no device sync), by the H200 measurement of
+    benchmarks/results/gdn_verify_h200.json (CUDA-graph times, Qwen3.5-9B/27B heads, B = 1 … 32):
 
-    Tile: the smallest of 16, 32, 64 holding an average request (larger ones take the blocked variant).
-    Up to 64 (request, value head) pairs, the latency-bound regime (Qwen3.5-9B has 32 at B=1): one
-    launch with phase 1 in every program and value tiles giving about one program per SM. Beyond, two
-    launches: phase 1 once per head at two programs per SM, phase 2 in 32-channel value tiles (four
-    programs per SM). An estimate (the blocked kernel's H200 numbers, the register counts), until
-    benchmarks/bench_gdn_verify.py --focus headline measures this path."""
+    - requests of 17 to 64 nodes (the average): the explicit-inverse path in one tile, one launch with
+      value tiles of 32 while the (request, value head) pairs are at most 32 (the latency-bound regime;
+      not in bf16 precision, see :func:`~.gdn_tree_verify_inverse.check_inverse_config`), of 64 up to
+      64 pairs and of 128 beyond; requests of 17 to 32 nodes: tiles of 32 in two launches;
+    - smaller or larger trees: the blocked kernel (:func:`blocked_default_config`), faster there (T = 8,
+      16: 30 µs against 36-39 µs; T = 128, 256: 1.3-1.5x at B = 16)."""
     per_request = -(-num_nodes // max(num_requests, 1))
-    bt = 16 if per_request <= 16 else 32 if per_request <= 32 else 64
     heads = num_requests * hv
-    if bt < 64:  # (16 | 32, 128, 32, 2 | 4, 1, 2 | 4) or (16 | 32, 64, 64, 2 | 4, 2, 1 | 2)
-        picked = (bt, 128, 32, bt // 8, 1, bt // 8) if heads <= 64 else (bt, 64, 64, bt // 8, 2, bt // 16)
-    elif heads <= 32:
+    if per_request <= 16 or per_request > 64:
+        return blocked_default_config(num_nodes, num_requests, hv, dk, dv)
+    if per_request <= 32:
+        picked = (32, 64, 64, 4, 2, 2)
+    elif heads <= 32 and precision != "bf16":
         picked = (64, 128, 32, 8, 1, 8)
     elif heads <= 64:
         picked = (64, 64, 64, 8, 1, 8)
     else:
-        picked = (64, 64, 32, 4, 2, 4)
+        picked = (64, 64, 128, 8, 1, 8)
     cfg = InverseConfig(*picked)
     return replace(cfg, bk=tile_dividing(dk, cfg.bk), bv=tile_dividing(dv, cfg.bv))
 
@@ -403,7 +412,7 @@ def gdn_tree_verify(
         raise ValueError(
             f"raw_gates must be two float32 tensors [HV={hv}] (A_log, dt_bias) on {state.device}"
         )
-    cfg = config or default_config(n, tree.num_requests, hv, dk, dv)
+    cfg = config or default_config(n, tree.num_requests, hv, dk, dv, precision)
     if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16 or cfg.bt & (cfg.bt - 1):
         raise ValueError(
             f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv, bt a power of two)"
@@ -417,6 +426,7 @@ def gdn_tree_verify(
         state_indices is not None, precision, cfg,
     )  # fmt: skip
     if isinstance(cfg, InverseConfig):
+        check_inverse_config(cfg, precision)
         return launch_inverse(*args, max_request_nodes)
     return _launch(*args)
 

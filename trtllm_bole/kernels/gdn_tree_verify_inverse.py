@@ -48,7 +48,6 @@ class InverseConfig:
 INVERSE_CONFIGS = tuple(
     InverseConfig(bt, bk, bv, w, launches, w1)
     for bt, bk, bv, w, launches, w1 in (
-        (64, 128, 16, 8, 1, 8),
         (64, 128, 32, 8, 1, 8),
         (64, 64, 32, 4, 1, 4),
         (64, 64, 64, 8, 1, 8),
@@ -62,14 +61,27 @@ INVERSE_CONFIGS = tuple(
         (32, 128, 32, 4, 1, 4),
         (32, 64, 64, 4, 2, 2),
         (16, 128, 32, 2, 1, 2),
-        (16, 64, 64, 2, 2, 1),
     )
 )
 """Candidates the benchmark sweeps next to :data:`~trtllm_bole.kernels.gdn_tree_verify.CONFIGS`. On sm_90
 (ptxas of triton 3.9, 16-byte aligned pointers as the JIT specialises them) the single-tile variants of
 all of them compile without spills in the serving precisions (tf32, bf16), 126-255 registers: tiles of
 64 take 8 warps (one program per SM) or 4 warps at the register limit (two per SM). The blocked
-variants (trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact variants (FMA dots) spill more."""
+variants (trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact variants (FMA dots) spill more.
+Two configs failed the H200 check (triton 3.6) and were dropped: ``(64, 128, 16, 8, 1, 8)`` and
+``(16, 64, 64, 2, 2, 1)`` (one phase-1 warp, blocked trees)."""
+
+
+def check_inverse_config(cfg: InverseConfig, precision: str) -> None:
+    """Refuses the combination that computes wrong outputs on the H200 (triton 3.6, sm_90; the float64
+    check of benchmarks/bench_gdn_verify.py, NaN or 70 % error in O): one launch, value tiles of at most
+    32 and bf16 state products. Every other config passed that check in both serving precisions."""
+    if precision == "bf16" and cfg.launches == 1 and cfg.bv <= 32:
+        raise ValueError(
+            f"{cfg} with precision='bf16' is refused: one launch with value tiles <= 32 and bf16 state "
+            "products miscompiles on sm_90 (triton 3.6; wrong O in the H200 check). Use precision='tf32', "
+            "bv >= 64 or launches=2"
+        )
 
 
 @triton.jit
@@ -422,4 +434,4 @@ def launch_inverse(
     return o, u, log_p
 
 
-__all__ = ["INVERSE_CONFIGS", "InverseConfig", "launch_inverse"]
+__all__ = ["INVERSE_CONFIGS", "InverseConfig", "check_inverse_config", "launch_inverse"]
