@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The H200 runs, one command per purpose (each fits the device tool's 600 s limit). Run from the repo
+# root with the wheels of .whl/ carried along (see benchmarks/README.md); results go under $OUT.
+#
+#   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang) + GPU kernel tests
+#   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it
+#   bash benchmarks/h200.sh serving   # acceptance, throughput (4 modes x batch), real-dims verify step
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p "$OUT"
+case "${1:-}" in
+kernels)
+    python benchmarks/bench_gdn_verify.py --focus headline --budget-s "${BUDGET_S:-330}" --out "$OUT" \
+        > "$OUT/log.txt" 2>&1; echo "bench rc=$?"
+    python -m pytest -q -m gpu tests/kernels -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
+    echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    ;;
+engine)
+    mkdir -p "$OUT/plugins" "$OUT/engine"
+    python plugins/check_aot.py --out "$OUT/plugins" > "$OUT/plugins/check_aot.log" 2>&1; echo "check_aot rc=$?"
+    python build_scripts/build_engine.py --calibrate --max-batch-size 32 --max-seq-len 4096 \
+        --output /tmp/engine-h200 --quiet > "$OUT/engine/build.log" 2>&1; echo "build rc=$?"
+    cp /tmp/engine-h200/config.json /tmp/engine-h200/budget.json "$OUT/engine/"
+    python -m trtllm_bole generate --model /tmp/engine-h200 --device cuda --max-tokens 48 \
+        > "$OUT/engine/generate.txt" 2>&1; echo "generate rc=$?"
+    ;;
+serving)
+    python benchmarks/eval_acceptance.py --device cuda --prompts 16 --max-tokens 64 --out "$OUT" \
+        > "$OUT/log.txt" 2>&1; echo "acceptance rc=$?"
+    python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 24 --output-tokens 64
+    python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --out "$OUT" \
+        >> "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
+    python benchmarks/bench_real_dims.py --out "$OUT" --acceptance "$OUT/acceptance_h200.json" \
+        --time-budget "${BUDGET_S:-150}" >> "$OUT/log.txt" 2>&1; echo "real dims rc=$?"
+    ;;
+*)
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving" >&2; exit 2 ;;
+esac
