@@ -52,6 +52,20 @@ COMMIT_CONFIGS = tuple(
 only the state tile on chip (fewer registers, more programs in flight per SM)."""
 
 
+@triton.jit
+def _accepted_node(accepted_leaf, slots, cu_seqlens, i_lb, num_requests, USE_SLOTS: tl.constexpr):
+    """Program index ``i_lb`` over (layer × request) -> the layer, whether the request accepted a node
+    (a leaf index out of range counts as none: the caller then touches no memory), the request's state
+    slot and the packed index of its accepted node."""
+    i_l = i_lb // num_requests
+    i_b = i_lb % num_requests
+    leaf = tl.load(accepted_leaf + i_b).to(tl.int64)
+    bos = tl.load(cu_seqlens + i_b)
+    accepted = (leaf >= 0) & (leaf < tl.load(cu_seqlens + i_b + 1) - bos)
+    slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+    return i_l, accepted, slot, bos + leaf
+
+
 @triton.jit(do_not_specialize=["num_requests", "num_slots", "num_nodes", "max_depth"])
 def _gdn_commit_kernel(
     state,
@@ -77,14 +91,11 @@ def _gdn_commit_kernel(
     USE_SLOTS: tl.constexpr,
     OUTER: tl.constexpr,
 ):
-    i_v, i_hv, i_lb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_l = i_lb // num_requests
-    i_b = i_lb % num_requests
-    leaf = tl.load(accepted_leaf + i_b).to(tl.int64)
-    bos = tl.load(cu_seqlens + i_b)
-    if (leaf >= 0) & (leaf < tl.load(cu_seqlens + i_b + 1) - bos):  # out of range: never touch memory
-        slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
-        node = bos + leaf
+    i_v, i_hv = tl.program_id(0), tl.program_id(1)
+    i_l, accepted, slot, node = _accepted_node(
+        accepted_leaf, slots, cu_seqlens, tl.program_id(2), num_requests, USE_SLOTS
+    )
+    if accepted:
         n_path = tl.load(depth + node).to(tl.int32)
         layer_rows = i_l.to(tl.int64) * num_nodes  # layer-major rows of the stacked factors
         lp_leaf = tl.load(log_p + (layer_rows + node) * HV + i_hv)
@@ -140,14 +151,11 @@ def _conv_state_commit_kernel(
 ):
     """New conv state column j (oldest first) = the input ``WS - 1 - j`` steps before the leaf along
     its path, or the old state's column ``j + depth`` where the path is shorter."""
-    i_c, i_lb = tl.program_id(0), tl.program_id(1)
-    i_l = i_lb // num_requests
-    i_b = i_lb % num_requests
-    leaf = tl.load(accepted_leaf + i_b).to(tl.int64)
-    bos = tl.load(cu_seqlens + i_b)
-    if (leaf >= 0) & (leaf < tl.load(cu_seqlens + i_b + 1) - bos):  # out of range: never touch memory
-        slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
-        node = bos + leaf
+    i_c = tl.program_id(0)
+    i_l, accepted, slot, node = _accepted_node(
+        accepted_leaf, slots, cu_seqlens, tl.program_id(1), num_requests, USE_SLOTS
+    )
+    if accepted:
         n_path = tl.load(depth + node).to(tl.int32)
         o_j = tl.arange(0, WP)
         back = WS - 1 - o_j  # steps before the leaf; 0 = the leaf itself

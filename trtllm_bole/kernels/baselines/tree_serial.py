@@ -26,6 +26,7 @@ from trtllm_bole.kernels._common import (
     slot_indices,
     tile_dividing,
 )
+from trtllm_bole.kernels.gdn_commit import _accepted_node
 from trtllm_bole.tree import TreeBatch
 
 
@@ -102,14 +103,11 @@ def _snapshot_commit_kernel(
     BLOCK: tl.constexpr,
     USE_SLOTS: tl.constexpr,
 ):
-    i_blk, i_lb = tl.program_id(0), tl.program_id(1)
-    i_l = i_lb // num_requests
-    i_b = i_lb % num_requests
-    leaf = tl.load(accepted_leaf + i_b).to(tl.int64)
-    bos = tl.load(cu_seqlens + i_b)
-    if (leaf >= 0) & (leaf < tl.load(cu_seqlens + i_b + 1) - bos):  # out of range: never touch memory
-        slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
-        node = bos + leaf
+    i_blk = tl.program_id(0)
+    i_l, accepted, slot, node = _accepted_node(
+        accepted_leaf, slots, cu_seqlens, tl.program_id(1), num_requests, USE_SLOTS
+    )
+    if accepted:
         offs = i_blk * BLOCK + tl.arange(0, BLOCK)
         src = snapshots + (i_l.to(tl.int64) * num_nodes + node) * ENTRY
         dst = state + (i_l.to(tl.int64) * num_slots + slot) * ENTRY
