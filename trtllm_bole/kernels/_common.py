@@ -39,6 +39,42 @@ def check_contiguous(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be contiguous (it is updated in place), got strides {t.stride()}")
 
 
+def gdn_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """``(N, H, dk, HV, dv)`` of q, k ``[N, H, dk]`` and v ``[N, HV, dv]``."""
+    if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
+        raise ValueError(
+            f"q, k must be [N, H, dk] and v [N, HV, dv] with the same N, got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    n, h, dk = q.shape
+    hv, dv = v.shape[1:]
+    return n, h, dk, hv, dv
+
+
+def check_gdn_operands(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> None:
+    """g, beta ``[N, HV]``; state float32 ``[S, HV, dk, dv]``; q, k, v, g, beta of :data:`INPUT_DTYPES`
+    (after :func:`gdn_shapes`)."""
+    n, hv, dv = v.shape
+    dk = q.shape[2]
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (n, hv):
+            raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
+    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv) or state.dtype != torch.float32:
+        raise ValueError(
+            f"state must be float32 [S, HV={hv}, dk={dk}, dv={dv}], got {state.dtype} {tuple(state.shape)}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if t.dtype not in INPUT_DTYPES:
+            raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+
+
 def check_conv_shapes(
     x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, tree: TreeBatch
 ) -> None:

@@ -36,11 +36,12 @@ import triton
 import triton.language as tl
 
 from trtllm_bole.kernels._common import (
-    INPUT_DTYPES,
     MAX_DEPTH,
     check_contiguous,
     check_depth,
     check_device,
+    check_gdn_operands,
+    gdn_shapes,
     slot_indices,
     tile_dividing,
 )
@@ -369,29 +370,14 @@ def gdn_tree_verify(
     when no request can exceed the tile; default ``N - B + 1`` (no sync). A wrong bound leaves the
     larger requests' outputs unwritten.
     """
-    if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"q, k must be [N, H, dk] and v [N, HV, dv] with the same N, got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    n, h, dk = q.shape
-    hv, dv = v.shape[1:]
+    n, h, dk, hv, dv = gdn_shapes(q, k, v)
     if n != tree.num_nodes:
         raise ValueError(f"q/k/v hold {n} nodes but the tree has {tree.num_nodes}")
     if hv % h:
         raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
     if dk % 16 or dv % 16:
         raise ValueError(f"dk={dk} and dv={dv} must be multiples of 16 (tensor-core tile sides)")
-    for name, t in (("g", g), ("beta", beta)):
-        if t.shape != (n, hv):
-            raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
-    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv) or state.dtype != torch.float32:
-        raise ValueError(
-            f"state must be float32 [S, HV={hv}, dk={dk}, dv={dv}], got {state.dtype} {tuple(state.shape)}"
-        )
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if t.dtype not in INPUT_DTYPES:
-            raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    check_gdn_operands(q, k, v, g, beta, state)
     if k.dtype != q.dtype:
         raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
     check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)

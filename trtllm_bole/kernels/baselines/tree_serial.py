@@ -19,10 +19,11 @@ import triton
 import triton.language as tl
 
 from trtllm_bole.kernels._common import (
-    INPUT_DTYPES,
     check_contiguous,
     check_device,
+    check_gdn_operands,
     check_slot_count,
+    gdn_shapes,
     slot_indices,
     tile_dividing,
 )
@@ -133,28 +134,13 @@ def gdn_tree_verify_serial(
     (slots ``state_indices`` int ``[B]`` or S = B). Returns ``o [N, HV, dv]`` (v's dtype) and
     ``snapshots [N, HV, dk, dv]`` fp32 (every node's post-update state). dk must be a power of two.
     """
-    if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
-        raise ValueError(
-            f"q, k must be [N, H, dk] and v [N, HV, dv] with the same N, got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    n, h, dk = q.shape
-    hv, dv = v.shape[1:]
+    n, h, dk, hv, dv = gdn_shapes(q, k, v)
     if n != tree.num_nodes or hv % h or dk & (dk - 1) or dv % 16:
         raise ValueError(
             f"need N = tree nodes ({n} vs {tree.num_nodes}), HV % H == 0 ({hv}, {h}), dk a power of "
             f"two ({dk}) and dv a multiple of 16 ({dv})"
         )
-    for name, t in (("g", g), ("beta", beta)):
-        if t.shape != (n, hv):
-            raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
-    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv) or state.dtype != torch.float32:
-        raise ValueError(
-            f"state must be float32 [S, HV={hv}, dk={dk}, dv={dv}], got {state.dtype} {tuple(state.shape)}"
-        )
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if t.dtype not in INPUT_DTYPES:
-            raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+    check_gdn_operands(q, k, v, g, beta, state)
     check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)
     check_contiguous(state=state)
     check_slot_count(state.shape[0], tree.num_requests, state_indices)
