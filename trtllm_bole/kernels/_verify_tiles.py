@@ -33,6 +33,16 @@ def _rows(base, rows, m_rows, row_stride, cols):
 
 
 @triton.jit
+def _state_product(a, s, acc, PREC: tl.constexpr, S_BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a s`` for a state tile ``s`` (fp32): bf16 operands (``S_BF16``) or fp32 at ``PREC``."""
+    if S_BF16:
+        acc = tl.dot(_operand(a.to(tl.bfloat16), UPCAST), _operand(s.to(tl.bfloat16), UPCAST), acc)
+    else:
+        acc = tl.dot(a.to(tl.float32), s, acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
 def _gram(
     a_req,
     k_req,

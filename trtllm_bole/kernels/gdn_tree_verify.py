@@ -45,7 +45,15 @@ from trtllm_bole.kernels._common import (
     slot_indices,
     tile_dividing,
 )
-from trtllm_bole.kernels._verify_tiles import _UPCAST, _gram, _gram2, _is_ancestor, _operand, _rows
+from trtllm_bole.kernels._verify_tiles import (
+    _UPCAST,
+    _gram,
+    _gram2,
+    _is_ancestor,
+    _operand,
+    _rows,
+    _state_product,
+)
 from trtllm_bole.kernels.gdn_tree_verify_inverse import (
     INVERSE_CONFIGS,
     InverseConfig,
@@ -196,13 +204,8 @@ def _gdn_tree_verify_kernel(
             q_c = _rows(q_req, rows, m_r, H * DK, kc + o_k)
             k_c = _rows(k_req, rows, m_r, H * DK, kc + o_k)
             s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :]))
-            if S_BF16:
-                s_c = _operand(s_c.to(tl.bfloat16), UPCAST)
-                qs = tl.dot(_operand(q_c.to(tl.bfloat16), UPCAST), s_c, qs)
-                ks = tl.dot(_operand(k_c.to(tl.bfloat16), UPCAST), s_c, ks)
-            else:
-                qs = tl.dot(q_c.to(tl.float32), s_c, qs, input_precision=PREC)
-                ks = tl.dot(k_c.to(tl.float32), s_c, ks, input_precision=PREC)
+            qs = _state_product(q_c, s_c, qs, PREC, S_BF16, UPCAST)
+            ks = _state_product(k_c, s_c, ks, PREC, S_BF16, UPCAST)
             if FUSED:  # the block's own K Kᵀ and Q Kᵀ from the same loads
                 k_t = tl.trans(_operand(k_c, UPCAST))
                 kk = tl.dot(_operand(k_c, UPCAST), k_t, kk, input_precision=PREC)

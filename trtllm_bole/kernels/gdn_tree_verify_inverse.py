@@ -31,7 +31,15 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_bole.kernels._verify_tiles import _UPCAST, _gram, _gram2, _is_ancestor, _operand, _rows
+from trtllm_bole.kernels._verify_tiles import (
+    _UPCAST,
+    _gram,
+    _gram2,
+    _is_ancestor,
+    _operand,
+    _rows,
+    _state_product,
+)
 from trtllm_bole.tree import TreeBatch
 
 
@@ -222,10 +230,7 @@ def _state_dot(a_req, s_req, rows, m, o_v, acc, ROW_STRIDE: tl.constexpr, DK: tl
     for kc in range(0, DK, BK):
         a_c = _rows(a_req, rows, m, ROW_STRIDE, kc + o_k)
         s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :]))
-        if S_BF16:
-            acc = tl.dot(_operand(a_c.to(tl.bfloat16), UPCAST), _operand(s_c.to(tl.bfloat16), UPCAST), acc)
-        else:
-            acc = tl.dot(a_c.to(tl.float32), s_c, acc, input_precision=PREC)
+        acc = _state_product(a_c, s_c, acc, PREC, S_BF16, UPCAST)
     return acc
 
 
@@ -348,12 +353,7 @@ def _gdn_tree_verify_inverse_kernel(
             acc = tl.zeros([BT, BV], dtype=tl.float32)
             if PHASE == 3 and BK == DK:
                 k_t = _rows(k_req, o_t, m_t, H * DK, tl.arange(0, DK))
-                if S_BF16:
-                    ks = tl.dot(
-                        _operand(k_t.to(tl.bfloat16), UPCAST), _operand(s_t.to(tl.bfloat16), UPCAST), acc
-                    )
-                else:
-                    ks = tl.dot(k_t.to(tl.float32), s_t, acc, input_precision=PREC)
+                ks = _state_product(k_t, s_t, acc, PREC, S_BF16, UPCAST)
             else:
                 ks = _state_dot(k_req, s_req, o_t, m_t, o_v, acc, H * DK, DK, DV, BK, PREC, S_BF16, UPCAST)
             x = _rows(v_req, o_t, m_t, hv * DV, o_v).to(tl.float32) - decay[:, None] * ks
@@ -364,12 +364,7 @@ def _gdn_tree_verify_inverse_kernel(
             tl.store(u_req + out, tl.dot(w, x, input_precision=PREC), mask=m_t[:, None])
             if PHASE == 3 and BK == DK:
                 q_t = _rows(q_req, o_t, m_t, H * DK, tl.arange(0, DK))
-                if S_BF16:
-                    qs = tl.dot(
-                        _operand(q_t.to(tl.bfloat16), UPCAST), _operand(s_t.to(tl.bfloat16), UPCAST), acc
-                    )
-                else:
-                    qs = tl.dot(q_t.to(tl.float32), s_t, acc, input_precision=PREC)
+                qs = _state_product(q_t, s_t, acc, PREC, S_BF16, UPCAST)
             else:
                 qs = _state_dot(q_req, s_req, o_t, m_t, o_v, acc, H * DK, DK, DV, BK, PREC, S_BF16, UPCAST)
             if PHASE == 2:
