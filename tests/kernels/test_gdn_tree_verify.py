@@ -52,6 +52,20 @@ def make(trees, h, hv, dk, dv, gen, dtype=torch.float32, num_slots=None, max_dep
     return tree, x
 
 
+def raw_gate_inputs(x, gen):
+    """Random raw gate inputs ``a``, ``b`` ``[N, HV]`` and ``(A_log, dt_bias)`` on DEVICE; ``x.g`` and
+    ``x.beta`` become the gates Qwen3.5 computes from them (float64, for the oracle)."""
+    n, hv = x.g.shape
+    a = (torch.randn(n, hv, generator=gen) * 3).to(DEVICE)
+    a[0, 0] = 30.0  # above softplus' threshold
+    b = torch.randn(n, hv, generator=gen).to(DEVICE)
+    a_log = torch.log(torch.rand(hv, generator=gen) * 15.99 + 0.01).to(DEVICE)
+    dt_bias = torch.randn(hv, generator=gen).to(DEVICE)
+    x.g = -a_log.double().exp() * torch.nn.functional.softplus(a.double() + dt_bias.double())
+    x.beta = torch.sigmoid(b.double())
+    return a, b, (a_log, dt_bias)
+
+
 def run(x, tree, dtype, **kw):
     q, k, v = (t.to(dtype) for t in (x.q, x.k, x.v))
     return gdn_tree_verify(q, k, v, x.g.float(), x.beta.float(), x.state.float(), tree, scale=x.scale, **kw)
@@ -120,18 +134,9 @@ def test_precision_modes(precision, gen):
 def test_raw_gates_fused_in_kernel(gen, nan_outputs):
     """Qwen3.5's gating applied on chip from a, b, A_log and dt_bias (the form SGLang's kernel takes)."""
     tree, x = make(SHAPES["ragged"], 2, 4, 32, 32, gen, torch.bfloat16)
-    n, hv = x.g.shape
-    a = (torch.randn(n, hv, generator=gen) * 3).to(DEVICE)
-    a[0, 0] = 30.0  # above softplus' threshold
-    b = torch.randn(n, hv, generator=gen).to(DEVICE)
-    a_log = torch.log(torch.rand(hv, generator=gen) * 15.99 + 0.01).to(DEVICE)
-    dt_bias = torch.randn(hv, generator=gen).to(DEVICE)
-    x.g = -a_log.double().exp() * torch.nn.functional.softplus(a.double() + dt_bias.double())
-    x.beta = torch.sigmoid(b.double())
+    a, b, gates = raw_gate_inputs(x, gen)
     q, k, v = (t.bfloat16() for t in (x.q, x.k, x.v))
-    out = gdn_tree_verify(
-        q, k, v, a, b, x.state.float(), tree, scale=x.scale, config=SMALL, raw_gates=(a_log, dt_bias)
-    )
+    out = gdn_tree_verify(q, k, v, a, b, x.state.float(), tree, scale=x.scale, config=SMALL, raw_gates=gates)
     check(out, truth(x, tree), SERVING)
 
 
@@ -220,19 +225,12 @@ def test_inverse_serving_mode_grouped_heads_slots(launches, gen, nan_outputs):
     """bf16 q/k/v, raw gates on chip, HV = 3H, a slot pool, tiles of 32 (one request blocked)."""
     tree, x = make(SHAPES["ragged"], 1, 3, 32, 32, gen, torch.bfloat16, num_slots=6)
     slots = torch.tensor([4, 0, 5, 2], device=DEVICE)
-    n, hv = x.g.shape
-    a = (torch.randn(n, hv, generator=gen) * 3).to(DEVICE)
-    a[0, 0] = 30.0  # above softplus' threshold
-    b = torch.randn(n, hv, generator=gen).to(DEVICE)
-    a_log = torch.log(torch.rand(hv, generator=gen) * 15.99 + 0.01).to(DEVICE)
-    dt_bias = torch.randn(hv, generator=gen).to(DEVICE)
-    x.g = -a_log.double().exp() * torch.nn.functional.softplus(a.double() + dt_bias.double())
-    x.beta = torch.sigmoid(b.double())
+    a, b, gates = raw_gate_inputs(x, gen)
     q, k, v = (t.bfloat16() for t in (x.q, x.k, x.v))
     state = x.state.float()
     before = state.clone()
     out = gdn_tree_verify(
-        q, k, v, a, b, state, tree, scale=x.scale, state_indices=slots, raw_gates=(a_log, dt_bias),
+        q, k, v, a, b, state, tree, scale=x.scale, state_indices=slots, raw_gates=gates,
         config=InverseConfig(32, 16, 16, 2, launches), precision="tf32" if launches == 1 else "bf16",
     )  # fmt: skip
     assert out[0].dtype == torch.bfloat16
