@@ -43,6 +43,21 @@ def load_dataset(path: Path, llm: LLM) -> list[tuple[list[int], int]]:
     return out
 
 
+def divergence(outputs: list[list[int]], reference: list[list[int]]) -> dict:
+    """How greedy outputs differ from plain decoding's: requests that differ, and the earliest
+    differing token (index into the request's output), for the record when they are not identical."""
+    firsts = [
+        next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref)))
+        for out, ref in zip(outputs, reference, strict=True)
+        if out != ref
+    ]
+    return {
+        "requests_differing": len(firsts),
+        "requests": len(reference),
+        "first_differing_token": min(firsts),
+    }
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
@@ -125,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--engine", default=None, help="engine or checkpoint dir (default: embedded model)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="auto: bfloat16 on a GPU, float32 on CPU")  # fmt: skip
     parser.add_argument("--modes", default="ar,chain,tree-serial,bole")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--depth", type=int, default=8)
@@ -137,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
 
     modes = args.modes.split(",")
     batches = [1] if args.kind == "latency" else [int(b) for b in args.batch_sizes.split(",")]
-    llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, max_batch_size=1)
+    llm = LLM(
+        args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype, max_batch_size=1
+    )
     dataset = load_dataset(args.dataset, llm)
     bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
     for mode in modes:  # compile kernels, warm allocators: untimed
@@ -151,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "ar":
                 reference[batch] = outputs
             result["identical_to_ar"] = outputs == reference[batch]
+            if not result["identical_to_ar"]:
+                result["divergence"] = divergence(outputs, reference[batch])
             if mode not in modes:
                 continue
             runs.append(result)
@@ -180,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device,
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "dtype": str(llm.model.dtype).removeprefix("torch."),
         "engine": str(args.engine or "embedded qwen35-code-tiny"),
         "dataset": {
             "path": str(args.dataset),

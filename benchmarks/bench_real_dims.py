@@ -11,7 +11,7 @@ per scheme, how much of it is GDN verification, and where the budget should sit.
    time of the GDN verify kernels over the step's whole CUDA time.
 3. Budget sweep (the paper's Figure 11 analogue): measured step latency of N tree tokens over a
    batch, combined with the embedded model's measured acceptance at N / batch draft tokens per
-   request (``--acceptance``: a JSON from ``--measure-acceptance``), gives an ESTIMATE of output
+   request (``--acceptance``: the JSON of ``eval_acceptance.py``), gives an ESTIMATE of output
    tokens/s at real size — the trained small model stands in for Qwen3.5's MTP acceptance.
 
 Exactness at these sizes is the kernels' business (``bench_gdn_verify.py`` checks them against
@@ -155,13 +155,18 @@ def measure_model(
                 "decode_ms": decode_ms,
                 "chain9_ms": chain_ms[batch],
             }
-            row["bole_ms"] = timer.verify(batch, args.kv_len, n * batch, "bole") * 1e3
-            row["tree_serial_ms"] = timer.verify(batch, args.kv_len, n * batch, "serial") * 1e3
-            row["serial_over_bole"] = row["tree_serial_ms"] / row["bole_ms"]
+            for scheme, key in (("bole", "bole_ms"), ("serial", "tree_serial_ms")):
+                try:
+                    row[key] = timer.verify(batch, args.kv_len, n * batch, scheme) * 1e3
+                except torch.OutOfMemoryError:  # per-node snapshots: N x HV x dk x dv fp32 per layer
+                    torch.cuda.empty_cache()
+                    row[key], row[f"{scheme}_error"] = None, "CUDA out of memory"
+            if row["bole_ms"] and row["tree_serial_ms"]:
+                row["serial_over_bole"] = row["tree_serial_ms"] / row["bole_ms"]
             rows.append(row)
             print(
                 f"{name} b{batch:>2} T{n:>3}: decode {row['decode_ms']:7.2f} ms | "
-                f"bole {row['bole_ms']:7.2f} | tree-serial {row['tree_serial_ms']:7.2f} | "
+                f"bole {_ms(row['bole_ms'])} | tree-serial {_ms(row['tree_serial_ms'])} | "
                 f"chain9 {row['chain9_ms']:7.2f}",
                 flush=True,
             )
@@ -180,6 +185,10 @@ def measure_model(
             timer, mat_curve, batch=b16, kv_len=args.kv_len, per_request=per_request
         )
     return entry
+
+
+def _ms(value: float | None) -> str:
+    return "    OOM" if value is None else f"{value:7.2f}"
 
 
 def budget_sweep(

@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang) + GPU kernel tests
 #   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it
-#   bash benchmarks/h200.sh serving   # acceptance, throughput (4 modes x batch), real-dims verify step
+#   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), acceptance, real-dims steps
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -27,13 +27,16 @@ engine)
         > "$OUT/engine/generate.txt" 2>&1; echo "generate rc=$?"
     ;;
 serving)
-    python benchmarks/eval_acceptance.py --device cuda --prompts 16 --max-tokens 64 --out "$OUT" \
-        > "$OUT/log.txt" 2>&1; echo "acceptance rc=$?"
-    python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 24 --output-tokens 64
-    python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --out "$OUT" \
-        >> "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
-    python benchmarks/bench_real_dims.py --out "$OUT" --acceptance "$OUT/acceptance_h200.json" \
-        --time-budget "${BUDGET_S:-150}" >> "$OUT/log.txt" 2>&1; echo "real dims rc=$?"
+    # Greedy exactness against plain decoding is checked in float32: in bf16 the tree forward and the
+    # one-token forward round differently and near-ties flip (measured: bench_throughput_h200_bf16.json).
+    python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 16 --output-tokens 64
+    timeout 150 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
+        --batch-sizes 1,8,32 --out "$OUT" > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
+    timeout 120 python benchmarks/eval_acceptance.py --device cuda --dtype float32 --prompts 6 --max-tokens 64 \
+        --curve 4,16,64 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "acceptance rc=$?"
+    timeout 150 python benchmarks/bench_real_dims.py --out "$OUT" --time-budget "${BUDGET_S:-90}" \
+        $( [ -f "$OUT/acceptance_h200.json" ] && echo --acceptance "$OUT/acceptance_h200.json" ) \
+        >> "$OUT/log.txt" 2>&1; echo "real dims rc=$?"
     ;;
 *)
     echo "usage: bash benchmarks/h200.sh kernels|engine|serving" >&2; exit 2 ;;
