@@ -36,7 +36,7 @@ from trtllm_bole.models.presets import QWEN35_PRESETS
 from trtllm_bole.spec.calibration import StepTimer, TimingSettings
 
 HERE = Path(__file__).resolve().parent
-GDN_VERIFY_KERNELS = ("_gdn_tree_verify_kernel", "_tree_serial_kernel")
+GDN_VERIFY_KERNELS = ("_gdn_tree_verify_kernel", "_gdn_tree_verify_inverse_kernel", "_tree_serial_kernel")
 GDN_COMMIT_KERNELS = ("_gdn_commit_kernel", "_snapshot_commit_kernel")
 
 
