@@ -52,13 +52,27 @@ class CandidatePool:
 @dataclass(slots=True)
 class DraftSettings:
     """Per-request sampling settings, shaped ``[B]``, used to rank draft tokens the way the target
-    will sample them (greedy requests rank by the plain softmax)."""
+    will sample them (greedy requests rank by the plain softmax). ``all_greedy``: known on the host
+    when the settings are made, so an all-greedy batch skips the sampling filters (a vocabulary sort
+    per draft row) without a device sync."""
 
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
+    all_greedy: bool = False
+
+    @classmethod
+    def of(cls, temperature: list[float], top_k: list[int], top_p: list[float], device) -> DraftSettings:
+        return cls(
+            torch.tensor(temperature, device=device),
+            torch.tensor(top_k, device=device),
+            torch.tensor(top_p, device=device),
+            all(t <= 0 for t in temperature),
+        )
 
     def log_probs(self, logits: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
+        if self.all_greedy:
+            return F.log_softmax(logits.float(), -1)
         greedy = self.temperature[request] <= 0
         processed = process_logits(
             logits, self.temperature[request], self.top_k[request], self.top_p[request]

@@ -243,6 +243,8 @@ class Executor:
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """The first token of each request, from its prefill logits."""
         s = self._settings(requests)
+        if s.all_greedy:
+            return logits.argmax(-1).tolist()
         probs = process_logits(logits, s.temperature, s.top_k, s.top_p)
         return [
             int(probs[i].argmax())
@@ -252,12 +254,11 @@ class Executor:
         ]
 
     def _settings(self, requests: list[Request]) -> DraftSettings:
-        device = self.model.device
-        return DraftSettings(
-            torch.tensor([r.params.temperature for r in requests], device=device),
-            torch.tensor([r.params.top_k for r in requests], device=device),
-            torch.tensor([r.params.top_p for r in requests], device=device),
-        )
+        params = [r.params for r in requests]
+        return DraftSettings.of(
+            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
+            self.model.device,
+        )  # fmt: skip
 
     def _budget(self, requests: list[Request]) -> int | None:
         if self.bole.mode != "bole" or self.budget is None:
