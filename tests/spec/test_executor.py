@@ -10,8 +10,8 @@ from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
-from trtllm_bole.spec.executor import Executor
-from trtllm_bole.testing import TINY_MTP_CONFIG
+from trtllm_bole.spec.executor import Executor, StepOutcome
+from trtllm_bole.testing import TINY_MTP_CONFIG, forest
 
 CONFIG = TINY_MTP_CONFIG
 MODES = ["ar", "chain", "tree-serial", "bole"]
@@ -168,3 +168,15 @@ def test_bad_requests(config):
     no_mtp = random_model(config, seed=3, mtp=False)
     with pytest.raises(ValueError, match="lacks"):
         Executor(no_mtp, BoleConfig(mode="bole"))
+
+
+def test_step_outcome_reads_each_accepted_path():
+    """Request 0: pending token, then a branch; leaf 3 = path 0 -> 2 -> 3. Request 1: a lone pending
+    token (nothing to accept). Request 2: a chain, accepted to its end."""
+    tree = forest([[-1, 0, 0, 2], [-1], [-1, 0, 1]])
+    tokens = torch.tensor([10, 11, 12, 13, 20, 30, 31, 32])
+    out = StepOutcome.of(tree, tokens, leaf=torch.tensor([3, 0, 2]), bonus=torch.tensor([99, 98, 97]))
+    assert out.leaf_global == [3, 4, 7]
+    assert out.accepted == [[12, 13], [], [31, 32]]
+    assert out.drafted == [3, 0, 2]
+    assert out.bonus == [99, 98, 97]

@@ -49,6 +49,37 @@ class StepEvent:
     finished: bool
 
 
+@dataclass(slots=True)
+class StepOutcome:
+    """What a verify step accepted, per request, on the host (one device-to-host copy per step)."""
+
+    leaf_global: list[int]  # packed index of the accepted leaf (the pending token's node if none)
+    accepted: list[list[int]]  # accepted draft tokens, root child first
+    drafted: list[int]  # draft tokens the request's tree held (its nodes minus the pending one)
+    bonus: list[int]  # the token sampled after the accepted path
+
+    @classmethod
+    def of(
+        cls, tree: TreeBatch, tokens: torch.Tensor, leaf: torch.Tensor, bonus: torch.Tensor
+    ) -> StepOutcome:
+        leaf_global = leaf + tree.cu_seqlens[:-1]
+        path_tokens = tokens[tree.paths[leaf_global].clamp(min=0)]  # [B, D], -1-padded paths clamped
+        b = tree.num_requests
+        host = torch.cat([
+            leaf_global, tree.depth[leaf_global], tree.cu_seqlens[1:] - tree.cu_seqlens[:-1] - 1,
+            bonus.to(leaf_global.device), path_tokens.flatten(),
+        ]).tolist()  # fmt: skip
+        width = path_tokens.shape[1]
+        rows = [host[4 * b + i * width : 4 * b + (i + 1) * width] for i in range(b)]
+        depth = host[b : 2 * b]
+        return cls(
+            host[:b],
+            [row[1 : depth[i]] for i, row in enumerate(rows)],
+            host[2 * b : 3 * b],
+            host[3 * b : 4 * b],
+        )
+
+
 class Executor:
     def __init__(
         self,
@@ -192,28 +223,27 @@ class Executor:
         logits, hidden, verify_pending = model.verify(tokens, ctx, gdn_scheme=scheme)
         leaf, bonus = self._accept(requests, tree, tokens, logits)
         model.commit(verify_pending, leaf)
-        leaf_global = (leaf + tree.cu_seqlens[:-1]).tolist()
+        outcome = StepOutcome.of(tree, tokens, leaf, bonus)
         if bole.speculates:
-            self._mtp_follow(requests, tree, tokens, hidden, leaf_global, slots, tables, context_lens)
+            self._mtp_follow(requests, tree, tokens, hidden, outcome, slots, tables, context_lens)
         events = []
         for i, r in enumerate(requests):
-            path = tree.path(leaf_global[i]).tolist()
-            accepted = tokens[path[1:]].tolist()
+            accepted = outcome.accepted[i]
             r.stats.steps += 1
-            r.stats.drafted += int(tree.cu_seqlens[i + 1] - tree.cu_seqlens[i]) - 1
+            r.stats.drafted += outcome.drafted[i]
             r.stats.accepted += len(accepted)
-            r.context_len += len(path)
-            r.runtime.pending = int(bonus[i])
-            r.runtime.last_hidden = hidden[leaf_global[i]]
-            events.append(self._emit(r, [*accepted, int(bonus[i])]))
+            r.context_len += len(accepted) + 1  # the pending token and the accepted drafts
+            r.runtime.pending = outcome.bonus[i]
+            r.runtime.last_hidden = hidden[outcome.leaf_global[i]]
+            events.append(self._emit(r, [*accepted, outcome.bonus[i]]))
         return events
 
-    def _mtp_follow(self, requests, tree, tokens, hidden, leaf_global, slots, tables, context_lens) -> None:
+    def _mtp_follow(self, requests, tree, tokens, hidden, outcome, slots, tables, context_lens) -> None:
         """Write the MTP rows of each accepted path, built from the *target's* hidden states (as in
         prefill): row j pairs the hidden state before path node j with node j's token."""
         idx, inputs, lengths = [], [], []
         for i, r in enumerate(requests):
-            path = tree.path(leaf_global[i])
+            path = tree.paths[outcome.leaf_global[i], : len(outcome.accepted[i]) + 1]
             idx.append(path)
             inputs.append(torch.cat([r.runtime.last_hidden[None], hidden[path[:-1]]]))
             lengths.append(path.numel())
