@@ -137,6 +137,11 @@ def losses(model, ids: torch.Tensor, mtp_steps: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def _floats(parts: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Loss parts as numbers for the log (one host sync; only when logging)."""
+    return {k: float(v.detach()) for k, v in parts.items()}
+
+
 @torch.no_grad()
 def evaluate(model, stream: torch.Tensor, *, seq_len: int, batch: int, device, mtp_steps: int) -> dict:
     """Mean losses over non-overlapping windows of a held-out stream (at most 64 windows)."""
@@ -241,16 +246,15 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.step()
         steps_done = step + 1
         if step % 10 == 0:
-            bar.set_postfix(lm=f"{float(parts['lm']):.3f}", mtp1=f"{float(parts.get('mtp1', 0)):.3f}")
+            bar.set_postfix({k: f"{v:.3f}" for k, v in _floats(parts).items() if k in ("lm", "mtp1")})
         if steps_done % args.eval_every == 0 or steps_done == args.steps:
             model.eval()
             held = evaluate(model, heldout_stream, seq_len=args.seq_len, batch=args.batch_size,
                             device=device, mtp_steps=args.mtp_steps)  # fmt: skip
             model.train()
-            log.append(
-                {"step": steps_done, "train": {k: float(v) for k, v in parts.items()}, "heldout": held}
-            )
-            bar.write(f"step {steps_done}: train lm {float(parts['lm']):.3f} | held-out {held}")
+            train = _floats(parts)
+            log.append({"step": steps_done, "train": train, "heldout": held})
+            bar.write(f"step {steps_done}: train lm {train['lm']:.3f} | held-out {held}")
     train_seconds = time.time() - loop_start
     model.eval()
     final = evaluate(model, heldout_stream, seq_len=args.seq_len, batch=args.batch_size,
