@@ -1,7 +1,8 @@
 """Triton kernels behind :mod:`trtllm_bole.ops` (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
 
 - :mod:`.gdn_tree_verify`: closed-form tree verification (BOLE.md §2), the public launcher and the
-  blocked kernel; :mod:`.gdn_tree_verify_inverse`: the explicit ``(I + G)⁻¹`` path it runs by default;
+  blocked kernel; :mod:`.gdn_tree_verify_inverse`: the explicit ``(I + G)⁻¹`` path (the launcher's
+  default for requests of 17-64 nodes, the blocked kernel's otherwise: measured on the H200);
 - :mod:`.gdn_commit`: factored commit of every GDN layer of every request in one launch, and the
   conv-state commit (BOLE.md §3–§4);
 - :mod:`.tree_conv1d`: tree-aware causal depthwise conv1d + SiLU (BOLE.md §4);

@@ -1,8 +1,8 @@
 """Closed-form Gated DeltaNet tree verification (BOLE.md §2): the public launcher and the blocked kernel.
 
 :func:`gdn_tree_verify` runs one of two kernels, picked by the config's type: :class:`InverseConfig`
-(the explicit ``(I + G)⁻¹`` path of :mod:`.gdn_tree_verify_inverse`, the default) or
-:class:`VerifyConfig` (the blocked kernel below, one launch; the TensorRT plugin's kernel).
+(the explicit ``(I + G)⁻¹`` path of :mod:`.gdn_tree_verify_inverse`) or :class:`VerifyConfig` (the
+blocked kernel below, one launch; the TensorRT plugin's kernel); :func:`default_config` picks by shape.
 
 Blocked kernel: one program per (request, value head, value tile of ``BV`` channels); ragged batches
 need no padding (each program loops over its own request's nodes). Nodes go in row blocks of ``BT``
