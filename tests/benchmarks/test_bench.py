@@ -1,6 +1,7 @@
 """The trtllm-bench-style tools run end to end on a tiny checkpoint and check exactness inside."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,38 @@ def test_throughput_bench_reports_and_checks_exactness(tmp_path, checkpoint):
     (ar, bole) = result["runs"]
     assert ar["mode"] == "ar" and bole["mode"] == "bole" and bole["output_tokens"] == 20
     assert bole["ttft_ms"]["p50"] > 0 and "speedup_vs_ar" in bole
+
+
+def test_acceptance_eval_checks_every_shape_against_plain_decoding(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "eval_acceptance.py"), "--prompts", "2",
+           "--max-tokens", "6", "--curve", "2", "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True)
+    result = json.loads((tmp_path / "acceptance_cpu.json").read_text())
+    assert result["dtype"] == "auto" and result["prompts"] == 2
+    assert all(r["identical_to_ar"] for r in result["rows"]) and len(result["rows"]) == 7
+    assert all(r["mean_accepted_tokens"] >= 1.0 for r in result["rows"])
+    assert set(result["mat_by_draft_tokens"]) == {"2"} and result["mat_curve_withheld"] == {}
+
+
+def test_divergence_names_the_first_differing_token():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench import divergence
+
+    assert divergence([[1, 2, 3], [4, 5], [6]], [[1, 2, 9], [4, 5], [6, 7]]) == {
+        "requests_differing": 2, "requests": 3, "first_differing_token": 1,
+    }  # fmt: skip
+
+
+def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
+    """The focused H200 pass at smoke size (Triton's interpreter): every kernel variant it times first
+    passes its float64 check, and the grid, depth probe and summary are written."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_gdn_verify.py"), "--smoke", "--focus", "headline",
+           "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    result = json.loads((tmp_path / "gdn_verify_h200.json").read_text())
+    assert result["errors"] == []
+    assert result["checks"] and all(c["ok"] for c in result["checks"] if c["what"].startswith("bole"))
+    assert {p["tree_size"] for p in result["grid"]} >= {8, 20} and result["depth"]
+    timed = {name for p in result["grid"] for name in p.get("bole_candidates_us", {})}
+    checked = {c["what"].split(" HV=")[0].removeprefix("bole ") for c in result["checks"] if c["ok"]}
+    assert timed and timed <= checked
