@@ -155,12 +155,12 @@ def measure_model(
                 "decode_ms": decode_ms,
                 "chain9_ms": chain_ms[batch],
             }
-            for scheme, key in (("bole", "bole_ms"), ("serial", "tree_serial_ms")):
+            for scheme, name in (("bole", "bole"), ("serial", "tree_serial")):
                 try:
-                    row[key] = timer.verify(batch, args.kv_len, n * batch, scheme) * 1e3
+                    row[f"{name}_ms"] = timer.verify(batch, args.kv_len, n * batch, scheme) * 1e3
                 except torch.OutOfMemoryError:  # per-node snapshots: N x HV x dk x dv fp32 per layer
                     torch.cuda.empty_cache()
-                    row[key], row[f"{scheme}_error"] = None, "CUDA out of memory"
+                    row[f"{name}_ms"], row[f"{name}_error"] = None, "CUDA out of memory"
             if row["bole_ms"] and row["tree_serial_ms"]:
                 row["serial_over_bole"] = row["tree_serial_ms"] / row["bole_ms"]
             rows.append(row)

@@ -67,7 +67,7 @@ class StepOutcome:
         b = tree.num_requests
         host = torch.cat([
             leaf_global, tree.depth[leaf_global], tree.cu_seqlens[1:] - tree.cu_seqlens[:-1] - 1,
-            bonus.to(leaf_global.device), path_tokens.flatten(),
+            bonus, path_tokens.flatten(),
         ]).tolist()  # fmt: skip
         width = path_tokens.shape[1]
         rows = [host[4 * b + i * width : 4 * b + (i + 1) * width] for i in range(b)]
@@ -206,10 +206,11 @@ class Executor:
         slots, tables = self._slots_and_tables(requests)
         context_lens = torch.tensor([r.context_len for r in requests], device=device)
         pending = torch.tensor([r.runtime.pending for r in requests], device=device)
+        settings = self._settings(requests) if bole.speculates else None  # drafting and acceptance
         if bole.speculates:
             last_hidden = torch.stack([r.runtime.last_hidden for r in requests])
             pool = draft(
-                model.mtp, pending, last_hidden, slots, tables, context_lens - 1, self._settings(requests),
+                model.mtp, pending, last_hidden, slots, tables, context_lens - 1, settings,
                 top_k=bole.branching, depth=bole.max_depth,
             )  # fmt: skip
             tokens, tree, _ = select_tree(
@@ -221,7 +222,7 @@ class Executor:
         ctx = StepContext(slots, tables, context_lens, tree)
         scheme = "serial" if bole.mode in ("chain", "tree-serial") else "bole"
         logits, hidden, verify_pending = model.verify(tokens, ctx, gdn_scheme=scheme)
-        leaf, bonus = self._accept(requests, tree, tokens, logits)
+        leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
         model.commit(verify_pending, leaf)
         outcome = StepOutcome.of(tree, tokens, leaf, bonus)
         if bole.speculates:
@@ -254,10 +255,13 @@ class Executor:
     # Pieces                                                                                #
     # ------------------------------------------------------------------------------------ #
 
-    def _accept(self, requests, tree: TreeBatch, tokens, logits) -> tuple[torch.Tensor, torch.Tensor]:
+    def _accept(
+        self, requests, tree: TreeBatch, tokens, logits, settings: DraftSettings | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``settings``: the step's, when drafting made them (else made here, for sampled requests)."""
         if all(r.params.temperature <= 0 for r in requests):
             return greedy_accept(tree, tokens, logits.argmax(-1))
-        settings = self._settings(requests)
+        settings = self._settings(requests) if settings is None else settings
 
         def probs_at(node: int) -> torch.Tensor:
             b = int(tree.request[node])
