@@ -7,12 +7,13 @@ per scheme, how much of it is GDN verification, and where the budget should sit.
    including the pending token) for ``bole`` (closed-form GDN, factored commit) and the serial
    scheme (``tree-serial``: node-by-node GDN with a state snapshot per node, then a copy), vs tree
    tokens per request and batch; ``chain`` (9-token chains, serial scheme) and a plain decode step.
-2. GDN share: one profiled verify step per scheme at 64 nodes per request; the share is the CUDA
-   time of the GDN verify kernels over the step's whole CUDA time.
-3. Budget sweep (the paper's Figure 11 analogue): measured step latency of N tree tokens over a
-   batch, combined with the embedded model's measured acceptance at N / batch draft tokens per
-   request (``--acceptance``: the JSON of ``eval_acceptance.py``), gives an ESTIMATE of output
-   tokens/s at real size — the trained small model stands in for Qwen3.5's MTP acceptance.
+   Each point has the eager wall time (Python-bound at these sizes: ~50-200 ms whatever the GPU
+   does) and the step's GPU kernel time from the profiler (what a captured CUDA graph approaches).
+2. GDN share at every point: the GPU time of the GDN verify kernels over the step's GPU time.
+3. Budget sweep (the paper's Figure 11 analogue): the bole step's GPU time at N tree tokens per
+   request, combined with the embedded model's measured acceptance at N - 1 draft tokens
+   (``--acceptance``: the JSON of ``eval_acceptance.py``), gives an ESTIMATE of output tokens/s at
+   real size — the trained small model stands in for Qwen3.5's MTP acceptance.
 
 Exactness at these sizes is the kernels' business (``bench_gdn_verify.py`` checks them against
 float64 at these dimensions); this script only times.
@@ -61,26 +62,33 @@ def random_model_on_device(preset: str, *, device: str, seed: int = 0) -> Qwen35
     return model
 
 
-def gdn_share(timer: StepTimer, batch: int, tokens: int, scheme: str) -> dict:
-    """Share of one step's CUDA time spent in GDN verification (and in the GDN commit), profiled."""
-    from torch.profiler import ProfilerActivity, profile
-
-    timer.verify(batch, 0, tokens, scheme)  # warm
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        timer.verify(batch, 0, tokens, scheme)
-    total, verify, commit = 0.0, 0.0, 0.0
-    for event in prof.key_averages():
-        t = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
-        total += t
-        verify += t if any(k in event.key for k in GDN_VERIFY_KERNELS) else 0.0
-        commit += t if any(k in event.key for k in GDN_COMMIT_KERNELS) else 0.0
+def kernel_breakdown(events: list[tuple[str, float]], steps: int) -> dict:
+    """Per-step GPU kernel time (µs) from profiled ``(kernel name, total µs)`` pairs of ``steps`` steps,
+    split into GDN verification, GDN commit and the rest."""
+    total = sum(t for _, t in events)
+    verify = sum(t for k, t in events if any(n in k for n in GDN_VERIFY_KERNELS))
+    commit = sum(t for k, t in events if any(n in k for n in GDN_COMMIT_KERNELS))
     return {
+        "gpu_us": total / steps,
+        "gdn_verify_us": verify / steps,
+        "gdn_commit_us": commit / steps,
         "verify_share": verify / total if total else float("nan"),
         "commit_share": commit / total if total else float("nan"),
-        "gdn_verify_us": verify,
-        "gdn_commit_us": commit,
-        "step_cuda_us": total,
     }
+
+
+def profiled_step(timer: StepTimer, batch: int, kv_len: int, tokens: int, scheme: str) -> dict:
+    """The GPU kernel time of one verify step (+ commit), from the profiler: what a captured CUDA graph of
+    the step would approach, without the eager model's Python and launch overhead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        timer.verify(batch, kv_len, tokens, scheme)
+    events = [
+        (e.key, getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
+        for e in prof.key_averages()
+    ]
+    return kernel_breakdown(events, timer.settings.warmup + timer.settings.repeats)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,12 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-len", type=int, default=512)
     parser.add_argument("--acceptance", type=Path, default=None, help="MAT vs draft tokens (JSON)")
     parser.add_argument("--quick", action="store_true", help="fewer points, for a smoke run")
-    parser.add_argument("--time-budget", type=float, default=420.0, help="seconds; later points skipped")
+    parser.add_argument(
+        "--time-budget", type=float, default=240.0, help="seconds per model; later points skipped"
+    )
+    parser.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of a results JSON")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(args.plot_only.read_text()), args.plot_only.with_suffix(".png"))
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
-    started = time.perf_counter()
     batches = [int(b) for b in args.batches.split(",")]
     per_request = [int(t) for t in args.tokens_per_request.split(",")]
     if args.quick:
@@ -115,19 +128,19 @@ def main(argv: list[str] | None = None) -> int:
         "kv_len": args.kv_len,
         "models": {},
     }
-    for name in args.models.split(","):
-        result["models"][name] = measure_model(name, args, batches, per_request, mat_curve, started)
-        torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "real_dims_h200.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path} in {time.perf_counter() - started:.0f} s")
+    for name in args.models.split(","):
+        result["models"][name] = measure_model(name, args, batches, per_request, mat_curve)
+        torch.cuda.empty_cache()
+        path.write_text(json.dumps(result, indent=2) + "\n")  # after each model: a cut run keeps the first
+        print(f"wrote {path}")
+    plot(result, path.with_suffix(".png"))
     return 0
 
 
-def measure_model(
-    name: str, args, batches: list[int], per_request: list[int], mat_curve, started: float
-) -> dict:
+def measure_model(name: str, args, batches: list[int], per_request: list[int], mat_curve) -> dict:
+    started = time.perf_counter()
     model = random_model_on_device(name, device="cuda")
     biggest = max(batches)
 
@@ -139,9 +152,9 @@ def measure_model(
 
     # One timer at a time: each allocates the model's cache. Chains (top-k 1) first.
     chain_timer = timer_for(1, biggest * 9)
-    chain_ms = {b: chain_timer.verify(b, args.kv_len, 9 * b, "serial") * 1e3 for b in batches}
+    chain = {b: step_point(chain_timer, b, args.kv_len, 9 * b, "serial") for b in batches}
     del chain_timer
-    timer = timer_for(4, biggest * max(*per_request, 64))
+    timer = timer_for(4, biggest * max(per_request))
     rows, skipped = [], []
     for batch in batches:
         decode_ms = timer.decode(batch, args.kv_len) * 1e3
@@ -149,62 +162,101 @@ def measure_model(
             if time.perf_counter() - started > args.time_budget:
                 skipped.append({"batch": batch, "tokens_per_request": n})
                 continue
-            row = {
-                "batch": batch,
-                "tokens_per_request": n,
-                "decode_ms": decode_ms,
-                "chain9_ms": chain_ms[batch],
-            }
-            for scheme, name in (("bole", "bole"), ("serial", "tree_serial")):
-                try:
-                    row[f"{name}_ms"] = timer.verify(batch, args.kv_len, n * batch, scheme) * 1e3
-                except torch.OutOfMemoryError:  # per-node snapshots: N x HV x dk x dv fp32 per layer
-                    torch.cuda.empty_cache()
-                    row[f"{name}_ms"], row[f"{name}_error"] = None, "CUDA out of memory"
-            if row["bole_ms"] and row["tree_serial_ms"]:
-                row["serial_over_bole"] = row["tree_serial_ms"] / row["bole_ms"]
+            row = {"batch": batch, "tokens_per_request": n, "decode_ms": decode_ms, "chain9": chain[batch]}
+            for scheme, key in (("bole", "bole"), ("serial", "tree_serial")):
+                row[key] = step_point(timer, batch, args.kv_len, n * batch, scheme)
+            if "error" not in row["bole"] and "error" not in row["tree_serial"]:
+                row["serial_over_bole_gpu"] = row["tree_serial"]["gpu_us"] / row["bole"]["gpu_us"]
             rows.append(row)
             print(
-                f"{name} b{batch:>2} T{n:>3}: decode {row['decode_ms']:7.2f} ms | "
-                f"bole {_ms(row['bole_ms'])} | tree-serial {_ms(row['tree_serial_ms'])} | "
-                f"chain9 {row['chain9_ms']:7.2f}",
+                f"{name} b{batch:>2} T{n:>3}: decode {decode_ms:7.2f} ms | bole {_point(row['bole'])} | "
+                f"tree-serial {_point(row['tree_serial'])} | chain9 {_point(row['chain9'])}",
                 flush=True,
             )
-    b16 = min(16, biggest)
-    entry = {
-        "steps": rows,
-        "skipped": skipped,
-        "gdn_share_b1_T64": {s: gdn_share(timer, 1, 64, s) for s in ("bole", "serial")},
-        f"gdn_share_b{b16}_T64": {s: gdn_share(timer, b16, 64 * b16, s) for s in ("bole", "serial")},
-    }
-    shares = entry["gdn_share_b1_T64"]
-    print(f"{name} GDN verify share, 64 nodes, batch 1: bole {shares['bole']['verify_share']:.1%}, "
-          f"serial {shares['serial']['verify_share']:.1%}", flush=True)  # fmt: skip
+    entry = {"steps": rows, "skipped": skipped}
     if mat_curve:
-        entry["budget_sweep_estimate"] = budget_sweep(
-            timer, mat_curve, batch=b16, kv_len=args.kv_len, per_request=per_request
-        )
+        entry["budget_sweep_estimate"] = budget_sweep(rows, mat_curve, batch=min(16, biggest))
     return entry
 
 
-def _ms(value: float | None) -> str:
-    return "    OOM" if value is None else f"{value:7.2f}"
+def step_point(timer: StepTimer, batch: int, kv_len: int, tokens: int, scheme: str) -> dict:
+    """Wall time of an eager step (median, ms) and its profiled GPU kernel breakdown; a scheme that runs
+    out of memory (tree-serial keeps a state per node for every GDN layer until the commit) is recorded."""
+    try:
+        return {"wall_ms": timer.verify(batch, kv_len, tokens, scheme) * 1e3,
+                **profiled_step(timer, batch, kv_len, tokens, scheme)}  # fmt: skip
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return {"error": "CUDA out of memory"}
 
 
-def budget_sweep(
-    timer: StepTimer, mat_curve: dict, *, batch: int, kv_len: int, per_request: list[int]
-) -> list:
-    """ESTIMATED output tokens/s vs total tree tokens: measured bole step time at N tokens times the
-    embedded model's measured MAT at N / batch tokens per request (draft tokens = that minus one)."""
+def _point(p: dict) -> str:
+    if "error" in p:
+        return "            OOM"
+    gpu_ms, share = p["gpu_us"] / 1e3, p["verify_share"]
+    return f"{p['wall_ms']:6.1f} ms wall, {gpu_ms:6.2f} ms GPU, GDN verify {share:5.1%}"
+
+
+def budget_sweep(rows: list[dict], mat_curve: dict, *, batch: int) -> list:
+    """ESTIMATED output tokens/s vs total tree tokens at ``batch``: the measured bole step's GPU kernel
+    time at N tokens per request with the embedded model's measured MAT at N - 1 draft tokens (the
+    largest measured draft size not above it). The GPU time stands for a graph-captured step."""
     known = sorted((int(k), v) for k, v in mat_curve.items())
-    rows = []
-    for n in per_request:
-        drafts = n - 1
-        mat = max((v for k, v in known if k <= drafts), default=1.0)
-        step = timer.verify(batch, kv_len, n * batch, "bole")
-        rows.append({"total_tree_tokens": n * batch, "tokens_per_request": n, "mat_from_small_model": mat,
-                     "step_ms": step * 1e3, "estimated_output_tokens_per_s": batch * mat / step})  # fmt: skip
-    return rows
+    sweep = []
+    for row in rows:
+        if row["batch"] != batch or "error" in row["bole"]:
+            continue
+        n = row["tokens_per_request"]
+        mat = max((v for k, v in known if k <= n - 1), default=1.0)
+        gpu_s = row["bole"]["gpu_us"] * 1e-6
+        sweep.append(
+            {
+                "total_tree_tokens": n * batch,
+                "tokens_per_request": n,
+                "mat_from_small_model": mat,
+                "step_gpu_ms": gpu_s * 1e3,
+                "estimated_output_tokens_per_s": batch * mat / gpu_s,
+            }
+        )
+    return sweep
+
+
+def plot(result: dict, png: Path) -> None:
+    """Per model: GPU step time vs tokens per request (bole and tree-serial, per batch) with the GDN
+    verify share, and the budget sweep estimate."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (run --plot-only <json> where it is)")
+        return
+    models = result["models"]
+    fig, axes = plt.subplots(len(models), 3, figsize=(15, 4 * len(models)), squeeze=False)
+    for (name, entry), (ax_t, ax_s, ax_b) in zip(models.items(), axes, strict=True):
+        for batch in sorted({r["batch"] for r in entry["steps"]}):
+            rows = [r for r in entry["steps"] if r["batch"] == batch]
+            for key, style in (("bole", "-o"), ("tree_serial", "--s")):
+                pts = [(r["tokens_per_request"], r[key]) for r in rows if "error" not in r[key]]
+                label = f"{key} b{batch}"
+                ax_t.plot([n for n, _ in pts], [p["gpu_us"] / 1e3 for _, p in pts], style, label=label)
+                ax_s.plot([n for n, _ in pts], [100 * p["verify_share"] for _, p in pts], style, label=label)
+        nodes = "tree tokens per request"
+        ax_t.set(title=f"{name}: verify step GPU time", xlabel=nodes, ylabel="ms", xscale="log")
+        ax_s.set(title="GDN verify share of the step", xlabel=nodes, ylabel="%", xscale="log")
+        ax_s.axhline(5, color="grey", lw=0.8, ls=":")
+        sweep = entry.get("budget_sweep_estimate") or []
+        ax_b.plot([r["total_tree_tokens"] for r in sweep],
+                  [r["estimated_output_tokens_per_s"] for r in sweep], "-o")  # fmt: skip
+        ax_b.set(title="ESTIMATE: output tokens/s vs verify budget", xlabel="total tree tokens in the batch",
+                 ylabel="tokens/s", xscale="log")  # fmt: skip
+        for ax in (ax_t, ax_s):
+            ax.legend(fontsize=7)
+    fig.suptitle(f"{result['device']}, torch {result['torch']}: random bf16 weights, kv {result['kv_len']}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 #   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang) + GPU kernel tests
 #   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it
 #   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), acceptance, real-dims steps
+#   bash benchmarks/h200.sh realdims  # 9B/27B dims: step latency, GDN verify share, budget sweep (committed MAT)
+#   bash benchmarks/h200.sh train     # re-train the embedded model with its seed; compare with the committed log
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -38,6 +40,18 @@ serving)
         $( [ -f "$OUT/acceptance_h200.json" ] && echo --acceptance "$OUT/acceptance_h200.json" ) \
         >> "$OUT/log.txt" 2>&1; echo "real dims rc=$?"
     ;;
+realdims)
+    timeout 560 python benchmarks/bench_real_dims.py --out "$OUT" --models qwen3.5-9b,qwen3.5-27b \
+        --batches 1,8,16 --time-budget "${BUDGET_S:-200}" --acceptance benchmarks/results/acceptance_h200.json \
+        > "$OUT/log.txt" 2>&1; echo "real dims rc=$?"; tail -5 "$OUT/log.txt"
+    ;;
+train)
+    # The committed run stopped at step 1497 on its time limit; --stop-after replays it on any machine speed.
+    timeout 570 python build_scripts/train_tiny.py --out /tmp/retrained --corpus .data/corpus --device cuda \
+        --steps 4000 --stop-after 1497 --time-limit 1e9 > "$OUT/train_log.txt" 2>&1; echo "train rc=$?"
+    python build_scripts/compare_training.py trtllm_bole/assets/qwen35-code-tiny/training.json \
+        /tmp/retrained/training.json --out "$OUT/train_repro_h200.json"; echo "compare rc=$?"
+    ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|realdims|train" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ import lzma
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,3 +42,18 @@ def test_two_seeded_runs_agree_and_the_checkpoint_loads(tmp_path):
     model = load_model(tmp_path / "a", dtype=torch.float32, progress=False)
     assert model.mtp is not None
     assert (tmp_path / "a" / "tokenizer.json").is_file()
+
+
+def test_compare_training_flags_a_moved_loss_and_another_corpus():
+    from compare_training import compare
+
+    def record(lm: float, sha: str = "abc") -> dict:
+        held = {"lm": lm, "mtp1": lm + 0.1}
+        return {"steps": 10, "corpus_sha256": {"train": sha}, "final_heldout": held,
+                "log": [{"step": 5, "heldout": {"lm": lm + 1.0, "mtp1": lm + 1.1}}]}  # fmt: skip
+
+    same = compare(record(2.5), record(2.55), tolerance=0.03)
+    assert same["reproduced"] and same["final_relative_gap"]["lm"] == pytest.approx(0.02)
+    assert same["per_step"][0]["step"] == 5
+    assert not compare(record(2.5), record(2.7), tolerance=0.03)["reproduced"]
+    assert not compare(record(2.5), record(2.5, sha="other"), tolerance=0.03)["same_corpus"]

@@ -1,0 +1,53 @@
+"""The real-size bench's bookkeeping (GPU-only to run): kernel shares, the budget sweep, the plot."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_real_dims import budget_sweep, kernel_breakdown, plot  # noqa: E402
+
+
+def test_kernel_breakdown_splits_gdn_verify_and_commit_per_step():
+    events = [
+        ("_gdn_tree_verify_inverse_kernel", 30.0),
+        ("_tree_serial_kernel", 10.0),
+        ("_gdn_commit_kernel", 20.0),
+        ("sm90_xmma_gemm_bf16", 140.0),
+    ]
+    out = kernel_breakdown(events, steps=2)
+    assert out["gpu_us"] == 100.0 and out["gdn_verify_us"] == 20.0 and out["gdn_commit_us"] == 10.0
+    assert out["verify_share"] == pytest.approx(0.2) and out["commit_share"] == pytest.approx(0.1)
+
+
+def _point(gpu_us: float) -> dict:
+    return {"wall_ms": 50.0, "gpu_us": gpu_us, "verify_share": 0.03}
+
+
+def test_budget_sweep_uses_the_batch_gpu_time_and_mat_at_draft_tokens():
+    rows = [
+        {"batch": 16, "tokens_per_request": 8, "bole": _point(10_000.0), "tree_serial": _point(12_000.0)},
+        {"batch": 16, "tokens_per_request": 64, "bole": _point(20_000.0), "tree_serial": {"error": "OOM"}},
+        {"batch": 16, "tokens_per_request": 128, "bole": {"error": "CUDA out of memory"}, "tree_serial": {}},
+        {"batch": 1, "tokens_per_request": 64, "bole": _point(5_000.0), "tree_serial": _point(6_000.0)},
+    ]
+    sweep = budget_sweep(rows, {"4": 3.0, "16": 4.5, "64": 5.5}, batch=16)
+    assert [r["total_tree_tokens"] for r in sweep] == [128, 1024]
+    # 7 draft tokens -> MAT measured at 4; 63 -> at 16 (64 drafts would need 65 nodes).
+    assert [r["mat_from_small_model"] for r in sweep] == [3.0, 4.5]
+    assert sweep[1]["estimated_output_tokens_per_s"] == pytest.approx(16 * 4.5 / 0.02)
+
+
+def test_plot_draws_every_model(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [
+        {"batch": 1, "tokens_per_request": n, "bole": _point(1e3 * n), "tree_serial": _point(2e3 * n)}
+        for n in (8, 64)
+    ]
+    entry = {"steps": rows, "budget_sweep_estimate": budget_sweep(rows, {"4": 3.0}, batch=1)}
+    result = {"device": "test", "torch": "x", "kv_len": 512, "models": {"a": entry, "b": entry}}
+    plot(result, tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 10_000
