@@ -2,13 +2,15 @@
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from torch.autograd import DeviceType
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_real_dims import budget_sweep, kernel_breakdown, plot  # noqa: E402
+from bench_real_dims import budget_sweep, device_events, kernel_breakdown, plot  # noqa: E402
 
 
 def test_kernel_breakdown_splits_gdn_verify_and_commit_per_step():
@@ -21,6 +23,15 @@ def test_kernel_breakdown_splits_gdn_verify_and_commit_per_step():
     out = kernel_breakdown(events, steps=2)
     assert out["gpu_us"] == 100.0 and out["gdn_verify_us"] == 20.0 and out["gdn_commit_us"] == 10.0
     assert out["verify_share"] == pytest.approx(0.2) and out["commit_share"] == pytest.approx(0.1)
+
+
+def test_device_events_drop_the_host_launch_events_that_repeat_kernel_time():
+    events = [
+        SimpleNamespace(name="cudaLaunchKernel", device_type=DeviceType.CPU, device_time_total=7.0),
+        SimpleNamespace(name="gemm", device_type=DeviceType.CUDA, device_time_total=7.0),
+        SimpleNamespace(name="Memset", device_type=DeviceType.CUDA, device_time_total=1.0),
+    ]
+    assert device_events(events) == [("gemm", 7.0), ("Memset", 1.0)]
 
 
 def _point(gpu_us: float) -> dict:
