@@ -48,7 +48,7 @@ realdims)
 train)
     # The committed run stopped at step 1497 on its time limit; --stop-after replays it on any machine speed.
     timeout 570 python build_scripts/train_tiny.py --out /tmp/retrained --corpus .data/corpus --device cuda \
-        --steps 4000 --stop-after 1497 --time-limit 1e9 > "$OUT/train_log.txt" 2>&1; echo "train rc=$?"
+        --steps 4000 --stop-after 1497 --time-limit 520 > "$OUT/train_log.txt" 2>&1; echo "train rc=$?"
     python build_scripts/compare_training.py trtllm_bole/assets/qwen35-code-tiny/training.json \
         /tmp/retrained/training.json --out "$OUT/train_repro_h200.json"; echo "compare rc=$?"
     ;;
