@@ -255,6 +255,8 @@ def plot(result: dict, png: Path) -> None:
                   [r["estimated_output_tokens_per_s"] for r in sweep], "-o")  # fmt: skip
         ax_b.set(title="ESTIMATE: output tokens/s vs verify budget", xlabel="total tree tokens in the batch",
                  ylabel="tokens/s", xscale="log")  # fmt: skip
+        ax_b.set_xticks([r["total_tree_tokens"] for r in sweep], [str(r["total_tree_tokens"]) for r in sweep])
+        ax_b.minorticks_off()
         for ax in (ax_t, ax_s):
             ax.legend(fontsize=7)
     fig.suptitle(f"{result['device']}, torch {result['torch']}: random bf16 weights, kv {result['kv_len']}")

@@ -40,7 +40,9 @@ def compare(committed: dict, rerun: dict, tolerance: float) -> dict:
     same_steps = committed.get("steps") == rerun.get("steps")
     return {
         "committed": {k: committed.get(k) for k in ("steps", "device", "torch", "final_heldout")},
-        "rerun": {k: rerun.get(k) for k in ("steps", "device", "torch", "final_heldout", "train_seconds")},
+        "rerun": {
+            k: rerun.get(k) for k in ("command", "steps", "device", "torch", "final_heldout", "train_seconds")
+        },
         "same_corpus": same_corpus,
         "same_steps": same_steps,
         "final_relative_gap": final_gap,
