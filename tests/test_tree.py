@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 
 import pytest
@@ -54,6 +55,21 @@ def test_chains_helper():
     assert tree.parents.tolist() == [-1, 0, 1, -1]
     assert tree.depth.tolist() == [1, 2, 3, 1]
     assert tree.max_depth == 3
+
+
+def test_to_moves_every_tensor_in_one_packed_copy():
+    tree = forest([topk_parents(21, 4, 4), chain_parents(3)])
+    assert tree.to("cpu") is tree
+    moved = tree.to("meta")
+    names = [f.name for f in dataclasses.fields(tree) if f.name != "max_depth"]
+    for name in names:
+        before, after = getattr(tree, name), getattr(moved, name)
+        assert after.device.type == "meta" and after.shape == before.shape and after.dtype == torch.long
+    assert moved.max_depth == tree.max_depth == 4
+    # One buffer holds them all, each view starting on a 128-byte boundary.
+    storage = moved.parents.untyped_storage().nbytes()
+    assert storage == 8 * sum(-(-getattr(tree, name).numel() // 16) * 16 for name in names)
+    assert all(getattr(moved, name).storage_offset() % 16 == 0 for name in names)
 
 
 @pytest.mark.parametrize(

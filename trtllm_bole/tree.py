@@ -17,9 +17,11 @@ Everything the kernels and references need is derived once here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
+
+_ALIGN = 16  # int64 elements: 128 bytes
 
 MAX_TREE_DEPTH = 64
 """Deepest root-to-node path (in nodes) a :class:`TreeBatch` accepts. Kernels compile their own,
@@ -46,16 +48,20 @@ class TreeBatch:
         *,
         max_supported_depth: int = MAX_TREE_DEPTH,
     ) -> TreeBatch:
-        """Validate a packed forest and derive its metadata (on the tensors' device)."""
-        parents, cu_seqlens = _validate(parents, cu_seqlens)
+        """Validate a packed forest and derive its metadata.
+
+        The derivation runs on the host: it is a few small sequential sweeps, each of which would
+        synchronise with a GPU. The result reaches the tensors' device in one copy."""
+        _check_tensors(parents, cu_seqlens)
         device = parents.device
+        parents, cu_seqlens = _validate(parents.cpu(), cu_seqlens.cpu())
         num_nodes = parents.numel()
         lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        request = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
+        request = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
         bos = cu_seqlens[:-1][request]
         global_parents = torch.where(parents >= 0, parents + bos, parents)
 
-        depth = torch.ones(num_nodes, dtype=torch.long, device=device)
+        depth = torch.ones(num_nodes, dtype=torch.long)
         has_parent = global_parents >= 0
         safe_parent = global_parents.clamp(min=0)
         # Depth fixed point: each sweep settles one more tree level (parents precede children).
@@ -73,8 +79,8 @@ class TreeBatch:
                 f"supported maximum {max_supported_depth}; draft shallower trees"
             )
 
-        paths = torch.full((num_nodes, max_depth), -1, dtype=torch.long, device=device)
-        nodes = torch.arange(num_nodes, device=device)
+        paths = torch.full((num_nodes, max_depth), -1, dtype=torch.long)
+        nodes = torch.arange(num_nodes)
         paths[nodes, depth - 1] = nodes
         for level in range(2, max_depth + 1):
             # Parents are one level up and already complete: copy their path before our own slot.
@@ -82,16 +88,36 @@ class TreeBatch:
             paths[at_level, : level - 1] = paths[safe_parent[at_level], : level - 1]
         subtree_size = torch.bincount(paths[paths >= 0], minlength=num_nodes)
         dfs_order = _preorder(paths)
-        return cls(
+        tree = cls(
             parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size, max_depth
         )
+        return tree.to(device)
+
+    def to(self, device: torch.device | str) -> TreeBatch:
+        """The same forest with its tensors on ``device``: one packed copy, split there into views that
+        each start on a 128-byte boundary (kernels specialise on 16-byte-aligned pointers)."""
+        device = torch.device(device)
+        if self.parents.device == device:
+            return self
+        names = [f.name for f in fields(self) if f.name != "max_depth"]
+        host = [getattr(self, name) for name in names]
+        slots = [-(-t.numel() // _ALIGN) * _ALIGN for t in host]
+        packed = torch.zeros(sum(slots), dtype=torch.long)
+        starts = [sum(slots[:i]) for i in range(len(slots))]
+        for t, start in zip(host, starts, strict=True):
+            packed[start : start + t.numel()] = t.reshape(-1)
+        packed = packed.to(device)
+        moved = [
+            packed[start : start + t.numel()].view(t.shape) for t, start in zip(host, starts, strict=True)
+        ]
+        return TreeBatch(*moved, max_depth=self.max_depth)
 
     @classmethod
     def chains(cls, lengths: list[int], device: torch.device | str = "cpu") -> TreeBatch:
         """One chain (a tree with a single path) per request: the shape of prefill and chain drafts."""
-        parents = torch.cat([torch.arange(n, device=device) - 1 for n in lengths])
-        cu = torch.tensor([0, *lengths], device=device).cumsum(0)
-        return cls.build(parents, cu, max_supported_depth=max(lengths))
+        parents = torch.cat([torch.arange(n) - 1 for n in lengths])
+        cu = torch.tensor([0, *lengths]).cumsum(0)
+        return cls.build(parents, cu, max_supported_depth=max(lengths)).to(device)
 
     @property
     def num_requests(self) -> int:
@@ -137,7 +163,8 @@ class TreeBatch:
         return torch.where(accepted_leaf >= 0, accepted_leaf + self.cu_seqlens[:-1], accepted_leaf)
 
 
-def _validate(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _check_tensors(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
+    """The checks that need no values (and so no copy from a GPU)."""
     if not isinstance(parents, torch.Tensor) or not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError("parents and cu_seqlens must be torch tensors")
     if parents.dtype.is_floating_point or cu_seqlens.dtype.is_floating_point:
@@ -151,6 +178,10 @@ def _validate(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Te
         )
     if parents.device != cu_seqlens.device:
         raise ValueError(f"parents is on {parents.device} but cu_seqlens is on {cu_seqlens.device}")
+
+
+def _validate(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The value checks (host tensors); returns both as int64."""
     if cu_seqlens.numel() < 2:
         raise ValueError("empty batch: cu_seqlens needs at least two offsets (one request)")
     parents, cu_seqlens = parents.long(), cu_seqlens.long()
@@ -167,8 +198,8 @@ def _validate(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Te
         raise ValueError(
             f"cu_seqlens ends at {int(cu_seqlens[-1])} but parents holds {parents.numel()} nodes"
         )
-    request = torch.repeat_interleave(torch.arange(lengths.numel(), device=parents.device), lengths)
-    local = torch.arange(parents.numel(), device=parents.device) - cu_seqlens[:-1][request]
+    request = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    local = torch.arange(parents.numel()) - cu_seqlens[:-1][request]
     bad = (parents < -1) | (parents >= local)
     if bool(bad.any()):
         node = int(torch.nonzero(bad)[0])
@@ -186,9 +217,9 @@ def _preorder(paths: torch.Tensor) -> torch.Tensor:
     An ancestor's path is a prefix of its descendants' (padding ``-1`` sorts first), siblings sort by
     index, and global indices keep requests apart, so every subtree is one contiguous range.
     """
-    order = torch.arange(paths.shape[0], device=paths.device)
+    order = torch.arange(paths.shape[0])
     for column in range(paths.shape[1] - 1, -1, -1):
         order = order[torch.sort(paths[order, column], stable=True).indices]
     rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=order.device)
+    rank[order] = torch.arange(order.numel())
     return rank
