@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+import triton
 
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.model import Qwen35Model
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
+        "triton": triton.__version__,
         "python": platform.python_version(),
         "kv_len": args.kv_len,
         "models": {},

@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang) + GPU kernel tests
 #   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it
-#   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), acceptance, real-dims steps
+#   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), acceptance
 #   bash benchmarks/h200.sh realdims  # 9B/27B dims: step latency, GDN verify share, budget sweep (committed MAT)
 #   bash benchmarks/h200.sh train     # re-train the embedded model with its seed; compare with the committed log
 set -uo pipefail
@@ -36,9 +36,6 @@ serving)
         --batch-sizes 1,8,32 --out "$OUT" > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
     timeout 120 python benchmarks/eval_acceptance.py --device cuda --dtype float32 --prompts 6 --max-tokens 64 \
         --curve 4,16,64 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "acceptance rc=$?"
-    timeout 150 python benchmarks/bench_real_dims.py --out "$OUT" --time-budget "${BUDGET_S:-90}" \
-        $( [ -f "$OUT/acceptance_h200.json" ] && echo --acceptance "$OUT/acceptance_h200.json" ) \
-        >> "$OUT/log.txt" 2>&1; echo "real dims rc=$?"
     ;;
 realdims)
     timeout 560 python benchmarks/bench_real_dims.py --out "$OUT" --models qwen3.5-9b,qwen3.5-27b \
