@@ -110,10 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--time-budget", type=float, default=240.0, help="seconds per model; later points skipped"
     )
-    parser.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of a results JSON")
+    parser.add_argument(
+        "--plot-only", type=Path, default=None,
+        help="redraw the PNG of a results JSON; with --acceptance, first redo its budget-sweep estimate "
+        "from the stored step times (acceptance is the model's, measured anywhere)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.plot_only:
-        plot(json.loads(args.plot_only.read_text()), args.plot_only.with_suffix(".png"))
+        result = json.loads(args.plot_only.read_text())
+        if args.acceptance:
+            reestimate(result, args.acceptance)
+            args.plot_only.write_text(json.dumps(result, indent=2) + "\n")
+        plot(result, args.plot_only.with_suffix(".png"))
         return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -132,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "kv_len": args.kv_len,
+        "acceptance": str(args.acceptance) if args.acceptance else None,
         "models": {},
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -225,6 +234,15 @@ def budget_sweep(rows: list[dict], mat_curve: dict, *, batch: int) -> list:
             }
         )
     return sweep
+
+
+def reestimate(result: dict, acceptance: Path) -> None:
+    """Redo every model's budget-sweep estimate in ``result`` with the MAT curve of ``acceptance``."""
+    mat_curve = json.loads(acceptance.read_text())["mat_by_draft_tokens"]
+    result["acceptance"] = str(acceptance)
+    for entry in result["models"].values():
+        batch = min(16, max(r["batch"] for r in entry["steps"]))
+        entry["budget_sweep_estimate"] = budget_sweep(entry["steps"], mat_curve, batch=batch)
 
 
 def plot(result: dict, png: Path) -> None:

@@ -10,7 +10,7 @@ from torch.autograd import DeviceType
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_real_dims import budget_sweep, device_events, kernel_breakdown, plot  # noqa: E402
+from bench_real_dims import budget_sweep, device_events, kernel_breakdown, plot, reestimate  # noqa: E402
 
 
 def test_kernel_breakdown_splits_gdn_verify_and_commit_per_step():
@@ -50,6 +50,19 @@ def test_budget_sweep_uses_the_batch_gpu_time_and_mat_at_draft_tokens():
     # 7 draft tokens -> MAT measured at 4; 63 -> at 16 (64 drafts would need 65 nodes).
     assert [r["mat_from_small_model"] for r in sweep] == [3.0, 4.5]
     assert sweep[1]["estimated_output_tokens_per_s"] == pytest.approx(16 * 4.5 / 0.02)
+
+
+def test_reestimate_uses_the_new_acceptance_curve(tmp_path):
+    rows = [
+        {"batch": b, "tokens_per_request": 16, "bole": _point(10_000.0), "tree_serial": {}} for b in (1, 8)
+    ]
+    result = {"models": {"m": {"steps": rows, "budget_sweep_estimate": []}}}
+    curve = tmp_path / "acceptance.json"
+    curve.write_text('{"mat_by_draft_tokens": {"15": 4.0}}')
+    reestimate(result, curve)
+    (row,) = result["models"]["m"]["budget_sweep_estimate"]  # the largest batch (<= 16) only
+    assert row["total_tree_tokens"] == 128 and row["mat_from_small_model"] == 4.0
+    assert result["acceptance"] == str(curve)
 
 
 def test_plot_draws_every_model(tmp_path):
