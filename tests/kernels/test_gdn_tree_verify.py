@@ -14,6 +14,7 @@ from trtllm_bole.kernels.gdn_tree_verify import (
     VerifyConfig,
     check_inverse_config,
     default_config,
+    default_precision,
     gdn_tree_verify,
 )
 from trtllm_bole.reference import gdn_tree
@@ -259,6 +260,23 @@ def test_default_config_is_a_benchmarked_config():
                     check_inverse_config(cfg, precision)
                 else:
                     assert cfg in CONFIGS
+
+
+def test_default_precision_is_the_measured_serving_one():
+    """fp32 inputs: exact dots. 16-bit inputs: bf16 state products (the precision of the benchmarked
+    serving numbers), tf32 where bf16 is refused; the launcher's default pair is never refused."""
+    blocked, wide, narrow = CONFIGS[0], InverseConfig(64, 64, 128, 8, 1), InverseConfig(64, 128, 32, 8, 1)
+    assert default_precision(torch.float32, torch.float32, wide) == "ieee"
+    assert default_precision(torch.bfloat16, torch.bfloat16, blocked) == "bf16"
+    assert default_precision(torch.bfloat16, torch.bfloat16, wide) == "bf16"
+    assert default_precision(torch.float16, torch.float16, narrow) == "tf32"
+    assert default_precision(torch.bfloat16, torch.bfloat16, InverseConfig(64, 128, 32, 8, 2)) == "bf16"
+    for batch in (1, 2, 16):
+        cfg = default_config(batch * 64, batch, 32, 128, 128)
+        if isinstance(cfg, InverseConfig):
+            check_inverse_config(cfg, default_precision(torch.bfloat16, torch.bfloat16, cfg))
+    at_b1 = default_config(64, 1, 32, 128, 128)  # the latency-bound regime: value tiles of 32
+    assert at_b1.bv == 32 and default_precision(torch.bfloat16, torch.bfloat16, at_b1) == "tf32"
 
 
 def test_refuses_the_config_that_miscompiles_on_the_h200(gen):

@@ -57,14 +57,16 @@ from trtllm_bole.kernels._verify_tiles import (
 from trtllm_bole.kernels.gdn_tree_verify_inverse import (
     INVERSE_CONFIGS,
     InverseConfig,
+    bf16_refused,
     check_inverse_config,
     launch_inverse,
 )
 from trtllm_bole.tree import TreeBatch
 
 PRECISIONS = ("ieee", "tf32", "bf16")
-"""``ieee``: exact fp32 dots (fp32-exact mode); ``tf32``: tensor-core dots on fp32 operands (serving);
-``bf16``: as ``tf32`` but ``Q S`` and ``K S`` round the state tile to bf16 (fastest, least exact)."""
+"""``ieee``: exact fp32 dots (fp32-exact mode); ``tf32``: tensor-core dots on fp32 operands;
+``bf16``: as ``tf32`` but ``Q S`` and ``K S`` round the state tile to bf16 (serving: see
+:func:`default_precision`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,8 +310,20 @@ def blocked_default_config(num_nodes: int, num_requests: int, hv: int, dk: int, 
     return VerifyConfig(16, bk, bv, 1 if bv <= 16 else 2 if bv <= 64 else 4, 2, fused=bv <= 64)
 
 
+def default_precision(q_dtype: torch.dtype, v_dtype: torch.dtype, cfg: VerifyConfig | InverseConfig) -> str:
+    """The launcher's precision when none is given. fp32 q/k/v: ``ieee`` (the fp32-exact mode). 16-bit
+    q/k/v (serving): ``bf16`` state products, the precision of every serving-mode number in
+    benchmarks/results/gdn_verify_h200_focus.json: 1.4x faster than ``tf32`` at Qwen3.5-9B, B = 8-32,
+    T = 64 (88.2 against 125.1 µs at B = 16) for the same error (worst relative RMS 2.3e-3 against
+    2.1e-3; the inputs' rounding dominates). ``tf32`` where bf16 is refused
+    (:func:`~.gdn_tree_verify_inverse.bf16_refused`), the measured best there (B = 1)."""
+    if q_dtype == torch.float32 and v_dtype == torch.float32:
+        return "ieee"
+    return "tf32" if isinstance(cfg, InverseConfig) and bf16_refused(cfg) else "bf16"
+
+
 def default_config(
-    num_nodes: int, num_requests: int, hv: int, dk: int, dv: int, precision: str = "tf32"
+    num_nodes: int, num_requests: int, hv: int, dk: int, dv: int, precision: str | None = None
 ) -> VerifyConfig | InverseConfig:
     """The launcher's config from the shape alone (no device sync), by the H200 measurement of
     benchmarks/results/gdn_verify_h200.json (CUDA-graph times, Qwen3.5-9B/27B heads, B = 1 … 32):
@@ -360,8 +374,8 @@ def gdn_tree_verify(
     Returns ``o [N, HV, dv]`` (v's dtype), ``u [N, HV, dv]`` fp32 and ``log_p [N, HV]`` fp32 (the path
     log-decay, ``reference.gdn_tree.path_log_decay``).
 
-    ``precision``: ``"ieee"`` (default for fp32 q/k/v: exact fp32 dots), ``"tf32"`` (default for
-    bf16/fp16: tensor-core dots on fp32 operands) or ``"bf16"`` (see :data:`PRECISIONS`).
+    ``precision``: ``"ieee"``, ``"tf32"`` or ``"bf16"`` (see :data:`PRECISIONS`); default
+    :func:`default_precision` (``ieee`` for fp32 q/k/v, mostly ``bf16`` for 16-bit ones).
     ``config``: :class:`VerifyConfig` (the blocked kernel, one launch) or :class:`InverseConfig` (the
     explicit-inverse path, :mod:`.gdn_tree_verify_inverse`); default :func:`default_config`. dk and dv
     must be multiples of 16.
@@ -391,9 +405,7 @@ def gdn_tree_verify(
             f"state holds {state.shape[0]} rows but the tree has {tree.num_requests} requests; "
             f"pass state_indices to address a slot pool"
         )
-    if precision is None:
-        precision = "ieee" if q.dtype == torch.float32 and v.dtype == torch.float32 else "tf32"
-    if precision not in PRECISIONS:
+    if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if raw_gates is not None and any(
         t.shape != (hv,) or t.dtype != torch.float32 or t.device != state.device for t in raw_gates
@@ -402,6 +414,7 @@ def gdn_tree_verify(
             f"raw_gates must be two float32 tensors [HV={hv}] (A_log, dt_bias) on {state.device}"
         )
     cfg = config or default_config(n, tree.num_requests, hv, dk, dv, precision)
+    precision = precision or default_precision(q.dtype, v.dtype, cfg)
     if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16 or cfg.bt & (cfg.bt - 1):
         raise ValueError(
             f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv, bt a power of two)"
@@ -429,5 +442,6 @@ __all__ = [
     "VerifyConfig",
     "blocked_default_config",
     "default_config",
+    "default_precision",
     "gdn_tree_verify",
 ]

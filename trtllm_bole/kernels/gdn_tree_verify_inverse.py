@@ -80,11 +80,16 @@ Two configs failed the H200 check (triton 3.6) and were dropped: ``(64, 128, 16,
 ``(16, 64, 64, 2, 2, 1)`` (one phase-1 warp, blocked trees)."""
 
 
+def bf16_refused(cfg: InverseConfig) -> bool:
+    """Whether ``cfg`` computes wrong outputs with bf16 state products on the H200 (triton 3.6, sm_90; the
+    float64 check of benchmarks/bench_gdn_verify.py, NaN or 70 % error in O): one launch with value
+    tiles of at most 32. Every other config passed that check in both serving precisions."""
+    return cfg.launches == 1 and cfg.bv <= 32
+
+
 def check_inverse_config(cfg: InverseConfig, precision: str) -> None:
-    """Refuses the combination that computes wrong outputs on the H200 (triton 3.6, sm_90; the float64
-    check of benchmarks/bench_gdn_verify.py, NaN or 70 % error in O): one launch, value tiles of at most
-    32 and bf16 state products. Every other config passed that check in both serving precisions."""
-    if precision == "bf16" and cfg.launches == 1 and cfg.bv <= 32:
+    """Refuses the combination of :func:`bf16_refused`."""
+    if precision == "bf16" and bf16_refused(cfg):
         raise ValueError(
             f"{cfg} with precision='bf16' is refused: one launch with value tiles <= 32 and bf16 state "
             "products miscompiles on sm_90 (triton 3.6; wrong O in the H200 check). Use precision='tf32', "
