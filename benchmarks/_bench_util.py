@@ -117,7 +117,6 @@ class Inputs:
     beta: torch.Tensor
     state: torch.Tensor
     scale: float
-    max_nodes: int | None = None  # the largest request (a host int the caller knows, as an engine does)
 
     @property
     def nbytes(self) -> int:
@@ -140,9 +139,8 @@ def make_inputs(
     g = -a_log.exp() * F.softplus(a.float() + dt_bias)
     beta = torch.sigmoid(b.float())
     state = randn(tree.num_requests, hv, dk, dv) * 0.1
-    largest = int((tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]).max())
     v = randn(n, hv, dv).to(dtype)
-    return Inputs(tree, q, k, v, a, b, a_log, dt_bias, g, beta, state, dk**-0.5, largest)
+    return Inputs(tree, q, k, v, a, b, a_log, dt_bias, g, beta, state, dk**-0.5)
 
 
 def rotations(make: Callable[[], Inputs], budget_bytes: int = 4 * L2_BYTES, most: int = 8) -> list[Inputs]:

@@ -44,7 +44,7 @@ def _time_bole(b, sets: list[U.Inputs], cands: list[tuple], hv: int, depth: int)
     """Time every candidate (config, precision) that passes its check; report the fastest."""
     times = {}
     for cand in cands:
-        if b.check_bole(cand, hv, depth, sets[0].max_nodes):
+        if b.check_bole(cand, hv, depth, sets[0].tree.max_nodes):
             times[cand] = b.measure(U.Rotating(sets, lambda x, c=cand: b.bole(x, c)))
     if not times:
         return {}

@@ -59,7 +59,7 @@ def _run(task: tuple) -> None:
         x = _inputs(trees, 32, torch.float32 if precision == "ieee" else torch.bfloat16)
         gdn_tree_verify.gdn_tree_verify(
             x.q, x.k, x.v, x.a, x.b, x.state, x.tree, scale=x.scale, precision=precision, config=cfg,
-            raw_gates=(x.a_log, x.dt_bias), max_request_nodes=None if blocked else 16,
+            raw_gates=(x.a_log, x.dt_bias),
         )  # fmt: skip
     elif kind == "serial":
         cfg_fields, hv = args

@@ -143,7 +143,7 @@ class Bench:
         gates = (x.a, x.b) if raw else (x.g, x.beta)
         return self.verify_mod.gdn_tree_verify(
             x.q, x.k, x.v, *gates, x.state, x.tree, scale=x.scale, precision=precision, config=cfg,
-            raw_gates=(x.a_log, x.dt_bias) if raw else None, max_request_nodes=x.max_nodes,
+            raw_gates=(x.a_log, x.dt_bias) if raw else None,
         )  # fmt: skip
 
     def serial(self, x: U.Inputs, cfg):

@@ -17,7 +17,7 @@ Everything the kernels and references need is derived once here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -38,7 +38,8 @@ class TreeBatch:
     paths: torch.Tensor  # int64 [N, max_depth], root-to-node global indices, -1 padded
     dfs_order: torch.Tensor  # int64 [N], depth-first pre-order rank over the whole forest
     subtree_size: torch.Tensor  # int64 [N], nodes in the subtree rooted at each node (itself included)
-    max_depth: int
+    max_depth: int  # host ints: the deepest path and the largest request (kernels size launches by them)
+    max_nodes: int
 
     @classmethod
     def build(
@@ -89,8 +90,9 @@ class TreeBatch:
         subtree_size = torch.bincount(paths[paths >= 0], minlength=num_nodes)
         dfs_order = _preorder(paths)
         tree = cls(
-            parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size, max_depth
-        )
+            parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size, max_depth,
+            int(lengths.max()),
+        )  # fmt: skip
         return tree.to(device)
 
     def to(self, device: torch.device | str) -> TreeBatch:
@@ -99,18 +101,19 @@ class TreeBatch:
         device = torch.device(device)
         if self.parents.device == device:
             return self
-        names = [f.name for f in fields(self) if f.name != "max_depth"]
-        host = [getattr(self, name) for name in names]
-        slots = [-(-t.numel() // _ALIGN) * _ALIGN for t in host]
-        packed = torch.zeros(sum(slots), dtype=torch.long)
+        host = {f.name: getattr(self, f.name) for f in fields(self)}
+        host = {name: t for name, t in host.items() if isinstance(t, torch.Tensor)}
+        slots = [-(-t.numel() // _ALIGN) * _ALIGN for t in host.values()]
         starts = [sum(slots[:i]) for i in range(len(slots))]
-        for t, start in zip(host, starts, strict=True):
+        packed = torch.zeros(sum(slots), dtype=torch.long)
+        for t, start in zip(host.values(), starts, strict=True):
             packed[start : start + t.numel()] = t.reshape(-1)
         packed = packed.to(device)
-        moved = [
-            packed[start : start + t.numel()].view(t.shape) for t, start in zip(host, starts, strict=True)
-        ]
-        return TreeBatch(*moved, max_depth=self.max_depth)
+        moved = {
+            name: packed[start : start + t.numel()].view(t.shape)
+            for (name, t), start in zip(host.items(), starts, strict=True)
+        }
+        return replace(self, **moved)
 
     @classmethod
     def chains(cls, lengths: list[int], device: torch.device | str = "cpu") -> TreeBatch:

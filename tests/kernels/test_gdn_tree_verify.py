@@ -218,7 +218,8 @@ def test_inverse_one_tile_of_64(launches, gen, nan_outputs):
     no request exceeds the tile, so the blocked variant is not launched."""
     tree, x = make([topk_parents(64, 4, 8), topk_parents(63, 4, 8)], 2, 4, 32, 32, gen)
     cfg = InverseConfig(64, 32, 16, 4, launches)
-    check(run(x, tree, torch.float32, config=cfg, max_request_nodes=64), truth(x, tree), EXACT)
+    assert tree.max_nodes == 64
+    check(run(x, tree, torch.float32, config=cfg), truth(x, tree), EXACT)
 
 
 @pytest.mark.parametrize("launches", [1, 2])

@@ -364,7 +364,6 @@ def gdn_tree_verify(
     precision: str | None = None,
     config: VerifyConfig | InverseConfig | None = None,
     raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None,
-    max_request_nodes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Closed-form tree verification; the committed state is read, never written.
 
@@ -382,10 +381,6 @@ def gdn_tree_verify(
     ``raw_gates=(A_log, dt_bias)`` (fp32 ``[HV]``): g and beta hold the raw gate inputs a and b, and the
     kernel applies Qwen3.5's gating on chip: ``g = -exp(A_log) softplus(a + dt_bias)``,
     ``beta = sigmoid(b)`` (the fused form SGLang's verify kernel uses).
-    ``max_request_nodes``: a host-side bound on every request's node count that the caller guarantees
-    (an engine's tree budget). The explicit-inverse path then skips the launch of its blocked variant
-    when no request can exceed the tile; default ``N - B + 1`` (no sync). A wrong bound leaves the
-    larger requests' outputs unwritten.
     """
     n, h, dk, hv, dv = gdn_shapes(q, k, v)
     if n != tree.num_nodes:
@@ -421,15 +416,13 @@ def gdn_tree_verify(
         )
     slots = slot_indices(state_indices, tree.num_requests, state.device)
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    if max_request_nodes is not None and max_request_nodes < 1:
-        raise ValueError(f"max_request_nodes must be a positive bound, got {max_request_nodes}")
     args = (
         q, k, v, g, beta, state, slots, tree, raw_gates, 1.0 if scale is None else float(scale),
         state_indices is not None, precision, cfg,
     )  # fmt: skip
     if isinstance(cfg, InverseConfig):
         check_inverse_config(cfg, precision)
-        return launch_inverse(*args, max_request_nodes)
+        return launch_inverse(*args)
     return _launch(*args)
 
 

@@ -392,12 +392,11 @@ def launch_inverse(
     use_slots: bool,
     precision: str,
     cfg: InverseConfig,
-    max_request_nodes: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Allocates the outputs and the compact factors ``[2, HV, N, depth]`` and launches, with no host
-    sync (the tree metadata stays on the device; ``tree.max_depth`` is a host int). Requests of more
-    than ``bt`` nodes go to a second, blocked variant, launched only when ``max_request_nodes`` (default
-    ``N - B + 1``, every request holding a node) allows such a request."""
+    sync (the tree metadata stays on the device; ``tree.max_depth`` and ``tree.max_nodes`` are host
+    ints). Requests of more than ``bt`` nodes go to a second, blocked variant, launched only when the
+    largest request (``tree.max_nodes``) exceeds the tile."""
     n, h, dk = q.shape
     hv, dv = v.shape[1:]
     batch = tree.num_requests
@@ -418,8 +417,7 @@ def launch_inverse(
     )  # fmt: skip
     phase1 = {**consts, "BV": 16, "USE_SLOTS": False, "S_BF16": False}  # one phase-1 kernel for every bv
     grid = (dv // cfg.bv, hv, batch)
-    largest = n - batch + 1 if max_request_nodes is None else max_request_nodes
-    for blocked in (False, True) if largest > cfg.bt else (False,):
+    for blocked in (False, True) if tree.max_nodes > cfg.bt else (False,):
         if cfg.launches == 2:
             _gdn_tree_verify_inverse_kernel[(1, hv, batch)](
                 *args, **phase1, PHASE=1, BLOCKED=blocked, num_warps=cfg.warps1, num_stages=1
@@ -434,4 +432,4 @@ def launch_inverse(
     return o, u, log_p
 
 
-__all__ = ["INVERSE_CONFIGS", "InverseConfig", "check_inverse_config", "launch_inverse"]
+__all__ = ["INVERSE_CONFIGS", "InverseConfig", "bf16_refused", "check_inverse_config", "launch_inverse"]
