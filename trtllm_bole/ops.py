@@ -201,7 +201,12 @@ def gdn_snapshot_commit(
             f"snapshots must be [N={tree.num_nodes}, {', '.join(map(str, state.shape[1:]))}], "
             f"got {tuple(snapshots.shape)}"
         )
-    gdn_tree.snapshot_commit(state, snapshots, tree, accepted_leaf, state_indices=state_indices)
+    if state.is_cuda:
+        from trtllm_bole.kernels.baselines import tree_serial as kernel
+
+        kernel.gdn_snapshot_commit(state, snapshots, tree, accepted_leaf, state_indices=state_indices)
+    else:
+        gdn_tree.snapshot_commit(state, snapshots, tree, accepted_leaf, state_indices=state_indices)
 
 
 def gdn_prefill(
