@@ -1,6 +1,8 @@
 """The closed-form verify kernel against the serial float64 oracle (BOLE.md §2)."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +40,7 @@ SHAPES = {
 }
 SMALL = VerifyConfig(bt=16, bk=16, bv=16)
 INV = {launches: InverseConfig(bt=16, bk=16, bv=16, num_warps=1, launches=launches) for launches in (1, 2)}
+ROOT = Path(__file__).resolve().parents[2]
 EXACT, SERVING = 1e-4, 1e-2  # fp32 inputs with IEEE dots; bf16 q/k/v with tensor-core dots
 
 
@@ -278,6 +281,20 @@ def test_default_precision_is_the_measured_serving_one():
             check_inverse_config(cfg, default_precision(torch.bfloat16, torch.bfloat16, cfg))
     at_b1 = default_config(64, 1, 32, 128, 128)  # the latency-bound regime: value tiles of 32
     assert at_b1.bv == 32 and default_precision(torch.bfloat16, torch.bfloat16, at_b1) == "tf32"
+
+
+def test_default_pair_is_the_measured_best_on_the_h200():
+    """What the launcher runs by default for bf16 inputs (config and precision) is, at every point of
+    the committed H200 measurement, a timed candidate within 5% of the fastest one."""
+    result = ROOT / "benchmarks" / "results" / "gdn_verify_h200_focus.json"
+    points = json.loads(result.read_text())
+    for point in points["grid"] + points["depth"]:
+        batch, size, hv = point["batch"], point["tree_size"], point["hv"]
+        cfg = default_config(batch * size, batch, hv, 128, 128)
+        timed = point["bole_candidates_us"]
+        key = f"{cfg} {default_precision(torch.bfloat16, torch.bfloat16, cfg)}"
+        assert key in timed, (point["model"], batch, size, key)
+        assert timed[key] <= 1.05 * min(timed.values()), (point["model"], batch, size, key)
 
 
 def test_refuses_the_config_that_miscompiles_on_the_h200(gen):
