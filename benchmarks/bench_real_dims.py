@@ -27,6 +27,8 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -86,14 +88,14 @@ def device_events(events) -> list[tuple[str, float]]:
     return [(e.name, e.device_time_total) for e in events if e.device_type == DeviceType.CUDA]
 
 
-def profiled_step(timer: StepTimer, batch: int, kv_len: int, tokens: int, scheme: str) -> dict:
-    """The GPU kernel time of one verify step (+ commit), from the profiler: what a captured CUDA graph of
-    the step would approach, without the eager model's Python and launch overhead."""
+def profiled(run: Callable[[], float], steps: int) -> dict:
+    """The GPU kernel time per step of ``run`` (``steps`` steps), from the profiler: what a captured
+    CUDA graph of the step would approach, without the eager model's Python and launch overhead."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        timer.verify(batch, kv_len, tokens, scheme)
-    return kernel_breakdown(device_events(prof.events()), timer.settings.warmup + timer.settings.repeats)
+        run()
+    return kernel_breakdown(device_events(prof.events()), steps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure_model(name: str, args, batches: list[int], per_request: list[int], mat_curve) -> dict:
-    started = time.perf_counter()
+    started, kv = time.perf_counter(), args.kv_len
     model = random_model_on_device(name, device="cuda")
     biggest = max(batches)
 
@@ -167,24 +169,24 @@ def measure_model(name: str, args, batches: list[int], per_request: list[int], m
 
     # One timer at a time: each allocates the model's cache. Chains (top-k 1) first.
     chain_timer = timer_for(1, biggest * 9)
-    chain = {b: step_point(chain_timer, b, args.kv_len, 9 * b, "serial") for b in batches}
+    chain = {b: step_point(chain_timer, partial(chain_timer.verify, b, kv, 9 * b, "serial")) for b in batches}
     del chain_timer
     timer = timer_for(4, biggest * max(per_request))
     rows, skipped = [], []
     for batch in batches:
-        decode_ms = timer.decode(batch, args.kv_len) * 1e3
+        decode = step_point(timer, partial(timer.decode, batch, kv))
         for n in per_request:
             if time.perf_counter() - started > args.time_budget:
                 skipped.append({"batch": batch, "tokens_per_request": n})
                 continue
-            row = {"batch": batch, "tokens_per_request": n, "decode_ms": decode_ms, "chain9": chain[batch]}
+            row = {"batch": batch, "tokens_per_request": n, "decode": decode, "chain9": chain[batch]}
             for scheme, key in (("bole", "bole"), ("serial", "tree_serial")):
-                row[key] = step_point(timer, batch, args.kv_len, n * batch, scheme)
+                row[key] = step_point(timer, partial(timer.verify, batch, kv, n * batch, scheme))
             if "error" not in row["bole"] and "error" not in row["tree_serial"]:
                 row["serial_over_bole_gpu"] = row["tree_serial"]["gpu_us"] / row["bole"]["gpu_us"]
             rows.append(row)
             print(
-                f"{name} b{batch:>2} T{n:>3}: decode {decode_ms:7.2f} ms | bole {_point(row['bole'])} | "
+                f"{name} b{batch:>2} T{n:>3}: decode {_point(decode)} | bole {_point(row['bole'])} | "
                 f"tree-serial {_point(row['tree_serial'])} | chain9 {_point(row['chain9'])}",
                 flush=True,
             )
@@ -194,12 +196,13 @@ def measure_model(name: str, args, batches: list[int], per_request: list[int], m
     return entry
 
 
-def step_point(timer: StepTimer, batch: int, kv_len: int, tokens: int, scheme: str) -> dict:
-    """Wall time of an eager step (median, ms) and its profiled GPU kernel breakdown; a scheme that runs
-    out of memory (tree-serial keeps a state per node for every GDN layer until the commit) is recorded."""
+def step_point(timer: StepTimer, run: Callable[[], float]) -> dict:
+    """Wall time of an eager step (``run``: one ``StepTimer`` measurement, median ms) and its profiled
+    GPU kernel breakdown; a scheme that runs out of memory (tree-serial keeps a state per node for
+    every GDN layer until the commit) is recorded."""
     try:
-        return {"wall_ms": timer.verify(batch, kv_len, tokens, scheme) * 1e3,
-                **profiled_step(timer, batch, kv_len, tokens, scheme)}  # fmt: skip
+        steps = timer.settings.warmup + timer.settings.repeats
+        return {"wall_ms": run() * 1e3, **profiled(run, steps)}
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
         return {"error": "CUDA out of memory"}
@@ -272,7 +275,12 @@ def plot(result: dict, png: Path) -> None:
         ax_s.axhline(5, color="grey", lw=0.8, ls=":")
         sweep = entry.get("budget_sweep_estimate") or []
         ax_b.plot([r["total_tree_tokens"] for r in sweep],
-                  [r["estimated_output_tokens_per_s"] for r in sweep], "-o")  # fmt: skip
+                  [r["estimated_output_tokens_per_s"] for r in sweep], "-o", label="bole")  # fmt: skip
+        batch = sweep[0]["total_tree_tokens"] // sweep[0]["tokens_per_request"] if sweep else None
+        decode = next((r["decode"] for r in entry["steps"] if r["batch"] == batch and "decode" in r), {})
+        if "gpu_us" in decode:  # plain decoding: one token per request per step (measured, no estimate)
+            ax_b.axhline(batch / (decode["gpu_us"] * 1e-6), color="grey", ls="--", label="ar (decode step)")
+            ax_b.legend(fontsize=7)
         ax_b.set(title="ESTIMATE: output tokens/s vs verify budget", xlabel="total tree tokens in the batch",
                  ylabel="tokens/s", xscale="log")  # fmt: skip
         ax_b.set_xticks([r["total_tree_tokens"] for r in sweep], [str(r["total_tree_tokens"]) for r in sweep])

@@ -68,9 +68,10 @@ def test_reestimate_uses_the_new_acceptance_curve(tmp_path):
 def test_plot_draws_every_model(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [
-        {"batch": 1, "tokens_per_request": n, "bole": _point(1e3 * n), "tree_serial": _point(2e3 * n)}
+        {"batch": 1, "tokens_per_request": n, "bole": _point(1e3 * n), "tree_serial": _point(2e3 * n),
+         "decode": _point(900.0)}
         for n in (8, 64)
-    ]
+    ]  # fmt: skip
     entry = {"steps": rows, "budget_sweep_estimate": budget_sweep(rows, {"4": 3.0}, batch=1)}
     result = {"device": "test", "torch": "x", "kv_len": 512, "models": {"a": entry, "b": entry}}
     plot(result, tmp_path / "r.png")
