@@ -42,6 +42,7 @@ from trtllm_bole.spec.calibration import StepTimer, TimingSettings
 HERE = Path(__file__).resolve().parent
 GDN_VERIFY_KERNELS = ("_gdn_tree_verify_kernel", "_gdn_tree_verify_inverse_kernel", "_tree_serial_kernel")
 GDN_COMMIT_KERNELS = ("_gdn_commit_kernel", "_snapshot_commit_kernel")
+SWEEP_BATCH = 16  # the budget sweep's batch (the largest measured one below it when it was not run)
 
 
 def random_model_on_device(preset: str, *, device: str, seed: int = 0) -> Qwen35Model:
@@ -192,7 +193,7 @@ def measure_model(name: str, args, batches: list[int], per_request: list[int], m
             )
     entry = {"steps": rows, "skipped": skipped}
     if mat_curve:
-        entry["budget_sweep_estimate"] = budget_sweep(rows, mat_curve, batch=min(16, biggest))
+        entry["budget_sweep_estimate"] = budget_sweep(rows, mat_curve)
     return entry
 
 
@@ -215,10 +216,11 @@ def _point(p: dict) -> str:
     return f"{p['wall_ms']:6.1f} ms wall, {gpu_ms:6.2f} ms GPU, GDN verify {share:5.1%}"
 
 
-def budget_sweep(rows: list[dict], mat_curve: dict, *, batch: int) -> list:
-    """ESTIMATED output tokens/s vs total tree tokens at ``batch``: the measured bole step's GPU kernel
-    time at N tokens per request with the embedded model's measured MAT at N - 1 draft tokens (the
-    largest measured draft size not above it). The GPU time stands for a graph-captured step."""
+def budget_sweep(rows: list[dict], mat_curve: dict) -> list:
+    """ESTIMATED output tokens/s vs total tree tokens at batch 16 (or the largest measured below it):
+    the measured bole step's GPU kernel time at N tokens per request with the embedded model's best MAT
+    measured at N - 1 draft tokens or fewer. The GPU time stands for a graph-captured step."""
+    batch = min(SWEEP_BATCH, max(r["batch"] for r in rows))
     known = sorted((int(k), v) for k, v in mat_curve.items())
     sweep = []
     for row in rows:
@@ -229,6 +231,7 @@ def budget_sweep(rows: list[dict], mat_curve: dict, *, batch: int) -> list:
         gpu_s = row["bole"]["gpu_us"] * 1e-6
         sweep.append(
             {
+                "batch": batch,
                 "total_tree_tokens": n * batch,
                 "tokens_per_request": n,
                 "mat_from_small_model": mat,
@@ -244,8 +247,7 @@ def reestimate(result: dict, acceptance: Path) -> None:
     mat_curve = json.loads(acceptance.read_text())["mat_by_draft_tokens"]
     result["acceptance"] = str(acceptance)
     for entry in result["models"].values():
-        batch = min(16, max(r["batch"] for r in entry["steps"]))
-        entry["budget_sweep_estimate"] = budget_sweep(entry["steps"], mat_curve, batch=batch)
+        entry["budget_sweep_estimate"] = budget_sweep(entry["steps"], mat_curve)
 
 
 def plot(result: dict, png: Path) -> None:
@@ -276,7 +278,7 @@ def plot(result: dict, png: Path) -> None:
         sweep = entry.get("budget_sweep_estimate") or []
         ax_b.plot([r["total_tree_tokens"] for r in sweep],
                   [r["estimated_output_tokens_per_s"] for r in sweep], "-o", label="bole")  # fmt: skip
-        batch = sweep[0]["total_tree_tokens"] // sweep[0]["tokens_per_request"] if sweep else None
+        batch = sweep[0]["batch"] if sweep else None
         decode = next((r["decode"] for r in entry["steps"] if r["batch"] == batch and "decode" in r), {})
         if "gpu_us" in decode:  # plain decoding: one token per request per step (measured, no estimate)
             ax_b.axhline(batch / (decode["gpu_us"] * 1e-6), color="grey", ls="--", label="ar (decode step)")

@@ -54,10 +54,9 @@ class TreeBatch:
         The derivation runs on the host: it is a few small sequential sweeps, each of which would
         synchronise with a GPU. The result reaches the tensors' device in one copy."""
         _check_tensors(parents, cu_seqlens)
-        device, n = parents.device, parents.numel()
+        device, num_nodes = parents.device, parents.numel()
         host = torch.cat([parents.long(), cu_seqlens.long()]).cpu()  # one copy from a GPU
-        parents, cu_seqlens = _validate(host[:n], host[n:])
-        num_nodes = parents.numel()
+        parents, cu_seqlens = _validate(host[:num_nodes], host[num_nodes:])
         lengths = cu_seqlens[1:] - cu_seqlens[:-1]
         request = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
         bos = cu_seqlens[:-1][request]

@@ -45,7 +45,7 @@ def test_budget_sweep_uses_the_batch_gpu_time_and_mat_at_draft_tokens():
         {"batch": 16, "tokens_per_request": 128, "bole": {"error": "CUDA out of memory"}, "tree_serial": {}},
         {"batch": 1, "tokens_per_request": 64, "bole": _point(5_000.0), "tree_serial": _point(6_000.0)},
     ]
-    sweep = budget_sweep(rows, {"4": 3.0, "16": 4.5, "64": 5.5}, batch=16)
+    sweep = budget_sweep(rows, {"4": 3.0, "16": 4.5, "64": 5.5})
     assert [r["total_tree_tokens"] for r in sweep] == [128, 1024]
     # 7 draft tokens -> MAT measured at 4; 63 -> at 16 (64 drafts would need 65 nodes).
     assert [r["mat_from_small_model"] for r in sweep] == [3.0, 4.5]
@@ -72,7 +72,7 @@ def test_plot_draws_every_model(tmp_path):
          "decode": _point(900.0)}
         for n in (8, 64)
     ]  # fmt: skip
-    entry = {"steps": rows, "budget_sweep_estimate": budget_sweep(rows, {"4": 3.0}, batch=1)}
+    entry = {"steps": rows, "budget_sweep_estimate": budget_sweep(rows, {"4": 3.0})}
     result = {"device": "test", "torch": "x", "kv_len": 512, "models": {"a": entry, "b": entry}}
     plot(result, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 10_000
