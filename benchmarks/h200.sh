@@ -2,10 +2,10 @@
 # The H200 runs, one command per purpose (each fits the device tool's 600 s limit). Run from the repo
 # root with the wheels of .whl/ carried along (see benchmarks/README.md); results go under $OUT.
 #
-#   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang) + GPU kernel tests
+#   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang), GPU kernel tests, phase profile
 #   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it
 #   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), acceptance
-#   bash benchmarks/h200.sh realdims  # 9B/27B dims: step latency, GDN verify share, budget sweep (committed MAT)
+#   bash benchmarks/h200.sh realdims  # 9B/27B dims: step latency, GDN verify share, budget sweep (the 32-prompt MAT curve)
 #   bash benchmarks/h200.sh train     # re-train the embedded model with its seed; compare with the committed log
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -18,6 +18,7 @@ kernels)
         > "$OUT/log.txt" 2>&1; echo "bench rc=$?"
     python -m pytest -q -m gpu tests/kernels -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
     echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    python benchmarks/profile_verify.py --out "$OUT" > "$OUT/profile_log.txt" 2>&1; echo "profile rc=$?"
     ;;
 engine)
     mkdir -p "$OUT/plugins" "$OUT/engine"
@@ -39,7 +40,7 @@ serving)
     ;;
 realdims)
     timeout 560 python benchmarks/bench_real_dims.py --out "$OUT" --models qwen3.5-9b,qwen3.5-27b \
-        --batches 1,8,16 --time-budget "${BUDGET_S:-200}" --acceptance benchmarks/results/acceptance_h200.json \
+        --batches 1,8,16 --time-budget "${BUDGET_S:-200}" --acceptance benchmarks/results/acceptance_cpu.json \
         > "$OUT/log.txt" 2>&1; echo "real dims rc=$?"; tail -5 "$OUT/log.txt"
     ;;
 train)

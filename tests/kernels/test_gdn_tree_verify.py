@@ -258,7 +258,7 @@ def test_default_config_is_a_benchmarked_config():
     for precision in ("tf32", "bf16"):
         for batch in (1, 2, 4, 16, 32):
             for size in (8, 16, 32, 64, 256):
-                cfg = default_config(batch * size, batch, 32, 128, 128, precision)
+                cfg = default_config(batch * size, batch, 32, 128, 128)
                 if 16 < size <= 64:
                     assert cfg in INVERSE_CONFIGS and cfg.bt >= size
                     check_inverse_config(cfg, precision)
@@ -279,8 +279,18 @@ def test_default_precision_is_the_measured_serving_one():
         cfg = default_config(batch * 64, batch, 32, 128, 128)
         if isinstance(cfg, InverseConfig):
             check_inverse_config(cfg, default_precision(torch.bfloat16, torch.bfloat16, cfg))
-    at_b1 = default_config(64, 1, 32, 128, 128)  # the latency-bound regime: value tiles of 32
-    assert at_b1.bv == 32 and default_precision(torch.bfloat16, torch.bfloat16, at_b1) == "tf32"
+    at_b1 = default_config(64, 1, 32, 128, 128)  # the latency-bound regime: value tiles of 64
+    assert at_b1.bv == 64 and default_precision(torch.bfloat16, torch.bfloat16, at_b1) == "bf16"
+
+
+def test_default_config_counts_waves():
+    """Beyond one wave, one launch (a program per (request, head)) only while its last wave is >= 90%
+    full; on a GPU of another size the same shape can switch."""
+    one, two = InverseConfig(64, 64, 128, 8, 1, 8), InverseConfig(64, 64, 64, 4, 2, 4)
+    assert default_config(8 * 64, 8, 32, 128, 128) == one  # 256 pairs: 1.94 waves of 132
+    assert default_config(4 * 64, 4, 48, 128, 128) == two  # 192 pairs: 1.45 waves
+    assert default_config(4 * 64, 4, 48, 128, 128, num_sms=96) == one  # 192 pairs: 2 full waves
+    assert default_config(2 * 64, 2, 48, 128, 128) == one  # 96 pairs: one wave
 
 
 def test_default_pair_is_the_measured_best_on_the_h200():

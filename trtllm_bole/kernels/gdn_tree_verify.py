@@ -29,7 +29,9 @@ tile otherwise (the benchmark measures both kinds of config); the state tile is 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from functools import cache
 
 import torch
 import triton
@@ -310,42 +312,58 @@ def blocked_default_config(num_nodes: int, num_requests: int, hv: int, dk: int, 
     return VerifyConfig(16, bk, bv, 1 if bv <= 16 else 2 if bv <= 64 else 4, 2, fused=bv <= 64)
 
 
+@cache
+def _num_sms(device: torch.device) -> int:
+    """The device's SM count (a host-side query, no sync); the H200's off CUDA (the interpreter)."""
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def default_precision(q_dtype: torch.dtype, v_dtype: torch.dtype, cfg: VerifyConfig | InverseConfig) -> str:
     """The launcher's precision when none is given. fp32 q/k/v: ``ieee`` (the fp32-exact mode). 16-bit
-    q/k/v (serving): ``bf16`` state products, the precision of every serving-mode number in
-    benchmarks/results/gdn_verify_h200_focus.json: 1.4x faster than ``tf32`` at Qwen3.5-9B, B = 8-32,
-    T = 64 (88.2 against 125.1 µs at B = 16) for the same error (worst relative RMS 2.3e-3 against
-    2.1e-3; the inputs' rounding dominates). ``tf32`` where bf16 is refused
-    (:func:`~.gdn_tree_verify_inverse.bf16_refused`), the measured best there (B = 1)."""
+    q/k/v (serving): ``bf16`` state products, the precision of every default in
+    benchmarks/results/gdn_verify_h200_focus.json: 1.2-1.3x faster than ``tf32`` at Qwen3.5-9B, T = 64
+    (18.5 against 22.6 µs at B = 1, 74.4 against 87.5 µs at B = 16) for the same error (worst relative
+    RMS 2.3e-3; the inputs' rounding dominates). ``tf32`` where bf16 is refused
+    (:func:`~.gdn_tree_verify_inverse.bf16_refused`)."""
     if q_dtype == torch.float32 and v_dtype == torch.float32:
         return "ieee"
     return "tf32" if isinstance(cfg, InverseConfig) and bf16_refused(cfg) else "bf16"
 
 
+H200_SMS = 132
+"""Streaming multiprocessors of the H200 (and H100 SXM): :func:`default_config`'s wave count."""
+
+
 def default_config(
-    num_nodes: int, num_requests: int, hv: int, dk: int, dv: int, precision: str | None = None
+    num_nodes: int, num_requests: int, hv: int, dk: int, dv: int, num_sms: int = H200_SMS
 ) -> VerifyConfig | InverseConfig:
     """The launcher's config from the shape alone (no device sync), by the H200 measurement of
-    benchmarks/results/gdn_verify_h200.json (CUDA-graph times, Qwen3.5-9B/27B heads, B = 1 … 32):
+    benchmarks/results/gdn_verify_h200_focus.json (CUDA-graph times, Qwen3.5-9B/27B heads, B = 1 … 32):
 
-    - requests of 17 to 64 nodes (the average): the explicit-inverse path in one tile, one launch with
-      value tiles of 32 while the (request, value head) pairs are at most 32 (the latency-bound regime;
-      not in bf16 precision, see :func:`~.gdn_tree_verify_inverse.check_inverse_config`), of 64 up to
-      64 pairs and of 128 beyond; requests of 17 to 32 nodes: tiles of 32 in two launches;
+    - requests of 33 to 64 nodes (the average): the explicit-inverse path in one tile of 64. Up to 64
+      (request, value head) pairs: one launch with value tiles of 64 (the latency-bound regime). Beyond,
+      one launch with full value tiles (one program per pair, one program per SM) while its last wave
+      of programs is at least 90% full (or there is a single wave), else two launches (the factor
+      kernel at two programs per SM, then value tiles of 64 at four): a partial last wave of the
+      one-launch kernel costs a whole wave (27B, B = 4: 192 pairs, 45% of a second wave, 1.17x slower);
+    - requests of 17 to 32 nodes: tiles of 32 in two launches;
     - smaller or larger trees: the blocked kernel (:func:`blocked_default_config`), faster there (T = 8,
       16: 30 µs against 36-39 µs; T = 128, 256: 1.3-1.5x at B = 16)."""
     per_request = -(-num_nodes // max(num_requests, 1))
-    heads = num_requests * hv
+    pairs = num_requests * hv
+    waves = pairs / num_sms
     if per_request <= 16 or per_request > 64:
         return blocked_default_config(num_nodes, num_requests, hv, dk, dv)
     if per_request <= 32:
         picked = (32, 64, 64, 4, 2, 2)
-    elif heads <= 32 and precision != "bf16":
-        picked = (64, 128, 32, 8, 1, 8)
-    elif heads <= 64:
-        picked = (64, 64, 64, 8, 1, 8)
-    else:
+    elif pairs <= 64:
+        picked = (64, 128, 64, 8, 1, 8)
+    elif waves <= 1 or math.ceil(waves) - waves <= 0.1:
         picked = (64, 64, 128, 8, 1, 8)
+    else:
+        picked = (64, 64, 64, 4, 2, 4)
     cfg = InverseConfig(*picked)
     return replace(cfg, bk=tile_dividing(dk, cfg.bk), bv=tile_dividing(dv, cfg.bv))
 
@@ -408,7 +426,7 @@ def gdn_tree_verify(
         raise ValueError(
             f"raw_gates must be two float32 tensors [HV={hv}] (A_log, dt_bias) on {state.device}"
         )
-    cfg = config or default_config(n, tree.num_requests, hv, dk, dv, precision)
+    cfg = config or default_config(n, tree.num_requests, hv, dk, dv, _num_sms(state.device))
     precision = precision or default_precision(q.dtype, v.dtype, cfg)
     if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16 or cfg.bt & (cfg.bt - 1):
         raise ValueError(

@@ -14,9 +14,15 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
   masked row sum of g in registers; ``K Kᵀ``, ``Q Kᵀ``; ``G``, ``C``; ``W = (I - G)(I + G²)(I + G⁴)…``
   (⌈log2 d⌉ squarings, ``G^d = 0`` by Lemma 3); ``M' = scale C W D_β``. Trees larger than the tile
   ``BT`` are blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back.
-- Phase 2, one program per (request, value head, value tile): ``Q S``, ``K S`` over dk, X, then two
-  tensor-core products for U and O. For trees larger than ``BT``, X goes through the ``u`` output and
-  row blocks are finished last-first (``U_r`` only needs ``X_c``, c ≤ r).
+- Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
+  each state chunk for both), X, then two tensor-core products for U and O. For trees larger than
+  ``BT``, X goes through the ``u`` output and row blocks are finished last-first (``U_r`` only needs
+  ``X_c``, c ≤ r).
+
+Both phases are latency-bound (benchmarks/profile_verify.py: at batch 1 the phase-1 kernel alone takes
+16 µs, the value-tile kernel 11-13 µs, a state copy 6 µs), so a single-tile program issues every load
+before its first use: the state tile first (one chunk, ``BK = dk``), then the tree, the gates and the
+rows of K, Q and V, each loaded once (one round trip after the request's offsets instead of one per use).
 
 ``launches=2`` runs the phases as two kernels (phase 1 once per head; the factors make one round trip
 through L2); ``launches=1`` runs both in every program of one launch (phase 1 repeated per value tile,
@@ -33,7 +39,6 @@ import triton.language as tl
 
 from trtllm_bole.kernels._verify_tiles import (
     _UPCAST,
-    _gram,
     _gram2,
     _is_ancestor,
     _operand,
@@ -58,26 +63,27 @@ INVERSE_CONFIGS = tuple(
     for bt, bk, bv, w, launches, w1 in (
         (64, 128, 32, 8, 1, 8),
         (64, 64, 32, 4, 1, 4),
+        (64, 128, 64, 8, 1, 8),
         (64, 64, 64, 8, 1, 8),
-        (64, 32, 64, 4, 1, 4),
         (64, 64, 128, 8, 1, 8),
+        (64, 128, 128, 8, 1, 8),
         (64, 128, 32, 4, 2, 8),
         (64, 64, 32, 4, 2, 4),
+        (64, 64, 64, 4, 2, 4),
         (64, 64, 64, 4, 2, 8),
-        (64, 32, 64, 4, 2, 4),
-        (64, 64, 128, 8, 2, 8),
+        (64, 128, 128, 8, 2, 4),
         (32, 128, 32, 4, 1, 4),
         (32, 64, 64, 4, 2, 2),
         (16, 128, 32, 2, 1, 2),
     )
 )
-"""Candidates the benchmark sweeps next to :data:`~trtllm_bole.kernels.gdn_tree_verify.CONFIGS`. On sm_90
-(ptxas of triton 3.9, 16-byte aligned pointers as the JIT specialises them) the single-tile variants of
-all of them compile without spills in the serving precisions (tf32, bf16), 126-255 registers: tiles of
-64 take 8 warps (one program per SM) or 4 warps at the register limit (two per SM). The blocked
-variants (trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact variants (FMA dots) spill more.
-Two configs failed the H200 check (triton 3.6) and were dropped: ``(64, 128, 16, 8, 1, 8)`` and
-``(16, 64, 64, 2, 2, 1)`` (one phase-1 warp, blocked trees)."""
+"""Candidates the benchmark sweeps next to :data:`~trtllm_bole.kernels.gdn_tree_verify.CONFIGS`. On the
+H200 (triton 3.6; benchmarks/results/profile_verify_h200.json) the single-tile phase-1 kernel takes 255
+registers (24 bytes spilled at 4 warps, none at 8: two programs per SM at 4 warps, one at 8) and the
+value-tile kernel 107-200 without spills; capping either at 128 registers spills hundreds of bytes and
+runs 1.1-2x slower. The blocked variants (trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact
+variants (FMA dots) spill more. Two configs failed the H200 check (triton 3.6) and were dropped:
+``(64, 128, 16, 8, 1, 8)`` and ``(16, 64, 64, 2, 2, 1)`` (one phase-1 warp, blocked trees)."""
 
 
 def bf16_refused(cfg: InverseConfig) -> bool:
@@ -131,25 +137,22 @@ def _inverse(a, eye, n_squarings, PREC: tl.constexpr):
 
 @triton.jit
 def _tile_factors(
-    q_req, k_req, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings,
-    ROW_STRIDE: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr,
+    k_t, q_t, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings,
+    BT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """Phase 1 for a tree of at most ``BT`` nodes, in registers: ``logP``, ``W' = W D_β``, ``M'``.
-    ``K Kᵀ`` is consumed before ``Q Kᵀ`` is formed, and the masks and ratios are recomputed rather
-    than kept, so that few ``[BT, BT]`` tiles are live at once."""
+    """Phase 1 for a tree of at most ``BT`` nodes, in registers, from the tree's loaded ``K`` and ``Q``
+    rows (``[BT, dk]``): ``logP``, ``W' = W D_β``, ``M'``. ``K Kᵀ`` is consumed before ``Q Kᵀ`` is
+    formed, and the masks and ratios are recomputed rather than kept, so that few ``[BT, BT]`` tiles are
+    live at once."""
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
     lp = tl.sum(tl.where(anc, g_t[None, :], 0.0), axis=1)
-    kk = tl.zeros([BT, BT], dtype=tl.float32)
-    for kc in range(0, DK, BK):  # K Kᵀ from one load of each chunk
-        k_c = _operand(_rows(k_req, o_t, m_t, ROW_STRIDE, kc + o_k), UPCAST)
-        kk = tl.dot(k_c, tl.trans(k_c), kk, input_precision=PREC)
+    k_op = _operand(k_t, UPCAST)
+    kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
     ratio = tl.exp(tl.where(anc, lp[:, None] - lp[None, :], float("-inf")))
     a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_t[:, None] * ratio * kk, 0.0)
     w = _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, PREC) * b_t[None, :]
-    qk = _gram(q_req, k_req, o_t, m_t, o_t, m_t, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST)
+    qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
     anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
     c = tl.exp(tl.where(anc, lp[:, None] - lp[None, :], float("-inf"))) * qk
     return lp, w, tl.dot(c, w, input_precision=PREC) * scale
@@ -189,7 +192,8 @@ def _blocked_factors(
 
         ratio = tl.exp(tl.where(anc_rr, lp_r[:, None] - lp_r[None, :], float("-inf")))
         kk, qk = _gram2(q_req, k_req, rows, m_r, rows, m_r, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST)
-        w_rr = _inverse(tl.where(anc_rr & off_diag, -b_r[:, None] * ratio * kk, 0.0), eye, n_squarings, PREC)
+        a_rr = tl.where(anc_rr & off_diag, -b_r[:, None] * ratio * kk, 0.0)
+        w_rr = _inverse(a_rr, eye, n_squarings, PREC)
         c_rr = ratio * qk
         offs = _path_offsets(rows, dep_r, d)
         tl.store(w_req + offs, w_rr * b_r[None, :], mask=anc_rr)
@@ -237,6 +241,21 @@ def _state_dot(a_req, s_req, rows, m, o_v, acc, ROW_STRIDE: tl.constexpr, DK: tl
         s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :]))
         acc = _state_product(a_c, s_c, acc, PREC, S_BF16, UPCAST)
     return acc
+
+
+@triton.jit
+def _state_dots(k_req, q_req, s_req, rows, m, o_v, ROW_STRIDE: tl.constexpr, DK: tl.constexpr,
+                DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
+                S_BF16: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """``K_rows S[:, o_v]`` and ``Q_rows S[:, o_v]`` from one load of each ``BK`` chunk of the state."""
+    o_k = tl.arange(0, BK)
+    ks = tl.zeros([BT, BV], dtype=tl.float32)
+    qs = tl.zeros([BT, BV], dtype=tl.float32)
+    for kc in range(0, DK, BK):
+        s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :]))
+        ks = _state_product(_rows(k_req, rows, m, ROW_STRIDE, kc + o_k), s_c, ks, PREC, S_BF16, UPCAST)
+        qs = _state_product(_rows(q_req, rows, m, ROW_STRIDE, kc + o_k), s_c, qs, PREC, S_BF16, UPCAST)
+    return ks, qs
 
 
 @triton.jit
@@ -327,55 +346,97 @@ def _gdn_tree_verify_inverse_kernel(
             if PHASE != 2:
                 _blocked_factors(q_req, k_req, g + bos * hv + i_hv, beta + bos * hv + i_hv, dfs_req, size_req,
                                  dep_req, lp_req, w_req, m_req, n_t, hv, d, a_exp_h, dt_bias_h, scale,
-                                 n_squarings, H * DK, DK, BT, BK, PREC, UPCAST, RAW_GATES)  # fmt: skip
+                                 n_squarings, H * DK, DK, BT, BK, PREC, UPCAST,
+                                 RAW_GATES)  # fmt: skip
             if PHASE != 1:
                 _blocked_apply(q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req,
                                w_req, m_req, n_t, hv, d, scale, o_v, H, DK, DV, BT, BK, BV, PREC, S_BF16,
                                UPCAST)  # fmt: skip
     elif n_t <= BT:
+        # Every load is issued before the first use (one round trip after the request's offsets): the
+        # state tile first when it is one chunk (BK == DK), then the tree, the gates, K, Q and V.
         o_t = tl.arange(0, BT)
+        o_d = tl.arange(0, DK)
         m_t = o_t < n_t
+        if PHASE != 1 and BK == DK:
+            s_t = tl.load(s_req + (o_d[:, None] * DV + o_v[None, :]))
         ord_t = tl.load(dfs_req + o_t, mask=m_t, other=0).to(tl.int32)
         end_t = ord_t + tl.load(size_req + o_t, mask=m_t, other=0).to(tl.int32)
         if PHASE != 3:
             offs = _path_offsets(o_t, tl.load(dep_req + o_t, mask=m_t, other=1).to(tl.int32), d)
-        if PHASE == 3 and BK == DK:  # the state tile's loads are issued before the phase-1 math
-            s_t = tl.load(s_req + (tl.arange(0, DK)[:, None] * DV + o_v[None, :]))
         if PHASE != 2:
             g_t, b_t = _gates(g + bos * hv + i_hv, beta + bos * hv + i_hv, o_t, m_t, hv, a_exp_h, dt_bias_h,
                               RAW_GATES)  # fmt: skip
-            lp, w, mm = _tile_factors(q_req, k_req, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings, H * DK,
-                                      DK, BT, BK, PREC, UPCAST)  # fmt: skip
+        else:
+            lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)
+        if PHASE != 2 or BK == DK:
+            k_t = _rows(k_req, o_t, m_t, H * DK, o_d)
+            q_t = _rows(q_req, o_t, m_t, H * DK, o_d)
+        if PHASE != 1:
+            v_t = _rows(v_req, o_t, m_t, hv * DV, o_v)
+        if PHASE != 2:
+            lp, w, mm = _tile_factors(k_t, q_t, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings,
+                                      BT, PREC, UPCAST)  # fmt: skip
             tl.store(lp_req + o_t * hv, lp, mask=m_t)
             if PHASE == 1:
                 anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
                 tl.store(w_req + offs, w, mask=anc)
                 tl.store(m_req + offs, mm, mask=anc)
         else:
-            lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)
+            anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
+            w = tl.load(w_req + offs, mask=anc, other=0.0)
+            mm = tl.load(m_req + offs, mask=anc, other=0.0)
         if PHASE != 1:
             decay = tl.exp(lp)
-            acc = tl.zeros([BT, BV], dtype=tl.float32)
-            if PHASE == 3 and BK == DK:
-                k_t = _rows(k_req, o_t, m_t, H * DK, tl.arange(0, DK))
+            if BK == DK:
+                acc = tl.zeros([BT, BV], dtype=tl.float32)
                 ks = _state_product(k_t, s_t, acc, PREC, S_BF16, UPCAST)
-            else:
-                ks = _state_dot(k_req, s_req, o_t, m_t, o_v, acc, H * DK, DK, DV, BK, PREC, S_BF16, UPCAST)
-            x = _rows(v_req, o_t, m_t, hv * DV, o_v).to(tl.float32) - decay[:, None] * ks
-            if PHASE == 2:
-                anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
-                w = tl.load(w_req + offs, mask=anc, other=0.0)
-            out = o_t[:, None] * (hv * DV) + o_v[None, :]
-            tl.store(u_req + out, tl.dot(w, x, input_precision=PREC), mask=m_t[:, None])
-            if PHASE == 3 and BK == DK:
-                q_t = _rows(q_req, o_t, m_t, H * DK, tl.arange(0, DK))
                 qs = _state_product(q_t, s_t, acc, PREC, S_BF16, UPCAST)
             else:
-                qs = _state_dot(q_req, s_req, o_t, m_t, o_v, acc, H * DK, DK, DV, BK, PREC, S_BF16, UPCAST)
-            if PHASE == 2:
-                mm = tl.load(m_req + offs, mask=anc, other=0.0)
+                ks, qs = _state_dots(k_req, q_req, s_req, o_t, m_t, o_v, H * DK, DK, DV, BT, BK, BV, PREC,
+                                     S_BF16, UPCAST)  # fmt: skip
+            x = v_t.to(tl.float32) - decay[:, None] * ks
+            out = o_t[:, None] * (hv * DV) + o_v[None, :]
+            tl.store(u_req + out, tl.dot(w, x, input_precision=PREC), mask=m_t[:, None])
             o_out = tl.dot(mm, x, scale * decay[:, None] * qs, input_precision=PREC)
             tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
+
+
+def inverse_launch_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    slots: torch.Tensor,
+    tree: TreeBatch,
+    raw_gates: tuple[torch.Tensor, torch.Tensor] | None,
+    scale: float,
+    use_slots: bool,
+    precision: str,
+    cfg: InverseConfig,
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple, dict]:
+    """Allocates the outputs ``(o, u, log_p)`` and the compact factors ``[2, HV, N, depth]``; returns the
+    outputs, the kernel's positional arguments and its compile-time constants (phase 2 / one launch)."""
+    n, h, dk = q.shape
+    hv, dv = v.shape[1:]
+    o = torch.empty_like(v)
+    u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    log_p = torch.empty((n, hv), dtype=torch.float32, device=v.device)
+    d = tree.max_depth
+    factors = torch.empty((2, hv, n, d), dtype=torch.float32, device=v.device)
+    chain = min(d, cfg.bt)  # longest chain inside one tile
+    args = (
+        q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size, tree.depth,
+        o, u, log_p, factors, *(raw_gates or (g, g)), scale, hv, n, d, (chain - 1).bit_length(),
+    )  # fmt: skip
+    consts = dict(
+        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=use_slots,
+        PREC="ieee" if precision == "ieee" else "tf32", S_BF16=precision == "bf16", UPCAST=_UPCAST,
+        RAW_GATES=raw_gates is not None,
+    )  # fmt: skip
+    return (o, u, log_p), args, consts
 
 
 def launch_inverse(
@@ -393,28 +454,13 @@ def launch_inverse(
     precision: str,
     cfg: InverseConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Allocates the outputs and the compact factors ``[2, HV, N, depth]`` and launches, with no host
-    sync (the tree metadata stays on the device; ``tree.max_depth`` and ``tree.max_nodes`` are host
-    ints). Requests of more than ``bt`` nodes go to a second, blocked variant, launched only when the
-    largest request (``tree.max_nodes``) exceeds the tile."""
-    n, h, dk = q.shape
-    hv, dv = v.shape[1:]
-    batch = tree.num_requests
-    o = torch.empty_like(v)
-    u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    log_p = torch.empty((n, hv), dtype=torch.float32, device=v.device)
-    d = tree.max_depth
-    factors = torch.empty((2, hv, n, d), dtype=torch.float32, device=v.device)
-    chain = min(d, cfg.bt)  # longest chain inside one tile
-    args = (
-        q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size, tree.depth,
-        o, u, log_p, factors, *(raw_gates or (g, g)), scale, hv, n, d, (chain - 1).bit_length(),
-    )  # fmt: skip
-    consts = dict(
-        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=use_slots,
-        PREC="ieee" if precision == "ieee" else "tf32", S_BF16=precision == "bf16", UPCAST=_UPCAST,
-        RAW_GATES=raw_gates is not None,
-    )  # fmt: skip
+    """Launches with no host sync (the tree metadata stays on the device; ``tree.max_depth`` and
+    ``tree.max_nodes`` are host ints). Requests of more than ``bt`` nodes go to a second, blocked variant,
+    launched only when the largest request (``tree.max_nodes``) exceeds the tile."""
+    outputs, args, consts = inverse_launch_args(
+        q, k, v, g, beta, state, slots, tree, raw_gates, scale, use_slots, precision, cfg
+    )
+    hv, dv, batch = v.shape[1], v.shape[2], tree.num_requests
     phase1 = {**consts, "BV": 16, "USE_SLOTS": False, "S_BF16": False}  # one phase-1 kernel for every bv
     grid = (dv // cfg.bv, hv, batch)
     for blocked in (False, True) if tree.max_nodes > cfg.bt else (False,):
@@ -429,7 +475,7 @@ def launch_inverse(
             _gdn_tree_verify_inverse_kernel[grid](
                 *args, **consts, PHASE=3, BLOCKED=blocked, num_warps=cfg.num_warps, num_stages=1
             )
-    return o, u, log_p
+    return outputs
 
 
 __all__ = ["INVERSE_CONFIGS", "InverseConfig", "bf16_refused", "check_inverse_config", "launch_inverse"]

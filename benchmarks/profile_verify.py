@@ -1,0 +1,155 @@
+"""Where the explicit-inverse verify spends its GPU time: each phase alone, the squarings, registers.
+
+    python benchmarks/profile_verify.py --out DIR    # H200, about a minute
+
+Qwen3.5-9B GDN dims (H = 16, HV = 32, dk = dv = 128), top-4 trees of 64 nodes and depth 8, bf16 q/k/v,
+raw gates, fp32 state; batch 1 and 16. For each config of :data:`CONFIGS` it times, as CUDA-graph
+replays with the L2 flushed (the timer of bench_gdn_verify.py):
+
+- ``verify``: the launcher's call, checked first against the float64 serial recurrence (a config that
+  fails is not timed at all);
+- ``phase1``: the factor kernel alone (grid ``(1, HV, B)``), at 4 and 8 warps;
+- ``phase2``: the value-tile kernel alone (state products, two factor products) on an unfilled factor
+  buffer (a time only);
+- ``no_squarings``: the one-launch kernel with the inverse's squarings skipped (wrong values: a time only,
+  to size the squarings' share);
+
+and the time to copy the batch's states (the state read's floor), with every kernel's registers and spills.
+Writes ``<out>/profile_verify_h200.json``. Diagnostic only: it reports times, not speed-ups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import _bench_util as U
+import torch
+
+from trtllm_bole.kernels import gdn_tree_verify_inverse as inv
+from trtllm_bole.kernels._common import slot_indices
+from trtllm_bole.testing import topk_parents
+
+HV, SIZE, DEPTH, TOL = 32, 64, 8, 1e-2
+CONFIGS = (
+    (inv.InverseConfig(64, 128, 64, 8, 1, 8), "bf16"),
+    (inv.InverseConfig(64, 128, 32, 4, 1, 4), "tf32"),
+    (inv.InverseConfig(64, 64, 128, 8, 1, 8), "bf16"),
+    (inv.InverseConfig(64, 128, 128, 8, 1, 8), "bf16"),
+    (inv.InverseConfig(64, 64, 64, 4, 2, 8), "bf16"),
+    (inv.InverseConfig(64, 128, 128, 8, 2, 4), "bf16"),
+)
+
+
+def _launch(x: U.Inputs, cfg, precision: str, phase: int, warps: int, squarings=None, maxnreg=None):
+    """One kernel of the inverse path, as launch_inverse launches it (trees of at most ``bt`` nodes)."""
+    slots = slot_indices(None, x.tree.num_requests, x.state.device)
+    outputs, args, consts = inv.inverse_launch_args(
+        x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, precision, cfg
+    )
+    if squarings is not None:
+        args = (*args[:-1], squarings)
+    hv, dv, batch = x.v.shape[1], x.v.shape[2], x.tree.num_requests
+    if phase == 1:
+        consts = {**consts, "BV": 16, "S_BF16": False}
+    grid = (1, hv, batch) if phase == 1 else (dv // cfg.bv, hv, batch)
+    kernel = inv._gdn_tree_verify_inverse_kernel[grid](
+        *args, **consts, PHASE=phase, BLOCKED=False, num_warps=warps, num_stages=1, maxnreg=maxnreg
+    )
+    return outputs, kernel
+
+
+def _regs(kernel) -> dict:
+    return {"regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)}
+
+
+def _check(x: U.Inputs, cfg, precision: str) -> float:
+    from trtllm_bole.reference import gdn_tree
+
+    g = -x.a_log.double().exp() * torch.nn.functional.softplus(x.a.double() + x.dt_bias.double())
+    beta = torch.sigmoid(x.b.double())
+    args = (x.q.double(), x.k.double(), x.v.double(), g, beta, x.state.double(), x.tree)
+    o, _ = gdn_tree.serial_tree_recurrence(*args, scale=x.scale)
+    slots = slot_indices(None, x.tree.num_requests, x.state.device)
+    o_k, _, _ = inv.launch_inverse(
+        x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, precision, cfg
+    )
+    return U.rel_rms(o_k, o)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--rep-ms", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_verify.py times GPU kernels: it needs CUDA", file=sys.stderr)
+        return 2
+    import triton
+
+    measure = U.graph_timer(args.rep_ms)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        tree_parents = [topk_parents(SIZE, 4, DEPTH)] * batch
+
+        def make(tree_parents=tree_parents):
+            return U.make_inputs(U.tree_of(tree_parents, "cuda"), U.H, HV, U.DK, U.DV, torch.bfloat16, gen)
+
+        sets = U.rotations(make)
+        state_bytes = sets[0].state.numel() * 4
+        row = {"batch": batch, "state_bytes": state_bytes,
+               "state_copy_us": measure(U.Rotating(sets, lambda x: x.state.clone()))}  # fmt: skip
+        for cfg, precision in CONFIGS:
+            key = f"{cfg} {precision}"
+            err = _check(sets[0], cfg, precision)
+            entry = {"rel_rms_o": err}
+            if err > TOL:
+                entry["failed"] = True
+                row[key] = entry
+                print(f"B={batch} {key}: check FAILED ({err:.2e}), not timed", flush=True)
+                continue
+            entry["verify_us"] = measure(U.Rotating(sets, lambda x, c=cfg, p=precision: _check_free(x, c, p)))
+            variants = [(1, w, r) for w in (4, 8) for r in (None, 128)]
+            variants += [(2, cfg.num_warps, r) for r in (None, 128)]
+            variants += [(3, cfg.num_warps, 128)] if cfg.launches == 1 else []
+            for phase, warps, maxnreg in variants:
+                name = f"phase{phase}_w{warps}" + (f"_r{maxnreg}" if maxnreg else "")
+                _, kern = _launch(sets[0], cfg, precision, phase, warps, maxnreg=maxnreg)
+                entry[name] = _regs(kern)
+                entry[f"{name}_us"] = measure(
+                    U.Rotating(sets, lambda x, c=cfg, p=precision, a=phase, w=warps, r=maxnreg: _launch(
+                        x, c, p, a, w, maxnreg=r))
+                )  # fmt: skip
+            if cfg.launches == 1:
+                entry["no_squarings_us"] = measure(
+                    U.Rotating(sets, lambda x, c=cfg, p=precision: _launch(x, c, p, 3, c.num_warps, 0))
+                )
+            row[key] = entry
+            print(f"B={batch} {key}: {json.dumps(entry)}", flush=True)
+        rows.append(row)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+        "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),
+        "shape": {"model": "qwen3.5-9b", "hv": HV, "tree_size": SIZE, "depth": DEPTH, "top_k": 4},
+    }  # fmt: skip
+    (out / "profile_verify_h200.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"wrote {out / 'profile_verify_h200.json'}")
+    return 0
+
+
+def _check_free(x: U.Inputs, cfg, precision: str):
+    slots = slot_indices(None, x.tree.num_requests, x.state.device)
+    return inv.launch_inverse(
+        x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, precision, cfg
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
