@@ -51,7 +51,7 @@ def _launch(x: U.Inputs, cfg, precision: str, phase: int, warps: int, squarings=
         x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, precision, cfg
     )
     if squarings is not None:
-        args = (*args[:-1], squarings)
+        args = (*args[:-2], squarings, 0)
     hv, dv, batch = x.v.shape[1], x.v.shape[2], x.tree.num_requests
     if phase == 1:
         consts = {**consts, "BV": 16, "S_BF16": False}

@@ -243,6 +243,23 @@ def test_inverse_serving_mode_grouped_heads_slots(launches, gen, nan_outputs):
     assert torch.equal(state, before)
 
 
+@pytest.mark.parametrize("launches", [1, 2])
+@pytest.mark.parametrize("depth", [3, 5, 9, 17])
+def test_inverse_chains_one_past_a_power_of_two(depth, launches, gen, nan_outputs):
+    """Chains of ``2^n + 1`` nodes (9: eight drafts and the pending token) end the inverse with a sum
+    instead of a product: in one tile of 32 and in tiles of 16 (blocked, a 40-node tree). One key per
+    head, β = 0.9 and slow decay make the deepest power of G large (random keys leave it below the
+    tolerance), so a wrong last step fails."""
+    trees = [topk_parents(30, 2, depth), chain_parents(depth), topk_parents(40, 3, depth)]
+    tree, x = make(trees, 2, 4, 32, 32, gen)
+    x.k = x.k[:1].expand_as(x.k).contiguous()
+    x.beta.fill_(0.9)
+    x.g.fill_(-0.01)
+    assert tree.max_depth == depth
+    for cfg in (InverseConfig(32, 16, 16, 2, launches), InverseConfig(16, 16, 16, 1, launches)):
+        check(run(x, tree, torch.float32, config=cfg), truth(x, tree), EXACT)
+
+
 def test_inverse_depth_one_and_compiled_maximum(gen):
     tree, x = make([[-1], [-1, -1, -1]], 2, 2, 16, 16, gen)
     check(run(x, tree, torch.float32, config=INV[2]), truth(x, tree), EXACT)
@@ -333,6 +350,15 @@ def test_real_size(cfg, dtype, gen, nan_outputs):
     trees = [topk_parents(64, 4, 8)] * 3 + [topk_parents(256, 4, 16), chain_parents(MAX_DEPTH), [-1]]
     tree, x = make(trees, 16, 32, 128, 128, gen, dtype)
     check(run(x, tree, dtype, config=cfg), truth(x, tree), EXACT if dtype == torch.float32 else SERVING)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8, 16])
+def test_real_size_depth_nine_default_config(batch, gen, nan_outputs):
+    """The engine's trees (eight drafts and the pending token: depth 9, the shortened last squaring) at
+    Qwen3.5-9B heads, with the launcher's default at each batch (one launch of 64 / 128, two launches)."""
+    tree, x = make([topk_parents(64, 4, 9)] * batch, 16, 32, 128, 128, gen, torch.bfloat16)
+    check(run(x, tree, torch.bfloat16), truth(x, tree), SERVING)
 
 
 @pytest.mark.gpu

@@ -123,21 +123,26 @@ def _path_offsets(rows, dep_c, d):
 
 
 @triton.jit
-def _inverse(a, eye, n_squarings, PREC: tl.constexpr):
+def _inverse(a, eye, n_squarings, plain_last, PREC: tl.constexpr):
     """``(I - A)⁻¹ = (I + A)(I + A²)(I + A⁴)…`` for nilpotent ``A`` (``A^(2^n_squarings) = 0``). The
-    factors commute, so each step is ``W += A^(2^s) W``."""
+    factors commute, so each step is ``W += A^(2^s) W``. ``plain_last``: the chain is ``2^(n - 1) + 1``
+    nodes long (``A^(2^(n-1) + 1) = 0``; e.g. 9 = 8 drafts and the pending token), so the last step keeps
+    only ``A^(2^(n-1)) I``: ``W += A^(2^(n-1))``, one product fewer."""
     w = tl.where(eye, 1.0, 0.0)
     if n_squarings > 0:
         w += a
-        for _ in range(1, n_squarings):
+        for s in range(1, n_squarings):
             a = tl.dot(a, a, input_precision=PREC)
-            w = tl.dot(a, w, w, input_precision=PREC)
+            if (plain_last != 0) & (s == n_squarings - 1):
+                w += a
+            else:
+                w = tl.dot(a, w, w, input_precision=PREC)
     return w
 
 
 @triton.jit
 def _tile_factors(
-    k_t, q_t, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings,
+    k_t, q_t, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings, plain_last,
     BT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Phase 1 for a tree of at most ``BT`` nodes, in registers, from the tree's loaded ``K`` and ``Q``
@@ -151,7 +156,7 @@ def _tile_factors(
     kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
     ratio = tl.exp(tl.where(anc, lp[:, None] - lp[None, :], float("-inf")))
     a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_t[:, None] * ratio * kk, 0.0)
-    w = _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, PREC) * b_t[None, :]
+    w = _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, plain_last, PREC) * b_t[None, :]
     qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
     anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
     c = tl.exp(tl.where(anc, lp[:, None] - lp[None, :], float("-inf"))) * qk
@@ -161,7 +166,7 @@ def _tile_factors(
 @triton.jit
 def _blocked_factors(
     q_req, k_req, g_req, b_req, dfs_req, size_req, dep_req, lp_req, w_req, m_req,
-    n_t, hv, d, a_exp_h, dt_bias_h, scale, n_squarings,
+    n_t, hv, d, a_exp_h, dt_bias_h, scale, n_squarings, plain_last,
     ROW_STRIDE: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
 ):  # fmt: skip
@@ -193,7 +198,7 @@ def _blocked_factors(
         ratio = tl.exp(tl.where(anc_rr, lp_r[:, None] - lp_r[None, :], float("-inf")))
         kk, qk = _gram2(q_req, k_req, rows, m_r, rows, m_r, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST)
         a_rr = tl.where(anc_rr & off_diag, -b_r[:, None] * ratio * kk, 0.0)
-        w_rr = _inverse(a_rr, eye, n_squarings, PREC)
+        w_rr = _inverse(a_rr, eye, n_squarings, plain_last, PREC)
         c_rr = ratio * qk
         offs = _path_offsets(rows, dep_r, d)
         tl.store(w_req + offs, w_rr * b_r[None, :], mask=anc_rr)
@@ -307,11 +312,11 @@ def _blocked_apply(
         tl.store(o_req + out, acc_o.to(o_req.dtype.element_ty), mask=m_r[:, None])
 
 
-@triton.jit(do_not_specialize=["n_squarings", "d", "n_total"])
+@triton.jit(do_not_specialize=["n_squarings", "plain_last", "d", "n_total"])
 def _gdn_tree_verify_inverse_kernel(
     q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth,
     o, u, log_p, factors, a_log, dt_bias,
-    scale, hv, n_total, d, n_squarings,
+    scale, hv, n_total, d, n_squarings, plain_last,
     H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PHASE: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr,
     S_BF16: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, BLOCKED: tl.constexpr,
@@ -346,7 +351,7 @@ def _gdn_tree_verify_inverse_kernel(
             if PHASE != 2:
                 _blocked_factors(q_req, k_req, g + bos * hv + i_hv, beta + bos * hv + i_hv, dfs_req, size_req,
                                  dep_req, lp_req, w_req, m_req, n_t, hv, d, a_exp_h, dt_bias_h, scale,
-                                 n_squarings, H * DK, DK, BT, BK, PREC, UPCAST,
+                                 n_squarings, plain_last, H * DK, DK, BT, BK, PREC, UPCAST,
                                  RAW_GATES)  # fmt: skip
             if PHASE != 1:
                 _blocked_apply(q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req,
@@ -375,7 +380,7 @@ def _gdn_tree_verify_inverse_kernel(
         if PHASE != 1:
             v_t = _rows(v_req, o_t, m_t, hv * DV, o_v)
         if PHASE != 2:
-            lp, w, mm = _tile_factors(k_t, q_t, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings,
+            lp, w, mm = _tile_factors(k_t, q_t, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings, plain_last,
                                       BT, PREC, UPCAST)  # fmt: skip
             tl.store(lp_req + o_t * hv, lp, mask=m_t)
             if PHASE == 1:
@@ -427,9 +432,11 @@ def inverse_launch_args(
     d = tree.max_depth
     factors = torch.empty((2, hv, n, d), dtype=torch.float32, device=v.device)
     chain = min(d, cfg.bt)  # longest chain inside one tile
+    squarings = (chain - 1).bit_length()
+    plain_last = int(squarings >= 2 and chain - 1 == 1 << (squarings - 1))
     args = (
         q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size, tree.depth,
-        o, u, log_p, factors, *(raw_gates or (g, g)), scale, hv, n, d, (chain - 1).bit_length(),
+        o, u, log_p, factors, *(raw_gates or (g, g)), scale, hv, n, d, squarings, plain_last,
     )  # fmt: skip
     consts = dict(
         H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=use_slots,
