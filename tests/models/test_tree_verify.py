@@ -272,3 +272,30 @@ def test_bfloat16_serving_runs_and_tracks_float32(tiny_config):
         runs[dtype] = (logits.float(), mtp_logits.float())
     for ours, truth in zip(runs[torch.bfloat16], runs[torch.float32], strict=True):
         assert (ours - truth).abs().mean() <= 0.05 * truth.std()
+
+
+def test_bfloat16_verify_hands_the_kernels_their_serving_layout(tiny_config, monkeypatch):
+    """In a bf16 model the GDN verify gets bf16 q/k/v (normalised in float32, then rounded): the layout
+    the kernel bench measures; fp32 q/k would turn its bf16 tensor-core products into tf32 ones."""
+    from trtllm_bole import ops
+
+    seen = []
+    verify = ops.gdn_tree_verify
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return verify(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "gdn_tree_verify", spy)
+    model = random_model(tiny_config(), seed=9, dtype=torch.bfloat16)
+    model.allocate_cache(num_slots=1, num_blocks=8, block_size=BLOCK)
+    tables = torch.arange(8, dtype=torch.int32).view(1, 8)
+    prompt = torch.randint(model.config.vocab_size, (7,), generator=torch.Generator().manual_seed(3))
+    model.prefill(
+        prompt, StepContext.chains([7], torch.tensor([0]), tables, torch.zeros(1, dtype=torch.long))
+    )
+    tree = forest([topk_parents(5, 2, 3)])
+    model.verify(
+        torch.zeros(5, dtype=torch.long), StepContext(torch.tensor([0]), tables, torch.tensor([7]), tree)
+    )
+    assert seen and set(seen) == {(torch.bfloat16,) * 3}

@@ -231,8 +231,11 @@ class GatedDeltaNet(_Mixer):
         self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         q, k, v = mixed.split(self.qkv_splits, dim=-1)
-        q = l2norm(q.unflatten(-1, self.heads))
-        k = l2norm(k.unflatten(-1, self.heads))
+        # Normalised in float32, handed on in the activations' dtype: in bf16 that is the verify kernels'
+        # serving layout (bf16 q/k/v, fp32 state), the one the kernel bench measures (fp32 q/k turn its
+        # bf16 tensor-core products into tf32 ones and double their loads).
+        q = l2norm(q.unflatten(-1, self.heads)).to(mixed.dtype)
+        k = l2norm(k.unflatten(-1, self.heads)).to(mixed.dtype)
         v = v.unflatten(-1, self.value_heads)
         # g = -exp(A_log) * softplus(a + dt_bias) <= 0 in float32; beta = sigmoid(b) (BOLE.md §1).
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
