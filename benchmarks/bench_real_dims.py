@@ -15,8 +15,10 @@ per scheme, how much of it is GDN verification, and where the budget should sit.
    (``--acceptance``: the JSON of ``eval_acceptance.py``), gives an ESTIMATE of output tokens/s at
    real size — the trained small model stands in for Qwen3.5's MTP acceptance.
 
-Exactness at these sizes is the kernels' business (``bench_gdn_verify.py`` checks them against
-float64 at these dimensions); this script only times.
+Before Bole is timed at a point, one GDN layer's verify runs as the model calls it at that shape (bf16
+q/k/v, fp32 state, the launcher's default config and precision) on random inputs and is checked against
+the float64 reference (:func:`verify_check`, the serving tolerance 1e-2); a point that fails is
+recorded as an error, never timed or reported.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ from trtllm_bole.models.config import load_config
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.models.presets import QWEN35_PRESETS
 from trtllm_bole.spec.calibration import StepTimer, TimingSettings
+from trtllm_bole.testing import topk_parents
 
 HERE = Path(__file__).resolve().parent
 GDN_VERIFY_KERNELS = ("_gdn_tree_verify_kernel", "_gdn_tree_verify_inverse_kernel", "_tree_serial_kernel")
 GDN_COMMIT_KERNELS = ("_gdn_commit_kernel", "_snapshot_commit_kernel")
 SWEEP_BATCH = 16  # the budget sweep's batch (the largest measured one below it when it was not run)
+CHECK_TOL = 1e-2  # relative RMS against float64 in the serving precision (bf16 q/k/v, fp32 state)
 
 
 def random_model_on_device(preset: str, *, device: str, seed: int = 0) -> Qwen35Model:
@@ -64,6 +68,34 @@ def random_model_on_device(preset: str, *, device: str, seed: int = 0) -> Qwen35
             else:
                 p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]))
     return model
+
+
+def verify_check(
+    trees: list[list[int]], h: int, hv: int, dk: int, dv: int, device: str, seed: int = 0
+) -> dict:
+    """One GDN layer's closed-form verify of ``trees`` as the model runs it (bf16 q/k/v, fp32 gates and
+    state, the launcher's default config and precision for this shape) against the float64 reference
+    closed form on the same rounded inputs (itself held to the serial recurrence node by node in CI; the
+    serial walk would keep a float64 state per node, gigabytes at these sizes): relative RMS of ``o`` and
+    ``u``, and whether both pass."""
+    from trtllm_bole.kernels.gdn_tree_verify import gdn_tree_verify
+    from trtllm_bole.reference import gdn_tree
+    from trtllm_bole.testing import forest, random_gdn_inputs
+
+    tree = forest(trees, device=device)
+    gen = torch.Generator().manual_seed(seed)
+    x = random_gdn_inputs(tree.num_nodes, tree.num_requests, h, hv, dk, dv, generator=gen, device=device)
+    q, k, v = (t.to(torch.bfloat16) for t in (x.q, x.k, x.v))
+    g, beta, state = (t.float() for t in (x.g, x.beta, x.state))
+    o, u, _ = gdn_tree_verify(q, k, v, g, beta, state, tree, scale=x.scale)
+    exact = (q.double(), k.double(), v.double(), g.double(), beta.double(), state.double(), tree)
+    o_ref, u_ref, _ = gdn_tree.closed_form_tree_verify(*exact, scale=x.scale)
+
+    def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
+        return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+    errors = {"o": rel_rms(o, o_ref), "u": rel_rms(u, u_ref)}
+    return {**errors, "tolerance": CHECK_TOL, "ok": all(e <= CHECK_TOL for e in errors.values())}
 
 
 def kernel_breakdown(events: list[tuple[str, float]], steps: int) -> dict:
@@ -160,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
 def measure_model(name: str, args, batches: list[int], per_request: list[int], mat_curve) -> dict:
     started, kv = time.perf_counter(), args.kv_len
     model = random_model_on_device(name, device="cuda")
+    c = model.config
+    gdn_dims = (
+        c.linear_num_key_heads,
+        c.linear_num_value_heads,
+        c.linear_key_head_dim,
+        c.linear_value_head_dim,
+    )
     biggest = max(batches)
 
     def timer_for(top_k: int, max_tokens: int) -> StepTimer:
@@ -181,7 +220,12 @@ def measure_model(name: str, args, batches: list[int], per_request: list[int], m
                 skipped.append({"batch": batch, "tokens_per_request": n})
                 continue
             row = {"batch": batch, "tokens_per_request": n, "decode": decode, "chain9": chain[batch]}
+            trees = [topk_parents(n, timer.settings.top_k, timer.settings.depth)] * batch
+            row["bole_check"] = verify_check(trees, *gdn_dims, device="cuda")
             for scheme, key in (("bole", "bole"), ("serial", "tree_serial")):
+                if scheme == "bole" and not row["bole_check"]["ok"]:
+                    row[key] = {"error": f"verify check failed: {row['bole_check']}"}
+                    continue
                 row[key] = step_point(timer, partial(timer.verify, batch, kv, n * batch, scheme))
             if "error" not in row["bole"] and "error" not in row["tree_serial"]:
                 row["serial_over_bole_gpu"] = row["tree_serial"]["gpu_us"] / row["bole"]["gpu_us"]
@@ -211,7 +255,7 @@ def step_point(timer: StepTimer, run: Callable[[], float]) -> dict:
 
 def _point(p: dict) -> str:
     if "error" in p:
-        return "            OOM"
+        return "            OOM" if "out of memory" in p["error"] else f"  {p['error'][:60]}"
     gpu_ms, share = p["gpu_us"] / 1e3, p["verify_share"]
     return f"{p['wall_ms']:6.1f} ms wall, {gpu_ms:6.2f} ms GPU, GDN verify {share:5.1%}"
 

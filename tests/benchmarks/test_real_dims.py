@@ -10,7 +10,14 @@ from torch.autograd import DeviceType
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_real_dims import budget_sweep, device_events, kernel_breakdown, plot, reestimate  # noqa: E402
+from bench_real_dims import (  # noqa: E402
+    budget_sweep,
+    device_events,
+    kernel_breakdown,
+    plot,
+    reestimate,
+    verify_check,
+)
 
 
 def test_kernel_breakdown_splits_gdn_verify_and_commit_per_step():
@@ -76,3 +83,23 @@ def test_plot_draws_every_model(tmp_path):
     result = {"device": "test", "torch": "x", "kv_len": 512, "models": {"a": entry, "b": entry}}
     plot(result, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 10_000
+
+
+def test_verify_check_runs_the_kernel_against_float64_and_catches_a_wrong_one(monkeypatch):
+    """In Triton's interpreter at small heads: the launcher's default passes; a kernel whose o is off
+    by 5% fails (so a broken point is never timed)."""
+    from trtllm_bole.kernels import gdn_tree_verify as kernel
+    from trtllm_bole.testing import topk_parents
+
+    trees = [topk_parents(20, 4, 9)] * 2
+    ok = verify_check(trees, 2, 4, 32, 32, device="cpu")
+    assert ok["ok"] and ok["o"] < 1e-2 and ok["u"] < 1e-2
+    real = kernel.gdn_tree_verify
+
+    def off(*args, **kwargs):
+        o, u, log_p = real(*args, **kwargs)
+        return o * 1.05, u, log_p
+
+    monkeypatch.setattr(kernel, "gdn_tree_verify", off)
+    bad = verify_check(trees, 2, 4, 32, 32, device="cpu")
+    assert not bad["ok"] and bad["o"] > 1e-2
