@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 import triton
+from _bench_util import rel_rms
 
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.model import Qwen35Model
@@ -90,10 +91,6 @@ def verify_check(
     o, u, _ = gdn_tree_verify(q, k, v, g, beta, state, tree, scale=x.scale)
     exact = (q.double(), k.double(), v.double(), g.double(), beta.double(), state.double(), tree)
     o_ref, u_ref, _ = gdn_tree.closed_form_tree_verify(*exact, scale=x.scale)
-
-    def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
-        return float((out.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-
     errors = {"o": rel_rms(o, o_ref), "u": rel_rms(u, u_ref)}
     return {**errors, "tolerance": CHECK_TOL, "ok": all(e <= CHECK_TOL for e in errors.values())}
 
