@@ -168,6 +168,19 @@ def verify_floor_bytes(x: Inputs) -> int:
     return reads + writes
 
 
+def exact_outputs(x: Inputs) -> tuple[torch.Tensor, ...]:
+    """float64 serial walk on exactly the kernel's (rounded) inputs, gates recomputed from the raw a, b:
+    ``o``, every node's state, and the closed form's ``u`` and ``logP``."""
+    from trtllm_bole.reference import gdn_tree
+
+    g = -x.a_log.double().exp() * F.softplus(x.a.double() + x.dt_bias.double())
+    beta = torch.sigmoid(x.b.double())
+    args = (x.q.double(), x.k.double(), x.v.double(), g, beta, x.state.double(), x.tree)
+    o, states = gdn_tree.serial_tree_recurrence(*args, scale=x.scale)
+    _, u, log_p = gdn_tree.closed_form_tree_verify(*args, scale=x.scale)
+    return o, states, u, log_p
+
+
 def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 

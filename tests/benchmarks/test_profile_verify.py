@@ -25,7 +25,7 @@ def test_one_launch_phase_is_the_launchers_call_and_passes_the_check():
     x, cfg = _inputs(), InverseConfig(16, 32, 16, 1, 1, 1)
     assert P._check(x, cfg, "tf32") <= P.TOL
     (o, u, log_p), _ = P._launch(x, cfg, "tf32", 3, 1)
-    o_ref, u_ref, lp_ref = P._check_free(x, cfg, "tf32")
+    o_ref, u_ref, lp_ref = P._verify(x, cfg, "tf32")
     assert torch.equal(o, o_ref) and torch.equal(u, u_ref) and torch.equal(log_p, lp_ref)
 
 
@@ -39,5 +39,5 @@ def test_no_squarings_changes_the_output_so_it_is_a_time_only():
 def test_factor_phase_alone_writes_the_path_log_decay():
     x, cfg = _inputs(), InverseConfig(16, 32, 16, 1, 2, 1)
     (_, _, log_p), _ = P._launch(x, cfg, "tf32", 1, 1)
-    _, _, lp_ref = P._check_free(x, cfg, "tf32")
+    _, _, lp_ref = P._verify(x, cfg, "tf32")
     assert torch.equal(log_p, lp_ref)

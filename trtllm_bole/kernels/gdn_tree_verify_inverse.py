@@ -407,6 +407,11 @@ def _gdn_tree_verify_inverse_kernel(
             tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
 
 
+PHASE1_CONSTS = {"BV": 16, "USE_SLOTS": False, "S_BF16": False}
+"""The factor kernel's overrides of :func:`inverse_launch_args`' constants: one phase-1 kernel serves
+every value tile and precision (it touches neither the state nor V)."""
+
+
 def inverse_launch_args(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -468,7 +473,7 @@ def launch_inverse(
         q, k, v, g, beta, state, slots, tree, raw_gates, scale, use_slots, precision, cfg
     )
     hv, dv, batch = v.shape[1], v.shape[2], tree.num_requests
-    phase1 = {**consts, "BV": 16, "USE_SLOTS": False, "S_BF16": False}  # one phase-1 kernel for every bv
+    phase1 = {**consts, **PHASE1_CONSTS}
     grid = (dv // cfg.bv, hv, batch)
     for blocked in (False, True) if tree.max_nodes > cfg.bt else (False,):
         if cfg.launches == 2:
