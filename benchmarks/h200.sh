@@ -32,9 +32,10 @@ engine)
 serving)
     # Greedy exactness against plain decoding is checked in float32: in bf16 the tree forward and the
     # one-token forward round differently and near-ties flip (measured: bench_throughput_h200_bf16.json).
-    python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 16 --output-tokens 64
-    timeout 150 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
-        --batch-sizes 1,8,32 --out "$OUT" > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
+    # 32 requests so that batch 32 is a full batch; 48 tokens each keeps the six batch sizes in one call.
+    python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 48
+    timeout 400 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
+        --batch-sizes 1,2,4,8,16,32 --out "$OUT" > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
     timeout 120 python benchmarks/eval_acceptance.py --device cuda --dtype float32 --prompts 6 --max-tokens 64 \
         --curve 4,16,64 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "acceptance rc=$?"
     ;;
