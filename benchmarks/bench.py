@@ -132,6 +132,15 @@ def run(llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequen
     }
 
 
+def warm_up(llm: LLM, mode: str, bole_args: dict, dataset, batch: int, tokens: int) -> None:
+    """Serve ``batch`` requests of ``tokens`` tokens each, untimed, at this batch size: Triton compiles
+    a kernel variant the first time it meets its shape class (a batch's node count, a tree depth), a
+    second or more that must not land inside a timed run."""
+    if tokens > 0:
+        prompts = [prompt for prompt, _ in itertools.islice(itertools.cycle(dataset), batch)]
+        run(llm, mode, bole_args, [(p, tokens) for p in prompts], batch, sequential=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -147,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--branching", type=int, default=4)
     parser.add_argument("--max-nodes", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=4, help="requests served first, untimed")
+    parser.add_argument("--warmup", type=int, default=16,
+                        help="tokens per request of the untimed run before each (batch, mode)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--tag", default=None, help="file name stem (default: bench_<kind>_<device>)")
     args = parser.parse_args(argv)
@@ -159,12 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     dataset = load_dataset(args.dataset, llm)
     bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
-    for mode in modes:  # compile kernels, warm allocators: untimed
-        run(llm, mode, bole_args, dataset[: args.warmup], 2, sequential=False)
-
     runs, reference = [], {}
     for batch in batches:
         for mode in ["ar"] + [m for m in modes if m != "ar"]:
+            warm_up(llm, mode, bole_args, dataset, batch, args.warmup)
             result = run(llm, mode, bole_args, dataset, batch, sequential=args.kind == "latency")
             outputs = result.pop("_outputs")
             if mode == "ar":

@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang), GPU kernel tests, phase profile
 #   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it
-#   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), acceptance
+#   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), where a step's time goes
+#   bash benchmarks/h200.sh acceptance # MAT by tree shape on the GPU (fp32; matches the CPU's)
 #   bash benchmarks/h200.sh realdims  # 9B/27B dims: step latency, GDN verify share, budget sweep (the 32-prompt MAT curve)
 #   bash benchmarks/h200.sh train     # re-train the embedded model with its seed; compare with the committed log
 set -uo pipefail
@@ -34,8 +35,12 @@ serving)
     # one-token forward round differently and near-ties flip (measured: bench_throughput_h200_bf16.json).
     # 32 requests so that batch 32 is a full batch; 48 tokens each keeps the six batch sizes in one call.
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 48
-    timeout 400 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
+    timeout 420 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --batch-sizes 1,2,4,8,16,32 --out "$OUT" > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
+    timeout 100 python benchmarks/profile_step.py --device cuda --dtype float32 --modes ar,tree-serial,bole \
+        --batch-sizes 8,32 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "profile rc=$?"
+    ;;
+acceptance)
     timeout 120 python benchmarks/eval_acceptance.py --device cuda --dtype float32 --prompts 6 --max-tokens 64 \
         --curve 4,16,64 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "acceptance rc=$?"
     ;;
@@ -52,5 +57,5 @@ train)
         /tmp/retrained/training.json --out "$OUT/train_repro_h200.json"; echo "compare rc=$?"
     ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|realdims|train" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|acceptance|realdims|train" >&2; exit 2 ;;
 esac

@@ -86,3 +86,15 @@ def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
     timed = {name for p in result["grid"] for name in p.get("bole_candidates_us", {})}
     checked = {c["what"].split(" HV=")[0].removeprefix("bole ") for c in result["checks"] if c["ok"]}
     assert timed and timed <= checked
+
+
+def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--engine", str(checkpoint),
+           "--modes", "tree-serial,bole", "--batch-sizes", "2", "--requests", "2", "--output-tokens", "6",
+           "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True)
+    result = json.loads((tmp_path / "profile_step_cpu.json").read_text())
+    for r in result["runs"]:
+        assert r["steps"] > 0 and r["seconds_synchronised"] > 0
+        assert set(r["ms_per_step"]) == {"draft", "select", "verify", "accept", "commit", "mtp_follow"}
+        assert all(ms > 0 for ms in r["ms_per_step"].values())

@@ -11,7 +11,9 @@ One :meth:`Executor.step`:
    commit the accepted path (GDN, conv, KV), re-run the MTP over the accepted path so its cache
    follows the target's, and emit the accepted drafts plus the bonus token.
 
-Acceptance is the only host synchronisation a step needs beyond drafting's tree bookkeeping.
+Acceptance is the only host synchronisation a step needs beyond drafting's tree bookkeeping. Each
+phase of a step is a profiler range (``bole.draft``, ``bole.verify``, ...; see
+``benchmarks/profile_step.py``), free when no profiler runs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool
 from trtllm_bole.tree import TreeBatch
+
+
+def phase(name: str) -> torch.profiler.record_function:
+    """A step phase as a profiler range (``bole.<name>``)."""
+    return torch.profiler.record_function(f"bole.{name}")
 
 
 @dataclass(slots=True)
@@ -208,25 +215,31 @@ class Executor:
         pending = torch.tensor([r.runtime.pending for r in requests], device=device)
         settings = self._settings(requests) if bole.speculates else None  # drafting and acceptance
         if bole.speculates:
-            last_hidden = torch.stack([r.runtime.last_hidden for r in requests])
-            pool = draft(
-                model.mtp, pending, last_hidden, slots, tables, context_lens - 1, settings,
-                top_k=bole.branching, depth=bole.max_depth,
-            )  # fmt: skip
-            tokens, tree, _ = select_tree(
-                pool, len(requests), per_request=bole.draft_tokens, total=self._budget(requests)
-            )
+            with phase("draft"):
+                last_hidden = torch.stack([r.runtime.last_hidden for r in requests])
+                pool = draft(
+                    model.mtp, pending, last_hidden, slots, tables, context_lens - 1, settings,
+                    top_k=bole.branching, depth=bole.max_depth,
+                )  # fmt: skip
+            with phase("select"):
+                tokens, tree, _ = select_tree(
+                    pool, len(requests), per_request=bole.draft_tokens, total=self._budget(requests)
+                )
         else:
             tokens = pending
             tree = StepContext.single_tokens(slots, tables, context_lens).tree
         ctx = StepContext(slots, tables, context_lens, tree)
         scheme = "serial" if bole.mode in ("chain", "tree-serial") else "bole"
-        logits, hidden, verify_pending = model.verify(tokens, ctx, gdn_scheme=scheme)
-        leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
-        model.commit(verify_pending, leaf)
+        with phase("verify"):
+            logits, hidden, verify_pending = model.verify(tokens, ctx, gdn_scheme=scheme)
+        with phase("accept"):
+            leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
+        with phase("commit"):
+            model.commit(verify_pending, leaf)
         outcome = StepOutcome.of(tree, tokens, leaf, bonus)
         if bole.speculates:
-            self._mtp_follow(requests, tree, tokens, hidden, outcome, slots, tables, context_lens)
+            with phase("mtp_follow"):
+                self._mtp_follow(requests, tree, tokens, hidden, outcome, slots, tables, context_lens)
         events = []
         for i, r in enumerate(requests):
             accepted = outcome.accepted[i]

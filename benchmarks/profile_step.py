@@ -1,0 +1,128 @@
+"""Where an executor step's time goes, per decoding mode: wall time of each phase of a step (``draft``,
+``select``, ``verify``, ``accept``, ``commit``, ``mtp_follow``; the executor's profiler ranges) over
+one throughput run of the held-out code prompts.
+
+    python benchmarks/profile_step.py --device cuda --dtype float32 --modes tree-serial,bole \\
+        --batch-sizes 8,32 --requests 32 --output-tokens 48 --out /tmp/out
+
+Each (mode, batch) is warmed up as in ``bench.py``, then serves the whole dataset once as it runs there
+(that run's time is reported as ``free``), then once more with the device
+synchronised at the start and end of every phase, so that a phase's time is its host work plus the
+device work it queued. The synchronised run is slower than the free-running one (no overlap of host
+and device); their tokens must be identical. Writes ``profile_step_<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from bench import run, warm_up
+from prepare_dataset import HELDOUT
+
+from trtllm_bole import LLM, BoleConfig
+from trtllm_bole.spec import executor as executor_module
+
+
+def dataset(llm: LLM, requests: int, output_tokens: int) -> list[tuple[list[int], int]]:
+    prompts = [json.loads(line)["prompt"] for line in HELDOUT.read_text().splitlines()]
+    return [(llm.encode(prompts[i % len(prompts)]), output_tokens) for i in range(requests)]
+
+
+class PhaseClock:
+    """Stands in for the executor's ``phase`` ranges: synchronises and accumulates wall time per phase."""
+
+    def __init__(self, device: torch.device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        self.sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+
+
+def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int) -> dict:
+    warm_up(llm, mode, bole_args, data, batch, tokens=16)
+    free = run(llm, mode, bole_args, data, batch, sequential=False)
+    clock = PhaseClock(llm.model.device)
+    original, executor_module.phase = executor_module.phase, clock
+    try:
+        timed = run(llm, mode, bole_args, data, batch, sequential=False)
+    finally:
+        executor_module.phase = original
+    if timed["_outputs"] != free["_outputs"]:
+        raise RuntimeError(f"{mode} batch {batch}: the synchronised run's tokens differ from the free run's")
+    steps = clock.calls["verify"]  # one target verify per speculative (or decode) step
+    return {
+        "mode": mode,
+        "batch": batch,
+        "steps": steps,
+        "mean_accepted_tokens": free["mean_accepted_tokens"],
+        "seconds_free": free["seconds"],
+        "output_tokens_per_s_free": free["output_tokens_per_s"],
+        "seconds_synchronised": timed["seconds"],
+        "ms_per_step": {name: 1e3 * sec / steps for name, sec in clock.seconds.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--engine", default=None, help="engine or checkpoint dir (default: embedded model)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--modes", default="tree-serial,bole")
+    parser.add_argument("--batch-sizes", default="8,32")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--output-tokens", type=int, default=48)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
+    data = dataset(llm, args.requests, args.output_tokens)
+    bole_args = {"max_depth": 8, "top_k": 4, "max_nodes": 64}
+    runs = []
+    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        for mode in args.modes.split(","):
+            r = profile(llm, mode, bole_args, data, batch)
+            runs.append(r)
+            phases = " ".join(f"{k} {v:.1f}" for k, v in r["ms_per_step"].items())
+            print(
+                f"{mode:<12} b{batch:>3}: {r['output_tokens_per_s_free']:7.1f} tok/s free, "
+                f"{r['steps']} steps | ms/step synchronised: {phases}"
+            )
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    result = {
+        "what": "wall time per executor phase and step, device synchronised around each phase",
+        "command": "python benchmarks/profile_step.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+        "runs": runs,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"profile_step_{'h200' if 'H200' in device else 'cpu'}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
