@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     result = {
         "what": "wall time per executor phase and step, device synchronised around each phase",
-        "command": "python benchmarks/profile_step.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python benchmarks/profile_step.py", *(sys.argv[1:] if argv is None else argv)]),
         "device": device,
         "python": platform.python_version(),
         "torch": torch.__version__,
