@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
     data = dataset(llm, args.requests, args.output_tokens)
-    bole_args = {"max_depth": 8, "top_k": 4, "max_nodes": 64}
+    bole_args = {"max_depth": 8, "top_k": 4, "max_nodes": 63}
     runs = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         for mode in args.modes.split(","):

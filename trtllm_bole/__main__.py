@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--mode", choices=["ar", "chain", "tree-serial", "bole"], default="bole")
     gen.add_argument("--branching", type=int, default=4, help="draft tree top-k")
     gen.add_argument("--depth", type=int, default=8, help="draft tree depth")
-    gen.add_argument("--max-nodes", type=int, default=64, help="draft tokens per step")
+    gen.add_argument("--max-nodes", type=int, default=63, help="draft tokens per step (+1 pending: 64)")
     gen.add_argument("--max-tokens", type=int, default=96)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)

@@ -44,12 +44,15 @@ def test_throughput_bench_reports_and_checks_exactness(tmp_path, checkpoint):
                             for i in range(4)))  # fmt: skip
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "throughput", "--dataset", str(data),
            "--engine", str(checkpoint), "--modes", "ar,bole", "--batch-sizes", "2", "--depth", "3",
-           "--max-nodes", "6", "--warmup", "1", "--out", str(tmp_path), "--tag", "t"]  # fmt: skip
+           "--max-nodes", "6", "--warmup", "1", "--repeats", "3", "--out", str(tmp_path),
+           "--tag", "t"]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     result = json.loads((tmp_path / "t.json").read_text())
     assert result["all_identical_to_ar"]
     (ar, bole) = result["runs"]
     assert ar["mode"] == "ar" and bole["mode"] == "bole" and bole["output_tokens"] == 20
+    trials = bole["output_tokens_per_s_trials"]
+    assert len(trials) == 3 and bole["output_tokens_per_s"] == sorted(trials)[1]
     assert bole["ttft_ms"]["p50"] > 0 and "speedup_vs_ar" in bole
 
 

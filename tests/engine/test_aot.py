@@ -65,16 +65,16 @@ def test_descriptors_give_output_shapes_and_dtypes():
     io = plugin_io(NINE_B, SETTINGS, batch=4)
     shapes, dtypes, attrs = io["bole::gdn_tree_verify"]
     assert SPECS["bole::gdn_tree_verify"].output_descs(shapes, dtypes, attrs) == [
-        ((260, 32, 128), "bfloat16"),
-        ((260, 32, 128), "float32"),
-        ((260, 32), "float32"),
+        ((256, 32, 128), "bfloat16"),  # 4 requests x (63 drafts + the pending token)
+        ((256, 32, 128), "float32"),
+        ((256, 32), "float32"),
     ]
     shapes, dtypes, attrs = io["bole::gdn_commit"]
     descs = SPECS["bole::gdn_commit"].output_descs(shapes, dtypes, attrs)
     assert descs == [((24, 8, 32, 128, 128), "float32")]
     assert dict(SPECS["bole::gdn_commit"].aliased) == {"state_out": "state"}
     shapes, dtypes, attrs = io["bole::tree_conv1d"]
-    assert SPECS["bole::tree_conv1d"].output_descs(shapes, dtypes, attrs) == [((260, 8192), "bfloat16")]
+    assert SPECS["bole::tree_conv1d"].output_descs(shapes, dtypes, attrs) == [((256, 8192), "bfloat16")]
 
 
 def test_dynamic_sizes_stay_symbolic_in_grid_and_extra_args():
@@ -109,7 +109,7 @@ def test_launch_order_is_inputs_then_extra_args_then_outputs():
     ("plugin", "edit", "message"),
     [
         ("bole::gdn_tree_verify", {"q": (4, 16, 128, 1)}, "rank 3"),
-        ("bole::gdn_tree_verify", {"k": (260, 16, 64)}, r"k.shape\[2\] = 64 must equal q.shape\[2\] = 128"),
+        ("bole::gdn_tree_verify", {"k": (256, 16, 64)}, r"k.shape\[2\] = 64 must equal q.shape\[2\] = 128"),
         ("bole::gdn_tree_verify", {"state": (8, 32, 128, 64)}, r"state.shape\[3\]"),
         ("bole::gdn_commit", {"paths": (7, 9)}, r"paths.shape\[0\] = 7"),
         ("bole::tree_conv1d", {"conv_state": (8, 8192, 4)}, "conv_state width 4 must be weight width 4 - 1"),
@@ -218,8 +218,9 @@ def test_aot_ptx_for_sm90_commit_and_conv(tmp_path):
     out = compile_in_subprocess(tmp_path, "bole::gdn_commit", "bole::tree_conv1d")
     commit, conv = out["bole::gdn_commit"], out["bole::tree_conv1d"]
     assert commit["name"] == "gdn_commit_aot" and commit["grid"] == [4, 32, 4 * 24]
-    assert commit["extra"] == [4, 8, 260, 9]
-    assert conv["name"] == "tree_conv1d_aot" and conv["grid"] == [64, 17, 1] and conv["extra"] == [260, 9]
+    assert commit["extra"] == [4, 8, 256, 9]
+    assert conv["name"] == "tree_conv1d_aot" and conv["extra"] == [256, 9]  # 4 requests x 64 nodes
+    assert conv["grid"] == [64, 256 // 16, 1]
     for info in out.values():
         check_ptx(info, tmp_path)
 

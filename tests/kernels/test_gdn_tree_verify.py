@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.kernels.helpers import DEVICE, rel_rms
+from trtllm_bole.config import BoleConfig
 from trtllm_bole.kernels import MAX_DEPTH
 from trtllm_bole.kernels.gdn_tree_verify import (
     CONFIGS,
@@ -308,6 +309,16 @@ def test_default_config_counts_waves():
     assert default_config(4 * 64, 4, 48, 128, 128) == two  # 192 pairs: 1.45 waves
     assert default_config(4 * 64, 4, 48, 128, 128, num_sms=96) == one  # 192 pairs: 2 full waves
     assert default_config(2 * 64, 2, 48, 128, 128) == one  # 96 pairs: one wave
+
+
+def test_default_speculation_fills_one_inverse_tile():
+    """The default draft budget plus the pending token is one 64-node tile: the explicit-inverse path
+    at every batch size (one more draft would send every request to the blocked kernel)."""
+    per_request = BoleConfig().max_nodes + 1
+    assert per_request == 64
+    for batch in (1, 8, 16, 32):
+        assert isinstance(default_config(batch * per_request, batch, 32, 128, 128), InverseConfig)
+    assert not isinstance(default_config(8 * (per_request + 1), 8, 32, 128, 128), InverseConfig)
 
 
 def test_default_pair_is_the_measured_best_on_the_h200():

@@ -48,7 +48,7 @@ class BuildSettings:
     max_batch_size: int = 8
     max_seq_len: int = 1024
     max_draft_depth: int = 8  # draft tokens on the longest path (the tree holds one more: the pending token)
-    max_draft_nodes: int = 64  # draft tokens per request and step
+    max_draft_nodes: int = 63  # draft tokens per request and step (+ the pending token: one 64-node tile)
 
     def validated(self, device: str) -> BuildSettings:
         dtype = self.dtype
