@@ -11,7 +11,7 @@ import traceback
 
 import triton_python_backend_utils as pb_utils
 
-from trtllm_bole import LLM, SamplingParams
+from trtllm_bole import LLM
 from trtllm_bole.serving import ServingEngine
 from trtllm_bole.serving.protocol import (
     INPUT_NAMES,
@@ -35,14 +35,16 @@ class TritonPythonModel:
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         kwargs = llm_kwargs(parameters, args["model_instance_kind"], args["model_instance_device_id"])
         self.llm = LLM(**kwargs)
-        # Warm up (first-call costs) before the server reports ready.
-        self.llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+        # Before the server reports ready: first-call costs, and on a GPU the Triton kernel variants of
+        # every batch size class (compiled on first use, seconds each).
+        warmed = self.llm.warm_up(use_tqdm=False)
         self.engine = ServingEngine.for_llm(self.llm)
         bole = self.llm.speculative_config
         pb_utils.Logger.log_info(
             f"bole: serving {self.llm.model_dir} on {kwargs['device']}, mode {bole.mode} "
             f"(depth {bole.max_depth}, nodes {bole.max_nodes}, top-k {bole.top_k}), "
-            f"max batch {self.engine.max_batch_size}, context limit {self.engine.context_limit} tokens"
+            f"max batch {self.engine.max_batch_size}, context limit {self.engine.context_limit} tokens, "
+            f"warmed up at batch {warmed}"
         )
 
     def execute(self, requests):
