@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
 import torch
 
 _ALIGN = 16  # int64 elements: 128 bytes
@@ -55,44 +56,44 @@ class TreeBatch:
         synchronise with a GPU. The result reaches the tensors' device in one copy."""
         _check_tensors(parents, cu_seqlens)
         device, num_nodes = parents.device, parents.numel()
-        host = torch.cat([parents.long(), cu_seqlens.long()]).cpu()  # one copy from a GPU
+        host = torch.cat([parents.long(), cu_seqlens.long()]).cpu().numpy()  # one copy from a GPU
         parents, cu_seqlens = _validate(host[:num_nodes], host[num_nodes:])
-        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        request = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-        bos = cu_seqlens[:-1][request]
-        global_parents = torch.where(parents >= 0, parents + bos, parents)
+        # NumPy from here: a few dozen operations on at most a few thousand nodes, where each torch
+        # call's dispatch would cost more than its work (one build per draft level and step).
+        lengths = np.diff(cu_seqlens)
+        request = np.repeat(np.arange(lengths.size), lengths)
+        global_parents = np.where(parents >= 0, parents + cu_seqlens[:-1][request], parents)
 
-        depth = torch.ones(num_nodes, dtype=torch.long)
+        depth = np.ones(num_nodes, dtype=np.int64)
         has_parent = global_parents >= 0
-        safe_parent = global_parents.clamp(min=0)
+        safe_parent = np.maximum(global_parents, 0)
         # Depth fixed point: each sweep settles one more tree level (parents precede children).
         for _ in range(max_supported_depth):
-            new_depth = torch.where(has_parent, depth[safe_parent] + 1, depth)
-            if torch.equal(new_depth, depth):
+            new_depth = np.where(has_parent, depth[safe_parent] + 1, depth)
+            if np.array_equal(new_depth, depth):
                 break
             depth = new_depth
         max_depth = int(depth.max())
         if max_depth > max_supported_depth:
-            node = int(torch.nonzero(depth > max_supported_depth)[0])
+            node = int(np.flatnonzero(depth > max_supported_depth)[0])
             b = int(request[node])
             raise ValueError(
                 f"request {b}, node {node - int(cu_seqlens[b])}: tree depth {max_depth} exceeds the "
                 f"supported maximum {max_supported_depth}; draft shallower trees"
             )
 
-        paths = torch.full((num_nodes, max_depth), -1, dtype=torch.long)
-        nodes = torch.arange(num_nodes)
+        paths = np.full((num_nodes, max_depth), -1, dtype=np.int64)
+        nodes = np.arange(num_nodes)
         paths[nodes, depth - 1] = nodes
         for level in range(2, max_depth + 1):
             # Parents are one level up and already complete: copy their path before our own slot.
             at_level = depth == level
             paths[at_level, : level - 1] = paths[safe_parent[at_level], : level - 1]
-        subtree_size = torch.bincount(paths[paths >= 0], minlength=num_nodes)
+        subtree_size = np.bincount(paths[paths >= 0], minlength=num_nodes)
         dfs_order = _preorder(paths)
-        tree = cls(
-            parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size, max_depth,
-            int(lengths.max()),
-        )  # fmt: skip
+        derived = (parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size)
+        tree = cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in derived),
+                   max_depth, int(lengths.max()))  # fmt: skip
         return tree.to(device)
 
     def to(self, device: torch.device | str) -> TreeBatch:
@@ -183,29 +184,26 @@ def _check_tensors(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
         raise ValueError(f"parents is on {parents.device} but cu_seqlens is on {cu_seqlens.device}")
 
 
-def _validate(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The value checks (host tensors); returns both as int64."""
-    if cu_seqlens.numel() < 2:
+def _validate(parents: np.ndarray, cu_seqlens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The value checks (host arrays, int64)."""
+    if cu_seqlens.size < 2:
         raise ValueError("empty batch: cu_seqlens needs at least two offsets (one request)")
-    parents, cu_seqlens = parents.long(), cu_seqlens.long()
     if int(cu_seqlens[0]) != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {int(cu_seqlens[0])}")
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    if bool((lengths <= 0).any()):
-        b = int(torch.nonzero(lengths <= 0)[0])
+    lengths = np.diff(cu_seqlens)
+    if (lengths <= 0).any():
+        b = int(np.flatnonzero(lengths <= 0)[0])
         raise ValueError(
             f"request {b}: offsets not increasing (cu_seqlens[{b}] = {int(cu_seqlens[b])}, "
             f"cu_seqlens[{b + 1}] = {int(cu_seqlens[b + 1])}); every request needs at least one node"
         )
-    if int(cu_seqlens[-1]) != parents.numel():
-        raise ValueError(
-            f"cu_seqlens ends at {int(cu_seqlens[-1])} but parents holds {parents.numel()} nodes"
-        )
-    request = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-    local = torch.arange(parents.numel()) - cu_seqlens[:-1][request]
+    if int(cu_seqlens[-1]) != parents.size:
+        raise ValueError(f"cu_seqlens ends at {int(cu_seqlens[-1])} but parents holds {parents.size} nodes")
+    request = np.repeat(np.arange(lengths.size), lengths)
+    local = np.arange(parents.size) - cu_seqlens[:-1][request]
     bad = (parents < -1) | (parents >= local)
-    if bool(bad.any()):
-        node = int(torch.nonzero(bad)[0])
+    if bad.any():
+        node = int(np.flatnonzero(bad)[0])
         b = int(request[node])
         raise ValueError(
             f"request {b}, node {int(local[node])}: parent {int(parents[node])} breaks the rule "
@@ -214,15 +212,14 @@ def _validate(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Te
     return parents, cu_seqlens
 
 
-def _preorder(paths: torch.Tensor) -> torch.Tensor:
+def _preorder(paths: np.ndarray) -> np.ndarray:
     """Depth-first pre-order rank: sort nodes by their root-to-node path, lexicographically.
 
     An ancestor's path is a prefix of its descendants' (padding ``-1`` sorts first), siblings sort by
-    index, and global indices keep requests apart, so every subtree is one contiguous range.
+    index, and global indices keep requests apart, so every subtree is one contiguous range (paths are
+    distinct: each ends at its own node, so the order has no ties).
     """
-    order = torch.arange(paths.shape[0])
-    for column in range(paths.shape[1] - 1, -1, -1):
-        order = order[torch.sort(paths[order, column], stable=True).indices]
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel())
+    order = np.lexsort(paths.T[::-1])  # lexsort's last key is the primary one: the root-side column
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
     return rank
