@@ -1,5 +1,7 @@
+import pytest
 import torch
 
+from trtllm_bole.spec.drafter import CandidatePool, _best_per_request
 from trtllm_bole.spec.tree_select import compact_forest, rank_order, select_nodes, topk_children
 from trtllm_bole.tree import TreeBatch
 
@@ -60,3 +62,15 @@ def test_compact_forest_renumbers_parents_locally():
     assert cu.tolist() == [0, 3, 5]
     assert kept.tolist() == [0, 1, 3, 5, 6]
     TreeBatch.build(parents, cu)  # a valid forest
+
+
+def test_beam_keeps_the_best_of_each_request_grouped_and_best_first():
+    # Two requests (pool nodes 0, 1), then six children each, interleaved across requests.
+    request = torch.tensor([0, 1] + [0, 1] * 6)
+    log_rho = torch.tensor([0.0, 0.0, -3, -1, -2, -6, -1, -2, -5, -3, -4, -4, -6, -5])
+    parents, depth = torch.tensor([-1, -1] + [0, 1] * 6), torch.tensor([1, 1] + [2] * 12)
+    pool = CandidatePool(torch.arange(14), parents, request, depth, log_rho)
+    children = torch.arange(2, 14)
+    assert _best_per_request(pool, children, 2, 3).tolist() == [6, 4, 2, 3, 7, 9]
+    with pytest.raises(ValueError, match="do not give 2 requests 7 each"):
+        _best_per_request(pool, children, 2, 7)

@@ -125,7 +125,7 @@ def draft(
             pool.depth[frontier].repeat_interleave(top_k) + 1,
             log_rho.flatten(),
         )
-        beam = _best_per_request(pool, children, top_k)
+        beam = _best_per_request(pool, children, b, top_k)
         row_of = torch.full_like(pool.tokens, -1)
         row_of[frontier] = torch.arange(frontier.numel(), device=device)
         frontier, frontier_hidden = beam, hidden[row_of[pool.parents[beam]]]
@@ -147,14 +147,17 @@ def _grow(
     return grown, TreeBatch.build(local_parents, cu)
 
 
-def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, beam: int) -> torch.Tensor:
-    """The ``beam`` best of ``nodes`` by ρ in each request, grouped by request (best first)."""
+def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, num_requests: int, beam: int) -> torch.Tensor:
+    """The ``beam`` best of ``nodes`` by ρ in each request, grouped by request (best first).
+
+    Every request brings the same number of ``nodes`` (its frontier, 1 or ``beam`` nodes, times
+    ``top_k >= beam`` children), so the nodes sorted by request form a ``[B, children]`` grid whose rows
+    start with their best: a reshape, where a boolean mask would wait for the device."""
+    if nodes.numel() % num_requests or nodes.numel() // num_requests < beam:
+        raise ValueError(f"{nodes.numel()} candidates do not give {num_requests} requests {beam} each")
     order = nodes[rank_order(pool.log_rho[nodes], pool.depth[nodes])]
     order = order[torch.sort(pool.request[order], stable=True).indices]
-    req = pool.request[order]
-    first = torch.searchsorted(req, req, right=False)
-    rank = torch.arange(order.numel(), device=order.device) - first
-    return order[rank < beam]
+    return order.view(num_requests, -1)[:, :beam].flatten()
 
 
 def select_tree(
