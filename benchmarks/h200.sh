@@ -38,8 +38,8 @@ serving)
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 48
     timeout 420 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --batch-sizes 1,2,4,8,16,32 --out "$OUT" > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
-    timeout 100 python benchmarks/profile_step.py --device cuda --dtype float32 --modes ar,tree-serial,bole \
-        --batch-sizes 8,32 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "profile rc=$?"
+    timeout 100 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
+        --modes ar,tree-serial,bole --batch-sizes 8,32 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "profile rc=$?"
     ;;
 repeats)
     # The batch >= 8 runs last 1-5 s each and vary by tens of percent from run to run: five of each,

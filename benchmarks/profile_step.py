@@ -1,9 +1,9 @@
 """Where an executor step's time goes, per decoding mode: wall time of each phase of a step (``draft``,
 ``select``, ``verify``, ``accept``, ``commit``, ``mtp_follow``; the executor's profiler ranges) over
-one throughput run of the held-out code prompts.
+one throughput run of a ``bench.py`` dataset (``prepare_dataset.py``).
 
-    python benchmarks/profile_step.py --device cuda --dtype float32 --modes tree-serial,bole \\
-        --batch-sizes 8,32 --requests 32 --output-tokens 48 --out /tmp/out
+    python benchmarks/profile_step.py --dataset data.jsonl --device cuda --dtype float32 \\
+        --modes tree-serial,bole --batch-sizes 8,32 --out /tmp/out
 
 Each (mode, batch) is warmed up as in ``bench.py``, then serves the whole dataset once as it runs there
 (that run's time is reported as ``free``), then once more with the device
@@ -24,16 +24,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from bench import run, warm_up
-from prepare_dataset import HELDOUT
+from bench import load_dataset, run, warm_up
 
 from trtllm_bole import LLM, BoleConfig
 from trtllm_bole.spec import executor as executor_module
-
-
-def dataset(llm: LLM, requests: int, output_tokens: int) -> list[tuple[list[int], int]]:
-    prompts = [json.loads(line)["prompt"] for line in HELDOUT.read_text().splitlines()]
-    return [(llm.encode(prompts[i % len(prompts)]), output_tokens) for i in range(requests)]
 
 
 class PhaseClock:
@@ -84,18 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--dataset", type=Path, required=True)
     parser.add_argument("--engine", default=None, help="engine or checkpoint dir (default: embedded model)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--modes", default="tree-serial,bole")
     parser.add_argument("--batch-sizes", default="8,32")
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--output-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
     llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
-    data = dataset(llm, args.requests, args.output_tokens)
+    data = load_dataset(args.dataset, llm)
     bole_args = {"max_depth": 8, "top_k": 4, "max_nodes": 63}
     runs = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:

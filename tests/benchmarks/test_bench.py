@@ -92,8 +92,11 @@ def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
 
 
 def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--engine", str(checkpoint),
-           "--modes", "tree-serial,bole", "--batch-sizes", "2", "--requests", "2", "--output-tokens", "6",
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"task_id": i, "input_ids": [5 + i, 7, 9], "output_tokens": 6}) + "\n"
+                            for i in range(2)))  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--dataset", str(data),
+           "--engine", str(checkpoint), "--modes", "tree-serial,bole", "--batch-sizes", "2",
            "--out", str(tmp_path)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     result = json.loads((tmp_path / "profile_step_cpu.json").read_text())
