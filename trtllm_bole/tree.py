@@ -57,11 +57,10 @@ class TreeBatch:
         _check_tensors(parents, cu_seqlens)
         device, num_nodes = parents.device, parents.numel()
         host = torch.cat([parents.long(), cu_seqlens.long()]).cpu().numpy()  # one copy from a GPU
-        parents, cu_seqlens = _validate(host[:num_nodes], host[num_nodes:])
         # NumPy from here: a few dozen operations on at most a few thousand nodes, where each torch
         # call's dispatch would cost more than its work (one build per draft level and step).
-        lengths = np.diff(cu_seqlens)
-        request = np.repeat(np.arange(lengths.size), lengths)
+        parents, cu_seqlens = host[:num_nodes], host[num_nodes:]
+        lengths, request = _validate(parents, cu_seqlens)
         global_parents = np.where(parents >= 0, parents + cu_seqlens[:-1][request], parents)
 
         depth = np.ones(num_nodes, dtype=np.int64)
@@ -185,7 +184,7 @@ def _check_tensors(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
 
 
 def _validate(parents: np.ndarray, cu_seqlens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The value checks (host arrays, int64)."""
+    """The value checks (host arrays, int64); returns each request's length and each node's request."""
     if cu_seqlens.size < 2:
         raise ValueError("empty batch: cu_seqlens needs at least two offsets (one request)")
     if int(cu_seqlens[0]) != 0:
@@ -209,7 +208,7 @@ def _validate(parents: np.ndarray, cu_seqlens: np.ndarray) -> tuple[np.ndarray, 
             f"request {b}, node {int(local[node])}: parent {int(parents[node])} breaks the rule "
             f"-1 <= parent < node (parents must come earlier in the same request)"
         )
-    return parents, cu_seqlens
+    return lengths, request
 
 
 def _preorder(paths: np.ndarray) -> np.ndarray:
