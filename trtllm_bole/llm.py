@@ -178,16 +178,17 @@ class LLM:
         sizes served.
 
         Measured on the H200 (embedded model, tree-serial, batch 8): 164 tokens/s in a first, cold run
-        against 258-275 warmed up (``benchmarks/results/profile_step_h200.json`` and its predecessor)."""
+        (``benchmarks/results/profile_step_h200_cold.json``) against 258-275 warmed up
+        (``bench_throughput_h200.json``, ``profile_step_h200.json``)."""
         limit = self.executor.max_batch_size
-        if batch_sizes is None:
-            on_gpu = self.model.device.type == "cuda"
-            batch_sizes = sorted({1 << i for i in range(limit.bit_length()) if 1 << i <= limit} | {limit})
-            batch_sizes = batch_sizes if on_gpu else [1]
+        if batch_sizes is None and self.model.device.type != "cuda":
+            batch_sizes = [1]
+        elif batch_sizes is None:
+            batch_sizes = sorted({1 << i for i in range(limit.bit_length())} | {limit})
         bad = [b for b in batch_sizes if not 1 <= b <= limit]
         if bad:
             raise ValueError(f"warm-up batch sizes must lie in [1, {limit}] (max_batch_size), got {bad}")
-        # Two speculative steps per request at the deepest tree; ids below the vocabulary's first 16.
+        # Two speculative steps per request at the deepest tree; token ids 1-15 exist in any vocabulary.
         params = SamplingParams(max_tokens=2 * (self.speculative_config.max_depth + 1), ignore_eos=True)
         for b in tqdm(batch_sizes, desc="warming up", unit="batch", disable=not use_tqdm):
             outputs = self.generate([[1 + i % 15, 2, 3, 4] for i in range(b)], [params] * b, use_tqdm=False)
