@@ -57,6 +57,22 @@ def test_chains_helper():
     assert tree.max_depth == 3
 
 
+@pytest.mark.parametrize("lengths", [[1], [3, 1], [5, 70, 1, 2], [64] * 3])
+def test_chains_closed_form_equals_build(lengths):
+    fast = TreeBatch.chains(lengths)
+    parents = torch.cat([torch.arange(n) - 1 for n in lengths])
+    built = TreeBatch.build(parents, torch.tensor([0, *lengths]).cumsum(0), max_supported_depth=max(lengths))
+    for f in dataclasses.fields(TreeBatch):
+        a, b = getattr(fast, f.name), getattr(built, f.name)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
+
+
+@pytest.mark.parametrize("lengths", [[], [3, 0], [-1]])
+def test_chains_refuse_empty_requests(lengths):
+    with pytest.raises(ValueError, match="positive length"):
+        TreeBatch.chains(lengths)
+
+
 def test_to_moves_every_tensor_in_one_packed_copy():
     tree = forest([topk_parents(21, 4, 4), chain_parents(3)])
     assert tree.to("cpu") is tree

@@ -117,10 +117,26 @@ class TreeBatch:
 
     @classmethod
     def chains(cls, lengths: list[int], device: torch.device | str = "cpu") -> TreeBatch:
-        """One chain (a tree with a single path) per request: the shape of prefill and chain drafts."""
-        parents = torch.cat([torch.arange(n) - 1 for n in lengths])
-        cu = torch.tensor([0, *lengths]).cumsum(0)
-        return cls.build(parents, cu, max_supported_depth=max(lengths)).to(device)
+        """One chain (a tree with a single path) per request: the shape of prefill and chain drafts.
+
+        Its metadata in closed form (what :meth:`build` derives, without the sweeps): node ``i`` of a
+        chain has depth ``i + 1``, its path is the chain's first ``i + 1`` nodes, the packed order is
+        already depth-first, and a subtree is the rest of the chain."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.ndim != 1 or lengths.size == 0 or (lengths <= 0).any():
+            raise ValueError(f"chains need one positive length per request, got {lengths.tolist()}")
+        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)])
+        nodes = np.arange(cu_seqlens[-1])
+        request = np.repeat(np.arange(lengths.size), lengths)
+        local = nodes - cu_seqlens[:-1][request]
+        max_depth = int(lengths.max())
+        steps = np.arange(max_depth)
+        paths = np.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
+        derived = (local - 1, cu_seqlens, local + 1, request, np.where(local > 0, nodes - 1, -1), paths,
+                   nodes, lengths[request] - local)  # fmt: skip
+        tree = cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in derived),
+                   max_depth, max_depth)  # fmt: skip
+        return tree.to(device)
 
     @property
     def num_requests(self) -> int:

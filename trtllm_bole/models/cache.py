@@ -76,10 +76,7 @@ class StepContext:
         cls, slots: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor
     ) -> StepContext:
         """One new token per request (plain decode)."""
-        b = slots.shape[0]
-        parents = torch.full((b,), -1, dtype=torch.long, device=slots.device)
-        tree = TreeBatch.build(parents, torch.arange(b + 1, device=slots.device), max_supported_depth=1)
-        return cls(slots, block_tables, context_lens, tree)
+        return cls.chains([1] * slots.shape[0], slots, block_tables, context_lens)
 
 
 @dataclass(slots=True)
