@@ -1,0 +1,76 @@
+"""Chunked prefill from the tree kernels (verify + commit per round of chunks) against the serial
+float64 recurrence, prompt by prompt."""
+
+import pytest
+import torch
+
+from tests.kernels.helpers import DEVICE, rel_rms
+from trtllm_bole import ops
+from trtllm_bole.kernels import gdn_prefill as kernel
+from trtllm_bole.reference import gdn_tree
+from trtllm_bole.testing import random_gdn_inputs
+from trtllm_bole.tree import TreeBatch
+
+EXACT = 1e-4  # fp32 inputs, IEEE dots (the kernels' fp32 default)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "chunk_size"),
+    [([5, 40, 17], 16), ([1, 1], 16), ([33], 32), ([70, 3], 64)],
+    ids=["ragged", "single-tokens", "one-full-chunk", "kernel-depth"],
+)
+def test_prefill_equals_serial_recurrence(lengths, chunk_size, gen, nan_outputs):
+    h, hv, dk, dv = 2, 4, 16, 32
+    slots = torch.tensor([3, 0, 1][: len(lengths)], device=DEVICE)
+    x = random_gdn_inputs(sum(lengths), 4, h, hv, dk, dv, generator=gen, device=DEVICE)
+    q, k, v, g, beta = (t.float() for t in (x.q, x.k, x.v, x.g, x.beta))
+    pool = x.state.float()
+    expected_pool = pool.double().clone()
+    o = kernel.gdn_prefill(
+        q, k, v, g, beta, pool, lengths, scale=x.scale, state_indices=slots, chunk_size=chunk_size
+    )
+    chains = TreeBatch.chains(lengths, device=DEVICE)
+    o_ref, states = gdn_tree.serial_tree_recurrence(
+        q.double(), k.double(), v.double(), g.double(), beta.double(), expected_pool, chains,
+        scale=x.scale, state_indices=slots,
+    )  # fmt: skip
+    expected_pool[slots] = states[chains.cu_seqlens[1:] - 1]
+    assert rel_rms(o, o_ref) <= EXACT
+    assert rel_rms(pool, expected_pool) <= EXACT
+    untouched = [s for s in range(4) if s not in slots.tolist()]
+    assert torch.equal(pool[untouched], x.state.float()[untouched])
+
+
+def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(gen):
+    """Bit for bit: prompt 0 alone, or sharing its rounds with a long and a short prompt."""
+    lengths = [40, 70, 3]
+    x = random_gdn_inputs(sum(lengths), 3, 2, 4, 16, 32, generator=gen, device=DEVICE)
+    inputs = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta)]
+    together, alone = x.state.float(), x.state.float()[:1].clone()
+    o_together = kernel.gdn_prefill(*inputs, together, lengths, scale=x.scale)
+    o_alone = kernel.gdn_prefill(*(t[:40] for t in inputs), alone, [40], scale=x.scale)
+    assert torch.equal(o_together[:40], o_alone)
+    assert torch.equal(together[0], alone[0])
+
+
+def test_rounds_cover_every_row_once():
+    rounds = kernel.prefill_rounds((5, 40, 17), 16, torch.device("cpu"))
+    assert [r.requests.tolist() for r in rounds] == [[0, 1, 2], [1, 2], [1]]
+    assert [r.last.tolist() for r in rounds] == [[4, 15, 15], [15, 0], [7]]
+    assert sorted(torch.cat([r.rows for r in rounds]).tolist()) == list(range(62))
+    with pytest.raises(ValueError, match="chunk_size"):
+        kernel.prefill_rounds((5,), 65, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_ops_prefill_on_cuda_matches_the_cpu_reference(gen):
+    """The dispatch point: CUDA runs the rounds of kernels, CPU the torch reference; same results."""
+    lengths = [262, 64, 1, 130]
+    x = random_gdn_inputs(sum(lengths), 4, 16, 32, 128, 128, generator=gen)
+    cu = torch.tensor([0, *lengths]).cumsum(0)
+    inputs = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta)]
+    cpu_state, gpu_state = x.state.float(), x.state.float().cuda()
+    o_cpu = ops.gdn_prefill(*inputs, cpu_state, cu, scale=x.scale)
+    o_gpu = ops.gdn_prefill(*(t.cuda() for t in inputs), gpu_state, cu.cuda(), scale=x.scale)
+    assert rel_rms(o_gpu.cpu(), o_cpu) <= EXACT
+    assert rel_rms(gpu_state.cpu(), cpu_state) <= EXACT
