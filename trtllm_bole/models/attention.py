@@ -44,8 +44,7 @@ class TreeAttention:
     ) -> TreeAttention:
         num_nodes, batch = tree.num_nodes, tree.num_requests
         device = tree.parents.device
-        lengths = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]
-        width = int(lengths.max())  # the one host sync of the step's attention
+        width = tree.max_nodes  # the largest request, a host int: no sync
         local = torch.arange(num_nodes, device=device) - tree.cu_seqlens[:-1][tree.request]
         padded_nodes = torch.full((batch, width), num_nodes, dtype=torch.long, device=device)
         padded_nodes[tree.request, local] = torch.arange(num_nodes, device=device)
