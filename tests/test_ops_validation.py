@@ -65,6 +65,20 @@ def test_state_indices_rejected(case, indices, match):
         ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, pool, tree, state_indices=indices)
 
 
+def test_slot_indices_that_passed_are_checked_again_once_changed(case):
+    """Checked slot indices pass again without a device sync only while unmodified and in range."""
+    tree, x = case
+    pool = torch.zeros(3, *x.state.shape[1:])
+    indices = torch.tensor([2, 0])
+    ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, pool, tree, state_indices=indices)
+    ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, pool, tree, state_indices=indices)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
+        ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, pool[:2], tree, state_indices=indices)
+    indices[1] = 2
+    with pytest.raises(ValueError, match="distinct slots"):
+        ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, pool, tree, state_indices=indices)
+
+
 def test_commit_rejects_mismatched_state_and_leaves(case):
     tree, x = case
     _, factors = verify(x, tree)
