@@ -45,18 +45,50 @@ def load_dataset(path: Path, llm: LLM) -> list[tuple[list[int], int]]:
     return out
 
 
+def first_difference(out: list[int], ref: list[int]) -> int:
+    """Index of the first token where ``out`` and ``ref`` differ (the shorter length if one is a prefix)."""
+    return next(
+        (i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref))
+    )
+
+
 def divergence(outputs: list[list[int]], reference: list[list[int]]) -> dict:
     """How greedy outputs differ from plain decoding's: requests that differ, and the earliest
-    differing token (index into the request's output), for the record when they are not identical."""
+    differing token (index into the request's output) with its request and both tokens (None past
+    the end of a shorter output)."""
     firsts = [
-        next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b), min(len(out), len(ref)))
-        for out, ref in zip(outputs, reference, strict=True)
+        (first_difference(out, ref), r)
+        for r, (out, ref) in enumerate(zip(outputs, reference, strict=True))
         if out != ref
     ]
+    token, request = min(firsts)
+
+    def at(seq: list[int]) -> int | None:
+        return seq[token] if token < len(seq) else None
+
     return {
         "requests_differing": len(firsts),
         "requests": len(reference),
-        "first_differing_token": min(firsts),
+        "first_differing_token": token,
+        "request": request,
+        "ar_token": at(reference[request]),
+        "token": at(outputs[request]),
+    }
+
+
+@torch.no_grad()
+def logit_gap(llm: LLM, prompt: list[int], ar_output: list[int], token: int, other: int) -> dict:
+    """The target's logits after the prompt and ar's first ``token`` outputs, from one cache-less
+    forward (a third computation, rounded differently from both modes): the gap between ar's token
+    and the other mode's there. A gap at the scale of float rounding is a near-tie that rounding
+    flips; a large gap is an error."""
+    ids = torch.tensor([prompt + ar_output[:token]], device=llm.model.device)
+    logits = llm.model.forward_sequences(ids)[1][0, -1].double()
+    top = logits.topk(2).values
+    return {
+        "logit_gap_ar_minus_mode": float(logits[ar_output[token]] - logits[other]),
+        "top2_gap": float(top[0] - top[1]),
+        "top_logit": float(top[0]),
     }
 
 
@@ -200,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         reference = trials["ar"][0]["_outputs"]
         for mode in [m for m in order if m in modes]:
             result = median_trial(trials[mode], reference)
+            diverged = result.get("divergence")
+            if diverged and diverged["token"] is not None and diverged["ar_token"] is not None:
+                prompt = dataset[diverged["request"]][0]
+                diverged |= logit_gap(
+                    llm, prompt, reference[diverged["request"]], diverged["first_differing_token"],
+                    diverged["token"],
+                )  # fmt: skip
             runs.append(result)
             ttft, tpot = result["ttft_ms"]["p50"], result["tpot_ms"].get("p50", 0.0)
             print(

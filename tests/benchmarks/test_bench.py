@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,8 +73,28 @@ def test_divergence_names_the_first_differing_token():
     from bench import divergence
 
     assert divergence([[1, 2, 3], [4, 5], [6]], [[1, 2, 9], [4, 5], [6, 7]]) == {
-        "requests_differing": 2, "requests": 3, "first_differing_token": 1,
+        "requests_differing": 2, "requests": 3, "first_differing_token": 1, "request": 2, "ar_token": 7,
+        "token": None,
     }  # fmt: skip
+    assert divergence([[1, 2, 3]], [[1, 2, 9]])["ar_token"] == 9
+
+
+def test_logit_gap_measures_ar_token_against_the_other():
+    """At a greedy token, the gap to the runner-up is the top-2 gap (positive); to itself, zero."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench import logit_gap
+
+    from trtllm_bole import LLM, SamplingParams
+
+    llm = LLM(max_batch_size=1, max_seq_len=64)
+    prompt = llm.encode("def f(x):")
+    out = llm.generate([prompt], SamplingParams(max_tokens=3), use_tqdm=False)[0].outputs[0].token_ids
+    logits = llm.model.forward_sequences(torch.tensor([prompt + out[:1]]))[1][0, -1]
+    assert out[1] == int(logits.argmax())
+    runner_up = int(logits.topk(2).indices[1])
+    gap = logit_gap(llm, prompt, out, 1, runner_up)
+    assert gap["top2_gap"] > 0 and gap["logit_gap_ar_minus_mode"] == pytest.approx(gap["top2_gap"])
+    assert logit_gap(llm, prompt, out, 1, out[1])["logit_gap_ar_minus_mode"] == 0
 
 
 def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
