@@ -1,0 +1,76 @@
+"""Where the host's time goes while serving: Python's cProfile over one throughput run of a ``bench.py``
+dataset per (mode, batch), after the same warm-up as ``bench.py``.
+
+    python benchmarks/profile_host.py --dataset data.jsonl --device cuda --modes ar,bole --batch-sizes 16 \\
+        --out /tmp/out
+
+A small model's serving step is host-bound: the device waits for Python. Time spent in a call that
+synchronises with the device (``.tolist()``, ``.cpu()``, ``int(tensor)``) is time the host waits for
+queued GPU work. cProfile slows Python down, so read the ranking, not the absolute times. Writes
+``profile_host_<device>.txt`` (the top functions by own time and by cumulative time, per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+
+import torch
+from bench import load_dataset, run, warm_up
+
+from trtllm_bole import LLM, BoleConfig
+
+
+def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, top: int) -> str:
+    warm_up(llm, mode, bole_args, data, batch, tokens=16)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    result = run(llm, mode, bole_args, data, batch, sequential=False)
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    text.write(
+        f"\n===== {mode} batch {batch}: {result['output_tokens_per_s']:.1f} tok/s under cProfile, "
+        f"{result['seconds']:.2f} s, MAT {result['mean_accepted_tokens']:.2f} =====\n"
+    )
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return text.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--engine", default=None, help="engine or checkpoint dir (default: embedded model)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--modes", default="ar,bole")
+    parser.add_argument("--batch-sizes", default="16")
+    parser.add_argument("--top", type=int, default=45, help="functions listed per ranking")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
+    data = load_dataset(args.dataset, llm)
+    bole_args = {"max_depth": 8, "top_k": 4, "max_nodes": 63}
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    report = [f"host profile on {device}, torch {torch.__version__}, {args.dtype}\n"]
+    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        for mode in args.modes.split(","):
+            report.append(profile(llm, mode, bole_args, data, batch, args.top))
+            print(report[-1].splitlines()[1])
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"profile_host_{'h200' if 'H200' in device else 'cpu'}.txt"
+    path.write_text("".join(report))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
