@@ -76,20 +76,50 @@ def divergence(outputs: list[list[int]], reference: list[list[int]]) -> dict:
     }
 
 
+NEAR_TIE_LOGITS = 1e-2
+"""The widest logit gap at which a mode's greedy output may part from ``ar``'s. Float32 rounding of one
+model through different kernels and batch groupings (a tree verify against a one-token step) moves the
+embedded model's logits by ~1e-3: measured partings on the H200 at gaps of 1.4e-3 and 3.9e-3 (logits
+~8), where ``ar`` itself picks differently at batch 2 and at batch 4. A wrong verify or commit moves
+logits by far more than this."""
+
+MAX_PARTINGS = 8  # more parted requests than this is no near-tie: not examined one by one
+
+
 @torch.no_grad()
-def logit_gap(llm: LLM, prompt: list[int], ar_output: list[int], token: int, other: int) -> dict:
-    """The target's logits after the prompt and ar's first ``token`` outputs, from one cache-less
-    forward (a third computation, rounded differently from both modes): the gap between ar's token
-    and the other mode's there. A gap at the scale of float rounding is a near-tie that rounding
-    flips; a large gap is an error."""
+def parting(llm: LLM, prompt: list[int], ar_output: list[int], token: int, other: int | None) -> dict:
+    """Where a mode's output parts from ``ar``'s at output index ``token`` (``other``: the mode's token
+    there, None past its end): the target's logits after the prompt and ar's first ``token`` outputs,
+    from one cache-less forward (a third computation, rounded differently from both modes). A near-tie
+    (``NEAR_TIE_LOGITS``) if the two tokens are that forward's top two and that close; else an error."""
+    ar_token = ar_output[token] if token < len(ar_output) else None
+    record = {"token_index": token, "ar_token": ar_token, "token": other, "near_tie": False}
+    if ar_token is None or other is None:
+        return record  # an output shorter than the other's: a lost token, never rounding
     ids = torch.tensor([prompt + ar_output[:token]], device=llm.model.device)
     logits = llm.model.forward_sequences(ids)[1][0, -1].double()
-    top = logits.topk(2).values
-    return {
-        "logit_gap_ar_minus_mode": float(logits[ar_output[token]] - logits[other]),
-        "top2_gap": float(top[0] - top[1]),
-        "top_logit": float(top[0]),
+    gap = float(logits[ar_token] - logits[other])
+    top2 = set(logits.topk(2).indices.tolist())
+    return record | {
+        "logit_gap_ar_minus_mode": gap,
+        "top_logit": float(logits.max()),
+        "near_tie": top2 == {ar_token, other} and abs(gap) <= NEAR_TIE_LOGITS,
     }
+
+
+def partings(
+    llm: LLM, dataset, trial_outputs: list[list[list[int]]], reference: list[list[int]]
+) -> list[dict]:
+    """Every distinct (request, first differing token) over the trials, examined by :func:`parting`."""
+    seen = {}
+    for outputs in trial_outputs:
+        for r, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
+            if out != ref:
+                token = first_difference(out, ref)
+                seen.setdefault((r, token, out[token] if token < len(out) else None), None)
+    if len(seen) > MAX_PARTINGS:
+        return [{"request": r, "token_index": t, "near_tie": False} for r, t, _ in seen]
+    return [{"request": r} | parting(llm, dataset[r][0], reference[r], t, o) for r, t, o in seen]
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -175,17 +205,25 @@ def warm_up(llm: LLM, mode: str, bole_args: dict, dataset, batch: int, tokens: i
         run(llm, mode, bole_args, [(p, tokens) for p in prompts], batch, sequential=False)
 
 
-def median_trial(trials: list[dict], reference: list[list[int]]) -> dict:
+def median_trial(trials: list[dict]) -> tuple[dict, list[list[list[int]]]]:
     """The trial of median output tokens/s (the lower middle one for an even count), with every
-    trial's tokens/s beside it; identical to ``ar`` only if every trial's outputs are."""
+    trial's tokens/s beside it; and every trial's outputs."""
     speeds = [t["output_tokens_per_s"] for t in trials]
     outputs = [t.pop("_outputs") for t in trials]
     result = dict(sorted(trials, key=lambda t: t["output_tokens_per_s"])[(len(trials) - 1) // 2])
     result["output_tokens_per_s_trials"] = speeds
+    return result, outputs
+
+
+def check_against_ar(llm: LLM, dataset, result: dict, outputs, reference: list[list[int]]) -> None:
+    """``identical_to_ar``: every trial's tokens equal ``ar``'s. Else ``divergence`` (the earliest) and
+    ``partings`` (each parted request), and ``exact_up_to_near_ties`` when every parting is a near-tie."""
     result["identical_to_ar"] = all(out == reference for out in outputs)
+    result["exact_up_to_near_ties"] = result["identical_to_ar"]
     if not result["identical_to_ar"]:
         result["divergence"] = divergence(next(out for out in outputs if out != reference), reference)
-    return result
+        result["partings"] = partings(llm, dataset, outputs, reference)
+        result["exact_up_to_near_ties"] = all(p["near_tie"] for p in result["partings"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,20 +269,21 @@ def main(argv: list[str] | None = None) -> int:
                 )
         reference = trials["ar"][0]["_outputs"]
         for mode in [m for m in order if m in modes]:
-            result = median_trial(trials[mode], reference)
-            diverged = result.get("divergence")
-            if diverged and diverged["token"] is not None and diverged["ar_token"] is not None:
-                prompt = dataset[diverged["request"]][0]
-                diverged |= logit_gap(
-                    llm, prompt, reference[diverged["request"]], diverged["first_differing_token"],
-                    diverged["token"],
-                )  # fmt: skip
+            result, outputs = median_trial(trials[mode])
+            check_against_ar(llm, dataset, result, outputs, reference)
             runs.append(result)
             ttft, tpot = result["ttft_ms"]["p50"], result["tpot_ms"].get("p50", 0.0)
+            exact = (
+                "True"
+                if result["identical_to_ar"]
+                else "near-ties"
+                if result["exact_up_to_near_ties"]
+                else "False"
+            )
             print(
                 f"{mode:<12} batch {batch:>3}: {result['output_tokens_per_s']:9.1f} tok/s, "
                 f"TTFT p50 {ttft:7.1f} ms, TPOT p50 {tpot:6.2f} ms, "
-                f"MAT {result['mean_accepted_tokens']:.2f}, identical to ar: {result['identical_to_ar']}"
+                f"MAT {result['mean_accepted_tokens']:.2f}, identical to ar: {exact}"
             )
     for r in runs:
         base = (
@@ -252,11 +291,11 @@ def main(argv: list[str] | None = None) -> int:
             if "ar" in modes
             else None
         )
-        if base is not None and r["identical_to_ar"]:
+        if base is not None and r["exact_up_to_near_ties"]:
             r["speedup_vs_ar"] = r["output_tokens_per_s"] / base["output_tokens_per_s"]
         elif base is not None:
             r["speedup_vs_ar"] = None
-            r["error"] = "greedy output differs from ar: no speed-up reported"
+            r["error"] = "greedy output differs from ar beyond near-ties: no speed-up reported"
 
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     tag = args.tag or f"bench_{args.kind}_{'h200' if 'H200' in device else 'cpu'}"
@@ -276,13 +315,15 @@ def main(argv: list[str] | None = None) -> int:
         },
         "speculation": bole_args,
         "all_identical_to_ar": all(r["identical_to_ar"] for r in runs),
+        "all_exact_up_to_near_ties": all(r["exact_up_to_near_ties"] for r in runs),
+        "near_tie_logits": NEAR_TIE_LOGITS,
         "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out / f'{tag}.json'}")
     plot(runs, modes, args.out / f"{tag}.png", device)
-    return 0 if result["all_identical_to_ar"] else 1
+    return 0 if result["all_exact_up_to_near_ties"] else 1
 
 
 def plot(runs: list[dict], modes: list[str], path: Path, device: str) -> None:
@@ -296,7 +337,7 @@ def plot(runs: list[dict], modes: list[str], path: Path, device: str) -> None:
         return
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for mode in modes:
-        rows = [r for r in runs if r["mode"] == mode and r["identical_to_ar"]]
+        rows = [r for r in runs if r["mode"] == mode and r["exact_up_to_near_ties"]]
         ax.plot(
             [r["max_batch_size"] for r in rows],
             [r["output_tokens_per_s"] for r in rows],

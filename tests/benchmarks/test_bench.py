@@ -79,10 +79,10 @@ def test_divergence_names_the_first_differing_token():
     assert divergence([[1, 2, 3]], [[1, 2, 9]])["ar_token"] == 9
 
 
-def test_logit_gap_measures_ar_token_against_the_other():
-    """At a greedy token, the gap to the runner-up is the top-2 gap (positive); to itself, zero."""
+def test_parting_tells_a_near_tie_from_an_error(monkeypatch):
+    """A parting is a near-tie only between the target's top two tokens, within NEAR_TIE_LOGITS."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench import logit_gap
+    import bench
 
     from trtllm_bole import LLM, SamplingParams
 
@@ -90,11 +90,20 @@ def test_logit_gap_measures_ar_token_against_the_other():
     prompt = llm.encode("def f(x):")
     out = llm.generate([prompt], SamplingParams(max_tokens=3), use_tqdm=False)[0].outputs[0].token_ids
     logits = llm.model.forward_sequences(torch.tensor([prompt + out[:1]]))[1][0, -1]
-    assert out[1] == int(logits.argmax())
-    runner_up = int(logits.topk(2).indices[1])
-    gap = logit_gap(llm, prompt, out, 1, runner_up)
-    assert gap["top2_gap"] > 0 and gap["logit_gap_ar_minus_mode"] == pytest.approx(gap["top2_gap"])
-    assert logit_gap(llm, prompt, out, 1, out[1])["logit_gap_ar_minus_mode"] == 0
+    first, second, third = logits.topk(3).indices.tolist()
+    assert out[1] == first
+    gap = float(logits[first] - logits[second])
+    runner_up = bench.parting(llm, prompt, out, 1, second)
+    assert runner_up["logit_gap_ar_minus_mode"] == pytest.approx(gap) and gap > 0
+    assert runner_up["near_tie"] == (gap <= bench.NEAR_TIE_LOGITS)
+    monkeypatch.setattr(bench, "NEAR_TIE_LOGITS", gap * 1.01)
+    assert bench.parting(llm, prompt, out, 1, second)["near_tie"]
+    assert not bench.parting(llm, prompt, out, 1, third)["near_tie"]  # not among the top two
+    assert not bench.parting(llm, prompt, out, 3, None)["near_tie"]  # a lost token
+    result = {}
+    bench.check_against_ar(llm, [(prompt, 3)], result, [[[out[0], second, 5]]], [out])
+    assert result["partings"] == [{"request": 0} | bench.parting(llm, prompt, out, 1, second)]
+    assert result["exact_up_to_near_ties"] and not result["identical_to_ar"]
 
 
 def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
