@@ -22,6 +22,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
+from trtllm_bole.transfer import to_device
+
 _ALIGN = 16  # int64 elements: 128 bytes
 
 MAX_TREE_DEPTH = 64
@@ -108,7 +110,7 @@ class TreeBatch:
         packed = torch.zeros(sum(slots), dtype=torch.long)
         for t, start in zip(host.values(), starts, strict=True):
             packed[start : start + t.numel()] = t.reshape(-1)
-        packed = packed.to(device)
+        packed = to_device(packed, device)
         moved = {
             name: packed[start : start + t.numel()].view(t.shape)
             for (name, t), start in zip(host.items(), starts, strict=True)

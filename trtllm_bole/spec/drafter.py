@@ -22,6 +22,7 @@ from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.mtp import MTPHead
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.tree_select import compact_forest, rank_order, select_nodes, topk_children
+from trtllm_bole.transfer import device_tensor
 from trtllm_bole.tree import TreeBatch
 
 
@@ -64,9 +65,9 @@ class DraftSettings:
     @classmethod
     def of(cls, temperature: list[float], top_k: list[int], top_p: list[float], device) -> DraftSettings:
         return cls(
-            torch.tensor(temperature, device=device),
-            torch.tensor(top_k, device=device),
-            torch.tensor(top_p, device=device),
+            device_tensor(temperature, device),
+            device_tensor(top_k, device),
+            device_tensor(top_p, device),
             all(t <= 0 for t in temperature),
         )
 

@@ -31,6 +31,7 @@ from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool
+from trtllm_bole.transfer import device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
 
 
@@ -171,7 +172,7 @@ class Executor:
         slots, tables = self._slots_and_tables(requests)
         self.cache.reset_slots(slots)
         lengths = [len(r.prompt_ids) for r in requests]
-        input_ids = torch.tensor([t for r in requests for t in r.prompt_ids], device=device)
+        input_ids = device_tensor([t for r in requests for t in r.prompt_ids], device)
         zeros = torch.zeros(len(requests), dtype=torch.long, device=device)
         ctx = StepContext.chains(lengths, slots, tables, zeros)
         hidden, logits = model.prefill(input_ids, ctx)
@@ -211,8 +212,8 @@ class Executor:
     def _speculate(self, requests: list[Request]) -> list[StepEvent]:
         model, bole, device = self.model, self.bole, self.model.device
         slots, tables = self._slots_and_tables(requests)
-        context_lens = torch.tensor([r.context_len for r in requests], device=device)
-        pending = torch.tensor([r.runtime.pending for r in requests], device=device)
+        context_lens = device_tensor([r.context_len for r in requests], device)
+        pending = device_tensor([r.runtime.pending for r in requests], device)
         settings = self._settings(requests) if bole.speculates else None  # drafting and acceptance
         if bole.speculates:
             with phase("draft"):
@@ -319,7 +320,7 @@ class Executor:
         tables = torch.zeros(len(requests), width, dtype=torch.int32)
         for i, r in enumerate(requests):
             tables[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
-        return torch.tensor([r.slot for r in requests], device=device), tables.to(device)
+        return device_tensor([r.slot for r in requests], device), to_device(tables, device)
 
     def _emit(self, request: Request, new_tokens: list[int]) -> StepEvent:
         """Append tokens, stopping at max_tokens, a stop token or a stop string."""
