@@ -218,6 +218,30 @@ def test_mtp_grows_a_tree_depth_by_depth(tiny_config, clone_cache):
     torch.testing.assert_close(committed[0], committed[1], atol=1e-5, rtol=0)
 
 
+def test_mtp_refuses_a_forest_that_does_not_extend_the_past_one(tiny_config):
+    s = Setup(tiny_config(), mtp=True)
+    mtp, h = s.model.mtp, s.model.config.hidden_size
+    context = torch.tensor(s.prompt_lens)
+
+    def verify(tree, past=None, *, slots=s.slots, context=context):
+        new = tree.num_nodes - (0 if past is None else past.ctx.tree.num_nodes)
+        return mtp.verify(
+            torch.zeros(new, h), s.tokens(new), StepContext(slots, s.tables, context, tree), past=past
+        )
+
+    _, _, past = verify(forest([[-1, 0], [-1], [-1]]))
+    grown = forest([[-1, 0, 1], [-1, 0], [-1, -1]])
+    for bad in (
+        dict(tree=forest([[-1, -1, 0], [-1, 0], [-1, -1]])),  # request 0's node 1 changes parent
+        dict(tree=forest([[-1], [-1, 0], [-1, -1]])),  # request 0 loses a node
+        dict(tree=grown, context=context + 1),  # another step's context
+        dict(tree=grown, slots=s.slots.flip(0)),  # other slots
+    ):
+        with pytest.raises(ValueError, match="must extend its forest"):
+            verify(past=past, **bad)
+    assert verify(grown, past)[0].shape == (3, h)
+
+
 def test_mtp_serving_path_equals_its_training_forward(tiny_config):
     """``forward_sequences`` (training) and prefill/verify (serving) of both the target and the MTP
     head agree, with the row convention (hidden at p, token at p + 1, position p)."""

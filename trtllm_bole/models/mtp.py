@@ -141,29 +141,29 @@ class MTPHead(EmptyInitModule):
 
 
 def _grown_from(past: PendingCommit, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The new nodes of a grown forest, and the earlier nodes' K/V placed at their new indices."""
+    """The new nodes of a grown forest, and the earlier nodes' K/V placed at their new indices.
+
+    One device sync (the check that the forest extends the past one); the placement itself is gathers
+    and a stable sort, where boolean-mask indexing would wait for the device at every use."""
     old, tree = past.ctx.tree, ctx.tree
     old_lens = old.cu_seqlens[1:] - old.cu_seqlens[:-1]
-    new_lens = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]
     local = torch.arange(tree.num_nodes, device=tree.parents.device) - tree.cu_seqlens[:-1][tree.request]
     earlier = local < old_lens[tree.request]
     source = (old.cu_seqlens[:-1][tree.request] + local).clamp(max=old.num_nodes - 1)
-    same_context = torch.equal(past.ctx.context_lens, ctx.context_lens) and torch.equal(
-        past.ctx.slots, ctx.slots
+    new_lens = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]
+    mismatch = (
+        (old_lens > new_lens).any()
+        | (earlier & (tree.parents != old.parents[source])).any()
+        | (past.ctx.context_lens != ctx.context_lens).any()
+        | (past.ctx.slots != ctx.slots).any()
     )
-    if (
-        old.num_requests != tree.num_requests
-        or not same_context
-        or bool((old_lens > new_lens).any())
-        or not torch.equal(tree.parents[earlier], old.parents[source[earlier]])
-    ):
+    if old.num_requests != tree.num_requests or old.num_nodes > tree.num_nodes or bool(mismatch):
         raise ValueError(
             "past must come from the same step (slots, context_lens) and ctx.tree must extend its forest: "
             "each request keeps its earlier nodes first, with the same parents, and appends new ones"
         )
-    placed = []
-    for kv in (past.new_k, past.new_v):
-        grown = kv.new_zeros(kv.shape[0], tree.num_nodes, *kv.shape[2:])
-        grown[:, earlier] = kv[:, source[earlier]]
-        placed.append(grown)
-    return torch.nonzero(~earlier).flatten(), *placed
+    keep = earlier[None, :, None, None]
+    placed = [torch.where(keep, kv[:, source], 0) for kv in (past.new_k, past.new_v)]
+    # The new nodes in packed order: a stable sort puts the not-earlier ones first.
+    rows = torch.sort(earlier.to(torch.uint8), stable=True).indices[: tree.num_nodes - old.num_nodes]
+    return rows, *placed
