@@ -5,6 +5,7 @@
   default for requests of 17-64 nodes, the blocked kernel's otherwise: measured on the H200);
 - :mod:`.gdn_commit`: factored commit of every GDN layer of every request in one launch, and the
   conv-state commit (BOLE.md §3–§4);
+- :mod:`.gdn_prefill`: chunked prefill from the verify and commit kernels (a prompt's chunk is a chain);
 - :mod:`.tree_conv1d`: tree-aware causal depthwise conv1d + SiLU (BOLE.md §4);
 - :mod:`.baselines`: today's scheme (serial per-node recurrence with per-node state snapshots), the
   yardstick of the benchmarks.
