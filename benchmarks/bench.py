@@ -45,6 +45,30 @@ def load_dataset(path: Path, llm: LLM) -> list[tuple[list[int], int]]:
     return out
 
 
+PROFILED_SPECULATION = {"max_depth": 8, "top_k": 4, "max_nodes": 63}
+"""The speculation ``profile_step.py`` and ``profile_host.py`` serve with (``bench.py``'s defaults)."""
+
+
+def profiling_parser(doc: str, *, modes: str, batch_sizes: str) -> argparse.ArgumentParser:
+    """The command line of the tools that serve a dataset once per (mode, batch) and look inside the
+    run (``profile_step.py``, ``profile_host.py``); they add their own options."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", type=Path, required=True)
+    parser.add_argument("--engine", default=None, help="engine or checkpoint dir (default: embedded model)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--modes", default=modes)
+    parser.add_argument("--batch-sizes", default=batch_sizes)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def open_profiling_run(args: argparse.Namespace) -> tuple[LLM, list[tuple[list[int], int]]]:
+    """The engine and the dataset of a :func:`profiling_parser` command line."""
+    llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
+    return llm, load_dataset(args.dataset, llm)
+
+
 def first_difference(out: list[int], ref: list[int]) -> int:
     """Index of the first token where ``out`` and ``ref`` differ (the shorter length if one is a prefix)."""
     return next(

@@ -12,17 +12,15 @@ queued GPU work. cProfile slows Python down, so read the ranking, not the absolu
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
 import sys
-from pathlib import Path
 
 import torch
-from bench import load_dataset, run, warm_up
+from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
 
-from trtllm_bole import LLM, BoleConfig
+from trtllm_bole import LLM
 
 
 def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, top: int) -> str:
@@ -43,22 +41,11 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, top: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dataset", type=Path, required=True)
-    parser.add_argument("--engine", default=None, help="engine or checkpoint dir (default: embedded model)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--modes", default="ar,bole")
-    parser.add_argument("--batch-sizes", default="16")
+    parser = profiling_parser(__doc__, modes="ar,bole", batch_sizes="16")
     parser.add_argument("--top", type=int, default=45, help="functions listed per ranking")
-    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-
-    llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
-    data = load_dataset(args.dataset, llm)
-    bole_args = {"max_depth": 8, "top_k": 4, "max_nodes": 63}
+    llm, data = open_profiling_run(args)
+    bole_args = PROFILED_SPECULATION
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     report = [f"host profile on {device}, torch {torch.__version__}, {args.dtype}\n"]
     for batch in [int(b) for b in args.batch_sizes.split(",")]:

@@ -14,19 +14,17 @@ and device); their tokens must be identical. Writes ``profile_step_<device>.json
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import platform
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
-from bench import load_dataset, run, warm_up
+from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
 
-from trtllm_bole import LLM, BoleConfig
+from trtllm_bole import LLM
 from trtllm_bole.spec import executor as executor_module
 
 
@@ -75,21 +73,10 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dataset", type=Path, required=True)
-    parser.add_argument("--engine", default=None, help="engine or checkpoint dir (default: embedded model)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--modes", default="tree-serial,bole")
-    parser.add_argument("--batch-sizes", default="8,32")
-    parser.add_argument("--out", type=Path, required=True)
+    parser = profiling_parser(__doc__, modes="tree-serial,bole", batch_sizes="8,32")
     args = parser.parse_args(argv)
-
-    llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
-    data = load_dataset(args.dataset, llm)
-    bole_args = {"max_depth": 8, "top_k": 4, "max_nodes": 63}
+    llm, data = open_profiling_run(args)
+    bole_args = PROFILED_SPECULATION
     runs = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         for mode in args.modes.split(","):

@@ -121,10 +121,26 @@ def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
     assert timed and timed <= checked
 
 
-def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
+def tiny_dataset(tmp_path: Path) -> Path:
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"task_id": i, "input_ids": [5 + i, 7, 9], "output_tokens": 6}) + "\n"
                             for i in range(2)))  # fmt: skip
+    return data
+
+
+def test_profile_host_ranks_the_executor_step(tmp_path, checkpoint):
+    data = tiny_dataset(tmp_path)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_host.py"), "--dataset", str(data),
+           "--engine", str(checkpoint), "--modes", "ar,bole", "--batch-sizes", "2", "--top", "200",
+           "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True)
+    report = (tmp_path / "profile_host_cpu.txt").read_text()
+    assert "===== ar batch 2" in report and "===== bole batch 2" in report
+    assert "executor.py" in report and "(step)" in report and "(draft)" in report
+
+
+def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
+    data = tiny_dataset(tmp_path)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--dataset", str(data),
            "--engine", str(checkpoint), "--modes", "tree-serial,bole", "--batch-sizes", "2",
            "--out", str(tmp_path)]  # fmt: skip
