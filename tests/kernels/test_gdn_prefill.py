@@ -11,7 +11,7 @@ from trtllm_bole.reference import gdn_tree
 from trtllm_bole.testing import random_gdn_inputs
 from trtllm_bole.tree import TreeBatch
 
-EXACT = 1e-4  # fp32 inputs, IEEE dots (the kernels' fp32 default)
+EXACT, SERVING = 1e-4, 1e-2  # fp32 inputs with IEEE dots; bf16 q/k/v with tensor-core dots
 
 
 @pytest.mark.parametrize(
@@ -39,6 +39,32 @@ def test_prefill_equals_serial_recurrence(lengths, chunk_size, gen, nan_outputs)
     assert rel_rms(pool, expected_pool) <= EXACT
     untouched = [s for s in range(4) if s not in slots.tolist()]
     assert torch.equal(pool[untouched], x.state.float()[untouched])
+
+
+def serving_precision_check(lengths, h, hv, dk, dv, gen):
+    """bf16 q/k/v (the serving layout), fp32 state, against the float64 recurrence on the same rounded
+    inputs."""
+    x = random_gdn_inputs(sum(lengths), len(lengths), h, hv, dk, dv, generator=gen, device=DEVICE)
+    q, k, v = (t.bfloat16() for t in (x.q, x.k, x.v))
+    g, beta, state = x.g.float(), x.beta.float(), x.state.float()
+    expected_state = state.double().clone()
+    o = kernel.gdn_prefill(q, k, v, g, beta, state, lengths, scale=x.scale)
+    chains = TreeBatch.chains(lengths, device=DEVICE)
+    o_ref, states = gdn_tree.serial_tree_recurrence(
+        q.double(), k.double(), v.double(), g.double(), beta.double(), expected_state, chains, scale=x.scale
+    )
+    assert o.dtype == torch.bfloat16
+    assert rel_rms(o, o_ref) <= SERVING
+    assert rel_rms(state, states[chains.cu_seqlens[1:] - 1]) <= SERVING
+
+
+def test_prefill_in_serving_precision(gen):
+    serving_precision_check([70, 9], 2, 4, 16, 32, gen)
+
+
+@pytest.mark.gpu
+def test_prefill_in_serving_precision_at_qwen35_9b_sizes(gen):
+    serving_precision_check([262, 64, 1, 130], 16, 32, 128, 128, gen)
 
 
 def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(gen):
