@@ -22,3 +22,4 @@ def test_gpu_copy_is_ordered_and_keeps_the_values_given():
     host.zero_()  # the copy went from a pinned snapshot: later host writes do not reach it
     assert torch.equal(moved.cpu(), torch.arange(1000))
     assert device_tensor([3, 4], "cuda").tolist() == [3, 4]
+    assert to_device(moved, "cuda") is moved  # already there: no pinning of device memory

@@ -14,7 +14,7 @@ import torch
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``t`` (a CPU tensor) on ``device``; to a GPU through pinned memory, without a stream sync."""
     device = torch.device(device)
-    if device.type != "cuda" or t.device == device:
+    if device.type != "cuda" or t.is_cuda:
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 
