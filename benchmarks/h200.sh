@@ -18,7 +18,7 @@ case "${1:-}" in
 kernels)
     python benchmarks/bench_gdn_verify.py --focus headline --budget-s "${BUDGET_S:-330}" --out "$OUT" \
         > "$OUT/log.txt" 2>&1; echo "bench rc=$?"
-    python -m pytest -q -m gpu tests/kernels -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
+    python -m pytest -q -m gpu tests/kernels tests/test_transfer.py -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
     echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
     python benchmarks/profile_verify.py --out "$OUT" > "$OUT/profile_log.txt" 2>&1; echo "profile rc=$?"
     ;;
