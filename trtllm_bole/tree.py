@@ -93,9 +93,13 @@ class TreeBatch:
         subtree_size = np.bincount(paths[paths >= 0], minlength=num_nodes)
         dfs_order = _preorder(paths)
         derived = (parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size)
-        tree = cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in derived),
-                   max_depth, int(lengths.max()))  # fmt: skip
-        return tree.to(device)
+        return cls._from_host(derived, max_depth, int(lengths.max()), device)
+
+    @classmethod
+    def _from_host(cls, arrays: tuple[np.ndarray, ...], max_depth: int, max_nodes: int, device) -> TreeBatch:
+        """The tree from its eight host arrays (field order), as int64 tensors moved to ``device``."""
+        tensors = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays)
+        return cls(*tensors, max_depth, max_nodes).to(device)
 
     def to(self, device: torch.device | str) -> TreeBatch:
         """The same forest with its tensors on ``device``: one packed copy, split there into views that
@@ -136,9 +140,7 @@ class TreeBatch:
         paths = np.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
         derived = (local - 1, cu_seqlens, local + 1, request, np.where(local > 0, nodes - 1, -1), paths,
                    nodes, lengths[request] - local)  # fmt: skip
-        tree = cls(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in derived),
-                   max_depth, max_depth)  # fmt: skip
-        return tree.to(device)
+        return cls._from_host(derived, max_depth, max_depth, device)
 
     @property
     def num_requests(self) -> int:

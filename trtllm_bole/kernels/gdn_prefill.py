@@ -15,6 +15,7 @@ near-tie its greedy output, would depend on how the scheduler grouped the prompt
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,7 @@ def prefill_rounds(
     """The rounds of a batch of prompts (cached: every GDN layer of a prefill asks for the same)."""
     if not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(f"chunk_size must lie in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size}")
-    starts = [sum(lengths[:b]) for b in range(len(lengths))]
+    starts = [0, *itertools.accumulate(lengths)]
     rounds = []
     for lo in range(0, max(lengths), chunk_size):
         taking = [b for b, n in enumerate(lengths) if n > lo]
