@@ -12,13 +12,16 @@ acceptance rate. Requests ignore EOS so each produces exactly its ``output_token
 
 Greedy outputs of every mode are compared with ``ar`` in the same run; a mode whose tokens differ
 is reported as failed and gets no speed-up. ``--repeats N`` times each (batch, mode) N times, the
-modes interleaved, and reports the median run with every run's tokens/s beside it.
+modes interleaved, and reports the median run with every run's tokens/s beside it. Kernel variants
+Triton compiles inside a timed run are counted (``kernel_compiles``, with a warning): a compile there
+is a latency spike of a tenth of a second or more that the warm-up should have taken.
 Writes JSON (+ PNG) to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import platform
@@ -31,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
+from trtllm_bole.kernels.compiles import recording_compiles
 from trtllm_bole.spec.executor import Executor
 
 HERE = Path(__file__).resolve().parent
@@ -169,7 +173,10 @@ def run(llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequen
     start = time.perf_counter()
     pending = list(dataset)
     requests = []
-    with tqdm(total=len(dataset), desc=f"{mode} b{max_batch}", unit="req", leave=False) as bar:
+    with (
+        tqdm(total=len(dataset), desc=f"{mode} b{max_batch}", unit="req", leave=False) as bar,
+        recording_compiles() as compiles,
+    ):
         while pending or executor.has_unfinished:
             while pending and (not sequential or not executor.has_unfinished):
                 prompt, n = pending.pop(0)
@@ -216,6 +223,7 @@ def run(llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequen
         "inter_event_latency_ms": {k: v * 1e3 for k, v in percentiles(itl).items()},
         "mean_accepted_tokens": (accepted + steps) / steps if steps else 1.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "kernel_compiles": dict(sorted(collections.Counter(compiles).items())),
         "_outputs": [r.output_ids for r in requests],
     }
 
@@ -236,6 +244,7 @@ def median_trial(trials: list[dict]) -> tuple[dict, list[list[list[int]]]]:
     outputs = [t.pop("_outputs") for t in trials]
     result = dict(sorted(trials, key=lambda t: t["output_tokens_per_s"])[(len(trials) - 1) // 2])
     result["output_tokens_per_s_trials"] = speeds
+    result["kernel_compiles_trials"] = [sum(t["kernel_compiles"].values()) for t in trials]
     return result, outputs
 
 
@@ -309,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"TTFT p50 {ttft:7.1f} ms, TPOT p50 {tpot:6.2f} ms, "
                 f"MAT {result['mean_accepted_tokens']:.2f}, identical to ar: {exact}"
             )
+            if any(result["kernel_compiles_trials"]):
+                print(f"  warning: kernels compiled in the timed runs: {result['kernel_compiles_trials']}")
     for r in runs:
         base = (
             next(x for x in runs if x["mode"] == "ar" and x["max_batch_size"] == r["max_batch_size"])
