@@ -133,3 +133,34 @@ def test_random_trees_respect_depth(gen):
         parents = random_parents(40, 5, gen)
         tree = forest([parents])
         assert tree.max_depth <= 5
+
+
+@pytest.mark.parametrize(
+    "trees",
+    [
+        [[-1]],
+        [topk_parents(33, 4, 9), topk_parents(33, 4, 9)],
+        [topk_parents(63, 4, 8), chain_parents(3), star_parents(2), [-1, -1, 0, 1, 2, 0, -1, 6]],
+        [chain_parents(40), [-1, 0]],  # 6 bits x 40 levels: past 62 bits, built on the host
+    ],
+)
+def test_on_device_equals_build(trees):
+    """The device-side derivation (no host copy) gives exactly what the host build gives."""
+    built = forest(trees)
+    fast = TreeBatch.on_device(
+        built.parents, built.cu_seqlens, built.depth, max_depth=built.max_depth, max_nodes=built.max_nodes
+    )
+    for f in dataclasses.fields(TreeBatch):
+        a, b = getattr(fast, f.name), getattr(built, f.name)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
+
+
+def test_on_device_random_forests(gen):
+    for _ in range(20):
+        trees = [random_parents(int(torch.randint(1, 40, (1,), generator=gen)), 9, gen) for _ in range(3)]
+        built = forest(trees)
+        fast = TreeBatch.on_device(
+            built.parents, built.cu_seqlens, built.depth, max_depth=built.max_depth, max_nodes=built.max_nodes
+        )
+        assert torch.equal(fast.dfs_order, built.dfs_order) and torch.equal(fast.paths, built.paths)
+        assert torch.equal(fast.subtree_size, built.subtree_size)

@@ -142,6 +142,54 @@ class TreeBatch:
                    nodes, lengths[request] - local)  # fmt: skip
         return cls._from_host(derived, max_depth, max_depth, device)
 
+    @classmethod
+    def on_device(
+        cls,
+        parents: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        depth: torch.Tensor,
+        *,
+        max_depth: int,
+        max_nodes: int,
+    ) -> TreeBatch:
+        """The metadata of a forest whose depths the caller already knows, derived where the tensors are:
+        no copy to the host and no device sync, so a drafter can grow its forest level by level with the
+        GPU running ahead (and a CUDA graph can capture it). ``max_depth`` and ``max_nodes`` must be the
+        forest's exact deepest path and largest request. No value checks: for forests the caller built
+        (:meth:`build` validates a forest from outside).
+
+        Pre-order ranks sort each request's root-to-node paths as one integer key of ``max_depth``
+        fields of ``max_nodes.bit_length()`` bits; forests too deep for 62 bits are built by :meth:`build`
+        on the host instead."""
+        bits = max_nodes.bit_length()  # a field holds local index + 1 (0 pads), at most max_nodes
+        if bits * max_depth > 62:
+            return cls.build(parents, cu_seqlens, max_supported_depth=max(max_depth, MAX_TREE_DEPTH))
+        device, num_nodes = parents.device, parents.numel()
+        parents, cu_seqlens, depth = parents.long(), cu_seqlens.long(), depth.long()
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        request = torch.repeat_interleave(
+            torch.arange(lengths.numel(), device=device), lengths, output_size=num_nodes
+        )
+        start = cu_seqlens[:-1][request]
+        global_parents = torch.where(parents >= 0, parents + start, -1)
+        # up[:, k]: each node's k-th ancestor (itself at k = 0, -1 above the root); paths reverse it.
+        up = [torch.arange(num_nodes, device=device)]
+        for _ in range(max_depth - 1):
+            up.append(torch.where(up[-1] >= 0, global_parents[up[-1].clamp(min=0)], -1))
+        steps = torch.arange(max_depth, device=device)
+        above = (depth[:, None] - 1 - steps).clamp(min=0)
+        paths = torch.where(steps < depth[:, None], torch.stack(up, 1).gather(1, above), -1)
+        on_path = torch.where(paths >= 0, paths, num_nodes).flatten()
+        subtree_size = torch.zeros(num_nodes + 1, dtype=torch.long, device=device)
+        subtree_size = subtree_size.scatter_add_(0, on_path, torch.ones_like(on_path))[:num_nodes]
+        fields = torch.where(paths >= 0, paths - start[:, None] + 1, 0)
+        key = (fields << (bits * (max_depth - 1 - steps))).sum(1)
+        order = torch.argsort(key, stable=True)
+        order = order[torch.argsort(request[order], stable=True)]
+        dfs_order = torch.empty_like(order).scatter_(0, order, torch.arange(num_nodes, device=device))
+        return cls(parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size,
+                   max_depth, max_nodes)  # fmt: skip
+
     @property
     def num_requests(self) -> int:
         return self.cu_seqlens.numel() - 1

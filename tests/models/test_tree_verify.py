@@ -223,11 +223,10 @@ def test_mtp_refuses_a_forest_that_does_not_extend_the_past_one(tiny_config):
     mtp, h = s.model.mtp, s.model.config.hidden_size
     context = torch.tensor(s.prompt_lens)
 
-    def verify(tree, past=None, *, slots=s.slots, context=context):
-        new = tree.num_nodes - (0 if past is None else past.ctx.tree.num_nodes)
-        return mtp.verify(
-            torch.zeros(new, h), s.tokens(new), StepContext(slots, s.tables, context, tree), past=past
-        )
+    def verify(tree, past=None, *, slots=s.slots, context=context, check_growth=True):
+        new = max(tree.num_nodes - (0 if past is None else past.ctx.tree.num_nodes), 0)
+        ctx = StepContext(slots, s.tables, context, tree)
+        return mtp.verify(torch.zeros(new, h), s.tokens(new), ctx, past=past, check_growth=check_growth)
 
     _, _, past = verify(forest([[-1, 0], [-1], [-1]]))
     grown = forest([[-1, 0, 1], [-1, 0], [-1, -1]])
@@ -240,6 +239,10 @@ def test_mtp_refuses_a_forest_that_does_not_extend_the_past_one(tiny_config):
         with pytest.raises(ValueError, match="must extend its forest"):
             verify(past=past, **bad)
     assert verify(grown, past)[0].shape == (3, h)
+    # A caller that grew the forest itself skips the value check (a device sync), not the shape check.
+    assert verify(grown, past, context=context + 1, check_growth=False)[0].shape == (3, h)
+    with pytest.raises(ValueError, match="must extend its forest"):
+        verify(forest([[-1], [-1], [-1]]), past, check_growth=False)  # fewer nodes than the past
 
 
 def test_mtp_serving_path_equals_its_training_forward(tiny_config):
@@ -323,3 +326,55 @@ def test_bfloat16_verify_hands_the_kernels_their_serving_layout(tiny_config, mon
         torch.zeros(5, dtype=torch.long), StepContext(torch.tensor([0]), tables, torch.tensor([7]), tree)
     )
     assert seen and set(seen) == {(torch.bfloat16,) * 3}
+
+
+def test_draft_derives_its_forests_on_the_device_as_the_host_build_would(tiny_config, monkeypatch):
+    """Drafting grows its MTP forest with TreeBatch.on_device (no sync per level); the same draft with
+    every level's forest validated and derived by TreeBatch.build gives the same candidates."""
+    from trtllm_bole.spec.drafter import DraftSettings, draft
+    from trtllm_bole.tree import TreeBatch
+
+    s = Setup(tiny_config(), mtp=True)
+    hidden = torch.randn(3, s.model.config.hidden_size, generator=s.gen)
+    greedy = DraftSettings.of([0.0] * 3, [0] * 3, [1.0] * 3, "cpu")
+    args = (s.model.mtp, s.tokens(3), hidden, s.slots, s.tables, torch.tensor(s.prompt_lens) - 1, greedy)
+    fast = draft(*args, top_k=3, depth=4)
+    built = []
+
+    def on_host(parents, cu_seqlens, depth, *, max_depth, max_nodes):
+        tree = TreeBatch.build(parents, cu_seqlens)
+        assert (tree.max_depth, tree.max_nodes) == (max_depth, max_nodes) and torch.equal(tree.depth, depth)
+        built.append(tree)
+        return tree
+
+    monkeypatch.setattr(TreeBatch, "on_device", on_host)
+    slow = draft(*args, top_k=3, depth=4)
+    assert len(built) == 4
+    for f in dataclasses.fields(fast):
+        assert torch.equal(getattr(fast, f.name), getattr(slow, f.name)), f.name
+
+
+@pytest.mark.gpu
+def test_draft_runs_without_a_device_sync(tiny_config):
+    """Every draft level is queued without waiting for the GPU (torch's sync debug mode raises on a
+    synchronising call): the host can run ahead, and the drafting loop can be captured."""
+    from trtllm_bole.spec.drafter import DraftSettings, draft
+
+    model = random_model(tiny_config(), seed=1, device="cuda")
+    cache = model.allocate_cache(num_slots=3, num_blocks=30, block_size=BLOCK)
+    cache.mtp_k_cache.normal_()
+    cache.mtp_v_cache.normal_()
+    gen = torch.Generator().manual_seed(0)
+    tables = torch.randperm(30, generator=gen)[:24].view(3, 8).int().cuda()
+    hidden = torch.randn(3, model.config.hidden_size, device="cuda")
+    greedy = DraftSettings.of([0.0] * 3, [0] * 3, [1.0] * 3, "cuda")
+    pending, slots, mtp_lens = (torch.tensor(x, device="cuda") for x in ([5, 6, 7], [0, 1, 2], [6, 12, 1]))
+    args = (model.mtp, pending, hidden, slots, tables, mtp_lens, greedy)
+    draft(*args, top_k=4, depth=8)  # first use: allocations, cuBLAS handles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pool = draft(*args, top_k=4, depth=8)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert pool.tokens.numel() == 3 * (1 + 4 + 7 * 16)

@@ -64,10 +64,11 @@ class MTPHead(EmptyInitModule):
         token_ids: torch.Tensor,
         ctx: StepContext,
         past: PendingCommit | None = None,
+        check_growth: bool = True,
     ) -> tuple[torch.Tensor, PendingCommit]:
         if self.cache is None or self.cache.mtp_k_cache is None:
             raise ValueError("no MTP cache: call Qwen35Model.allocate_cache first")
-        rows, past_k, past_v = (None, None, None) if past is None else _grown_from(past, ctx)
+        rows, past_k, past_v = (None, None, None) if past is None else _grown_from(past, ctx, check_growth)
         n = ctx.tree.num_nodes if rows is None else rows.numel()
         if token_ids.shape != (n,) or hidden.shape != (n, self.config.hidden_size):
             raise ValueError(
@@ -90,6 +91,7 @@ class MTPHead(EmptyInitModule):
         ctx: StepContext,
         *,
         past: PendingCommit | None = None,
+        check_growth: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor, PendingCommit]:
         """Draft over a forest of new rows on top of the MTP's committed KV; the cache is untouched.
 
@@ -100,9 +102,10 @@ class MTPHead(EmptyInitModule):
         Growing a tree depth by depth: pass the previous pass's pending as ``past`` and, as
         ``ctx.tree``, the grown forest (each request's earlier nodes first and unchanged, new nodes
         appended); ``hidden``/``token_ids`` then hold the new nodes only, in packed order, and so do
-        the outputs. The returned pending covers the whole forest.
+        the outputs. The returned pending covers the whole forest. ``check_growth=False`` skips the
+        check that it does (a device sync), for a caller that grew the forest from past's itself.
         """
-        mtp_hidden, pending = self._forward_tree(hidden, token_ids, ctx, past)
+        mtp_hidden, pending = self._forward_tree(hidden, token_ids, ctx, past, check_growth)
         return mtp_hidden, F.linear(mtp_hidden, self.lm_head), pending
 
     @torch.no_grad()
@@ -140,10 +143,12 @@ class MTPHead(EmptyInitModule):
         return x, F.linear(x, self.lm_head)
 
 
-def _grown_from(past: PendingCommit, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _grown_from(
+    past: PendingCommit, ctx: StepContext, check: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The new nodes of a grown forest, and the earlier nodes' K/V placed at their new indices.
 
-    One device sync (the check that the forest extends the past one); the placement itself is gathers
+    ``check``: that the forest extends the past one (one device sync); the placement itself is gathers
     and a stable sort, where boolean-mask indexing would wait for the device at every use."""
     old, tree = past.ctx.tree, ctx.tree
     old_lens = old.cu_seqlens[1:] - old.cu_seqlens[:-1]
@@ -151,13 +156,15 @@ def _grown_from(past: PendingCommit, ctx: StepContext) -> tuple[torch.Tensor, to
     earlier = local < old_lens[tree.request]
     source = (old.cu_seqlens[:-1][tree.request] + local).clamp(max=old.num_nodes - 1)
     new_lens = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]
-    mismatch = (
-        (old_lens > new_lens).any()
-        | (earlier & (tree.parents != old.parents[source])).any()
-        | (past.ctx.context_lens != ctx.context_lens).any()
-        | (past.ctx.slots != ctx.slots).any()
-    )
-    if old.num_requests != tree.num_requests or old.num_nodes > tree.num_nodes or bool(mismatch):
+    mismatch = old.num_requests != tree.num_requests or old.num_nodes > tree.num_nodes
+    if check and not mismatch:
+        mismatch = bool(
+            (old_lens > new_lens).any()
+            | (earlier & (tree.parents != old.parents[source])).any()
+            | (past.ctx.context_lens != ctx.context_lens).any()
+            | (past.ctx.slots != ctx.slots).any()
+        )
+    if mismatch:
         raise ValueError(
             "past must come from the same step (slots, context_lens) and ctx.tree must extend its forest: "
             "each request keeps its earlier nodes first, with the same parents, and appends new ones"

@@ -112,11 +112,14 @@ def draft(
     )
     frontier = requests  # pool indices, grouped by request; their MTP rows run next
     frontier_hidden, mtp_nodes, past = last_hidden, frontier.new_empty(0), None
-    for _ in range(depth):
-        mtp_nodes, tree = _grow(mtp_nodes, frontier, pool, b)
+    for level in range(depth):
+        mtp_nodes, tree = _grow(mtp_nodes, frontier, pool, b, level + 1)
         ctx = StepContext(slots, block_tables, mtp_context_lens, tree)
-        # New rows come back in packed order, which is frontier order (grouped by request).
-        hidden, logits, past = mtp.verify(frontier_hidden, pool.tokens[frontier], ctx, past=past)
+        # New rows come back in packed order, which is frontier order (grouped by request). The forest
+        # grows from past's own forest here, so the MTP's check of that (a device sync) is skipped.
+        hidden, logits, past = mtp.verify(
+            frontier_hidden, pool.tokens[frontier], ctx, past=past, check_growth=False
+        )
         log_q = settings.log_probs(logits, pool.request[frontier])
         tokens, log_rho = topk_children(pool.log_rho[frontier], log_q, top_k)
         children = pool.extend(
@@ -134,18 +137,23 @@ def draft(
 
 
 def _grow(
-    mtp_nodes: torch.Tensor, frontier: torch.Tensor, pool: CandidatePool, num_requests: int
+    mtp_nodes: torch.Tensor, frontier: torch.Tensor, pool: CandidatePool, num_requests: int, depth: int
 ) -> tuple[torch.Tensor, TreeBatch]:
-    """The MTP forest after adding ``frontier``: each request's earlier rows first, then its new ones."""
+    """The MTP forest after adding ``frontier`` (its nodes at ``depth``): each request's earlier rows
+    first, then its new ones. Every request holds as many nodes (one per level, then ``beam`` per level),
+    so the offsets and depths are known on the host and the forest is derived on the device: no sync."""
     grown = torch.cat([mtp_nodes, frontier])
+    per_request, rest = divmod(grown.numel(), num_requests)
+    if rest:
+        raise ValueError(f"{grown.numel()} MTP rows do not split evenly over {num_requests} requests")
     grown = grown[torch.sort(pool.request[grown], stable=True).indices]
     local_of = torch.full_like(pool.tokens, -1)
-    counts = torch.bincount(pool.request[grown], minlength=num_requests)
-    cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    local_of[grown] = torch.arange(grown.numel(), device=grown.device) - cu[:-1][pool.request[grown]]
+    local_of[grown] = torch.arange(grown.numel(), device=grown.device) % per_request
     parents = pool.parents[grown]
     local_parents = torch.where(parents >= 0, local_of[parents.clamp(min=0)], -1)
-    return grown, TreeBatch.build(local_parents, cu)
+    cu = torch.arange(0, grown.numel() + 1, per_request, device=grown.device)
+    tree = TreeBatch.on_device(local_parents, cu, pool.depth[grown], max_depth=depth, max_nodes=per_request)
+    return grown, tree
 
 
 def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, num_requests: int, beam: int) -> torch.Tensor:
