@@ -14,7 +14,9 @@ Greedy outputs of every mode are compared with ``ar`` in the same run; a mode wh
 is reported as failed and gets no speed-up. ``--repeats N`` times each (batch, mode) N times, the
 modes interleaved, and reports the median run with every run's tokens/s beside it. Kernel variants
 Triton compiles inside a timed run are counted (``kernel_compiles``, with a warning): a compile there
-is a latency spike of a tenth of a second or more that the warm-up should have taken.
+is a latency spike of a tenth of a second or more that the warm-up should have taken. So are the CUDA
+graphs of greedy drafting captured inside it (``draft_graph_captures``: one per new batch size, e.g.
+as a run's last requests finish).
 Writes JSON (+ PNG) to ``--out``.
 """
 
@@ -161,13 +163,28 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
 
 
-def run(llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequential: bool) -> dict:
-    """Serve the dataset once; returns metrics and every request's output tokens."""
-    executor = Executor(
-        llm.model, BoleConfig(mode=mode, **bole_args), max_batch_size=max_batch,
-        max_seq_len=max(len(p) + n for p, n in dataset) + 32,
+def context_limit(dataset) -> int:
+    """The executor's ``max_seq_len`` for a dataset: its longest prompt plus output, and some room."""
+    return max(len(p) + n for p, n in dataset) + 32
+
+
+def executor_for(llm: LLM, mode: str, bole_args: dict, max_batch: int, max_seq_len: int) -> Executor:
+    """A fresh executor of ``mode`` on the LLM's model (the model keeps its cache and draft graphs)."""
+    return Executor(
+        llm.model, BoleConfig(mode=mode, **bole_args), max_batch_size=max_batch, max_seq_len=max_seq_len,
         eos_token_id=None, budget=llm.executor.budget,
     )  # fmt: skip
+
+
+def run(
+    llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequential: bool, max_seq_len: int = 0
+) -> dict:
+    """Serve the dataset once; returns metrics and every request's output tokens. ``max_seq_len``:
+    default :func:`context_limit` of the dataset (a warm-up passes the timed dataset's: the same cache
+    sizes and draft graphs as the timed runs)."""
+    executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or context_limit(dataset))
+    graphs = executor.draft_graphs
+    captured_before = len(graphs.captured) if graphs else 0
     sync = torch.cuda.synchronize if llm.model.device.type == "cuda" else (lambda: None)
     submitted, first, events = {}, {}, {}
     start = time.perf_counter()
@@ -224,6 +241,7 @@ def run(llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequen
         "mean_accepted_tokens": (accepted + steps) / steps if steps else 1.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "kernel_compiles": dict(sorted(collections.Counter(compiles).items())),
+        "draft_graph_captures": len(graphs.captured) - captured_before if graphs else 0,
         "_outputs": [r.output_ids for r in requests],
     }
 
@@ -231,10 +249,13 @@ def run(llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequen
 def warm_up(llm: LLM, mode: str, bole_args: dict, dataset, batch: int, tokens: int) -> None:
     """Serve ``batch`` requests of ``tokens`` tokens each, untimed, at this batch size: Triton compiles
     a kernel variant the first time it meets its shape class (a batch's node count, a tree depth), a
-    second or more that must not land inside a timed run."""
+    second or more that must not land inside a timed run; then capture the greedy draft's CUDA graph of
+    every batch size up to ``batch`` (the timed runs' executors meet the same cache and graphs)."""
+    limit = context_limit(dataset)
     if tokens > 0:
         prompts = [prompt for prompt, _ in itertools.islice(itertools.cycle(dataset), batch)]
-        run(llm, mode, bole_args, [(p, tokens) for p in prompts], batch, sequential=False)
+        run(llm, mode, bole_args, [(p, tokens) for p in prompts], batch, sequential=False, max_seq_len=limit)
+    executor_for(llm, mode, bole_args, batch, limit).capture_draft_graphs()
 
 
 def median_trial(trials: list[dict]) -> tuple[dict, list[list[list[int]]]]:
@@ -245,6 +266,7 @@ def median_trial(trials: list[dict]) -> tuple[dict, list[list[list[int]]]]:
     result = dict(sorted(trials, key=lambda t: t["output_tokens_per_s"])[(len(trials) - 1) // 2])
     result["output_tokens_per_s_trials"] = speeds
     result["kernel_compiles_trials"] = [sum(t["kernel_compiles"].values()) for t in trials]
+    result["draft_graph_captures_trials"] = [t["draft_graph_captures"] for t in trials]
     return result, outputs
 
 
@@ -320,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if any(result["kernel_compiles_trials"]):
                 print(f"  warning: kernels compiled in the timed runs: {result['kernel_compiles_trials']}")
+            if any(result["draft_graph_captures_trials"]):
+                print(f"  note: draft graphs captured in timed runs: {result['draft_graph_captures_trials']}")
     for r in runs:
         base = (
             next(x for x in runs if x["mode"] == "ar" and x["max_batch_size"] == r["max_batch_size"])

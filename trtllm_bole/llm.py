@@ -179,7 +179,9 @@ class LLM:
 
         Measured on the H200 (embedded model, tree-serial, batch 8): 164 tokens/s in a first, cold run
         (``benchmarks/results/profile_step_h200_cold.json``) against 258-275 warmed up
-        (``bench_throughput_h200.json``, ``profile_step_h200.json``)."""
+        (``bench_throughput_h200.json``, ``profile_step_h200.json``). On a GPU it then captures the
+        greedy draft's CUDA graph of every batch size up to ``max_batch_size`` (a tenth of a second
+        each, that a request would otherwise wait for)."""
         limit = self.executor.max_batch_size
         if batch_sizes is None and self.model.device.type != "cuda":
             batch_sizes = [1]
@@ -199,6 +201,7 @@ class LLM:
             failed = next((o.error for o in outputs if o.error), None)
             if failed:
                 raise RuntimeError(f"warm-up at batch {b} failed: {failed}")
+        self.executor.capture_draft_graphs()
         return list(batch_sizes)
 
     # ------------------------------------------------------------------------------------ #

@@ -354,27 +354,79 @@ def test_draft_derives_its_forests_on_the_device_as_the_host_build_would(tiny_co
         assert torch.equal(getattr(fast, f.name), getattr(slow, f.name)), f.name
 
 
-@pytest.mark.gpu
-def test_draft_runs_without_a_device_sync(tiny_config):
-    """Every draft level is queued without waiting for the GPU (torch's sync debug mode raises on a
-    synchronising call): the host can run ahead, and the drafting loop can be captured."""
-    from trtllm_bole.spec.drafter import DraftSettings, draft
+def _cuda_draft_inputs(model, seed: int):
+    """Three requests' drafting inputs on the GPU (random MTP cache rows, scattered block tables)."""
+    from trtllm_bole.spec.drafter import DraftSettings
 
+    gen = torch.Generator().manual_seed(seed)
+    tables = torch.randperm(30, generator=gen)[:24].view(3, 8).int().cuda()
+    hidden = torch.randn(3, model.config.hidden_size, generator=gen).cuda()
+    pending = torch.randint(model.config.vocab_size, (3,), generator=gen).cuda()
+    mtp_lens = torch.randint(1, 30, (3,), generator=gen).cuda()
+    greedy = DraftSettings.of([0.0] * 3, [0] * 3, [1.0] * 3, "cuda")
+    return (pending, hidden, torch.tensor([0, 1, 2], device="cuda"), tables, mtp_lens, greedy)
+
+
+def _cuda_model(tiny_config):
     model = random_model(tiny_config(), seed=1, device="cuda")
     cache = model.allocate_cache(num_slots=3, num_blocks=30, block_size=BLOCK)
     cache.mtp_k_cache.normal_()
     cache.mtp_v_cache.normal_()
-    gen = torch.Generator().manual_seed(0)
-    tables = torch.randperm(30, generator=gen)[:24].view(3, 8).int().cuda()
-    hidden = torch.randn(3, model.config.hidden_size, device="cuda")
-    greedy = DraftSettings.of([0.0] * 3, [0] * 3, [1.0] * 3, "cuda")
-    pending, slots, mtp_lens = (torch.tensor(x, device="cuda") for x in ([5, 6, 7], [0, 1, 2], [6, 12, 1]))
-    args = (model.mtp, pending, hidden, slots, tables, mtp_lens, greedy)
-    draft(*args, top_k=4, depth=8)  # first use: allocations, cuBLAS handles
+    return model
+
+
+@pytest.mark.gpu
+def test_draft_runs_without_a_device_sync(tiny_config):
+    """Every draft level is queued without waiting for the GPU (torch's sync debug mode raises on a
+    synchronising call): the host can run ahead, and the drafting loop can be captured."""
+    from trtllm_bole.spec.drafter import draft
+
+    model = _cuda_model(tiny_config)
+    inputs = _cuda_draft_inputs(model, 0)
+    draft(model.mtp, *inputs, top_k=4, depth=8)  # first use: allocations, cuBLAS handles
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        pool = draft(*args, top_k=4, depth=8)
+        pool = draft(model.mtp, *inputs, top_k=4, depth=8)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert pool.tokens.numel() == 3 * (1 + 4 + 7 * 16)
+
+
+@pytest.mark.gpu
+def test_draft_graphs_replay_the_eager_draft(tiny_config):
+    """A replayed graph drafts what draft() drafts, for new inputs (narrower block tables padded), and
+    a reallocated cache is captured again instead of read through stale addresses."""
+    from trtllm_bole.spec.draft_graphs import DraftGraphs
+    from trtllm_bole.spec.drafter import draft
+
+    model = _cuda_model(tiny_config)
+    graphs = DraftGraphs.of(model.mtp, top_k=4, depth=8, table_width=10)
+    assert DraftGraphs.of(model.mtp, top_k=4, depth=8, table_width=10) is graphs
+
+    def padded(inputs):  # the eager draft over the graph's table width: the same kernels, the same bits
+        tables = torch.nn.functional.pad(inputs[3], (0, 10 - inputs[3].shape[1]))
+        return draft(model.mtp, *inputs[:3], tables, *inputs[4:], top_k=4, depth=8)
+
+    for seed in (0, 1):
+        inputs = _cuda_draft_inputs(model, seed)
+        eager, replayed = padded(inputs), graphs(*inputs)
+        for f in dataclasses.fields(eager):
+            assert torch.equal(getattr(eager, f.name), getattr(replayed, f.name)), (seed, f.name)
+    assert graphs.captured == [3] and graphs.capture([1, 3]) == [1] and graphs.captured == [1, 3]
+    model.allocate_cache(num_slots=3, num_blocks=20, block_size=BLOCK)  # covered: the same cache
+    assert graphs.captured == [1, 3]
+    model.allocate_cache(num_slots=3, num_blocks=40, block_size=BLOCK).mtp_k_cache.normal_()
+    inputs = _cuda_draft_inputs(model, 2)
+    assert torch.equal(graphs(*inputs).tokens, padded(inputs).tokens) and graphs.captured == [3]
+
+
+def test_allocate_cache_keeps_a_cache_that_covers_the_request(tiny_config):
+    """Executors that follow one another on a model reuse its cache (and the graphs captured on it)
+    while it has the slots, blocks and block size they ask for."""
+    model = random_model(tiny_config(), seed=1)
+    first = model.allocate_cache(num_slots=4, num_blocks=20, block_size=BLOCK)
+    assert model.allocate_cache(num_slots=2, num_blocks=10, block_size=BLOCK) is first
+    assert model.mtp.cache is first
+    for bigger in ((8, 20, BLOCK), (4, 21, BLOCK), (4, 20, 2 * BLOCK)):
+        assert model.allocate_cache(*bigger) is not first

@@ -28,6 +28,7 @@ from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.spec.acceptance import greedy_accept, sample_accept
 from trtllm_bole.spec.budget import BudgetTable
+from trtllm_bole.spec.draft_graphs import DraftGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool
@@ -101,6 +102,7 @@ class Executor:
         budget: BudgetTable | None = None,
         eos_token_id: int | None = None,
         decode_text: Callable[[list[int]], str] | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         if bole.speculates and model.mtp is None:
             raise ValueError(
@@ -124,6 +126,17 @@ class Executor:
             tree_tokens=tree_tokens,
         )
         self._next_id = 0
+        # Greedy drafts replay CUDA graphs (cuda_graphs=False: every draft launched from Python).
+        self.draft_graphs = (
+            DraftGraphs.of(
+                model.mtp,
+                top_k=bole.branching,
+                depth=bole.max_depth,
+                table_width=-(-max_seq_len // block_size),
+            )
+            if cuda_graphs and bole.speculates and model.device.type == "cuda"
+            else None
+        )
 
     # ------------------------------------------------------------------------------------ #
     # Requests                                                                              #
@@ -218,10 +231,7 @@ class Executor:
         if bole.speculates:
             with phase("draft"):
                 last_hidden = torch.stack([r.runtime.last_hidden for r in requests])
-                pool = draft(
-                    model.mtp, pending, last_hidden, slots, tables, context_lens - 1, settings,
-                    top_k=bole.branching, depth=bole.max_depth,
-                )  # fmt: skip
+                pool = self._draft(pending, last_hidden, slots, tables, context_lens - 1, settings)
             with phase("select"):
                 tokens, tree, _ = select_tree(
                     pool, len(requests), per_request=bole.draft_tokens, total=self._budget(requests)
@@ -268,6 +278,19 @@ class Executor:
     # ------------------------------------------------------------------------------------ #
     # Pieces                                                                                #
     # ------------------------------------------------------------------------------------ #
+
+    def capture_draft_graphs(self, batch_sizes=None) -> list[int]:
+        """Capture the greedy draft's CUDA graphs of these batch sizes (default: 1 .. max_batch_size)
+        ahead of traffic; returns those newly captured (none without draft graphs)."""
+        if self.draft_graphs is None:
+            return []
+        return self.draft_graphs.capture(batch_sizes or range(1, self.max_batch_size + 1))
+
+    def _draft(self, pending, last_hidden, slots, tables, mtp_context_lens, settings: DraftSettings):
+        inputs = (pending, last_hidden, slots, tables, mtp_context_lens, settings)
+        if self.draft_graphs is not None and settings.all_greedy:
+            return self.draft_graphs(*inputs)
+        return draft(self.model.mtp, *inputs, top_k=self.bole.branching, depth=self.bole.max_depth)
 
     def _accept(
         self, requests, tree: TreeBatch, tokens, logits, settings: DraftSettings | None

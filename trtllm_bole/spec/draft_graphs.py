@@ -1,0 +1,140 @@
+"""Drafting as CUDA graphs: one captured :func:`~trtllm_bole.spec.drafter.draft` per batch size.
+
+A draft is eight small MTP passes with tree bookkeeping between them, a few hundred kernels of a few
+microseconds each: launched one by one from Python it costs the host tens of milliseconds a step
+(``benchmarks/results/profile_step_h200.json``), replayed as a graph it costs the GPU's time. Drafting
+queues no device sync (``tests/models/test_tree_verify.py``), so the whole loop captures.
+
+Every launch of a graph reads fixed addresses: the step's inputs are copied into static buffers of
+the captured shape (the block tables padded to the widest a request can need, ``table_width``; the
+padding is masked by the context lengths like any block beyond a request's own), and the MTP's KV
+cache must be the one captured: graphs are kept per MTP head and configuration
+(:meth:`DraftGraphs.of`) and dropped when the model's cache is reallocated (a model keeps a cache of
+the same sizes, so executors that follow one another reuse them). A graph is captured on its batch
+size's first greedy draft, or ahead of traffic by :meth:`DraftGraphs.capture` (``LLM.warm_up`` and the
+benchmarks' warm-ups capture every batch size they may serve). Sampled requests draft eagerly: their
+draft distribution filters per request.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from trtllm_bole.models.mtp import MTPHead
+from trtllm_bole.spec.drafter import CandidatePool, DraftSettings, draft
+
+
+@dataclass(slots=True)
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]  # pending, last_hidden, slots, tables, mtp_context_lens
+    settings: DraftSettings
+    pool: CandidatePool  # the captured outputs, refilled by every replay
+
+
+_SHARED: weakref.WeakKeyDictionary[MTPHead, dict[tuple[int, int, int], DraftGraphs]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class DraftGraphs:
+    """Greedy drafts of ``mtp`` (``top_k``, ``depth``) replayed from one CUDA graph per batch size."""
+
+    def __init__(self, mtp: MTPHead, *, top_k: int, depth: int, table_width: int) -> None:
+        self.mtp, self.top_k, self.depth, self.table_width = mtp, top_k, depth, table_width
+        self._graphs: dict[int, _Captured] = {}
+        self._cache = mtp.cache
+
+    @classmethod
+    def of(cls, mtp: MTPHead, *, top_k: int, depth: int, table_width: int) -> DraftGraphs:
+        """The graphs of this MTP head and configuration, shared by the executors that serve it."""
+        per_mtp = _SHARED.setdefault(mtp, {})
+        key = (top_k, depth, table_width)
+        if key not in per_mtp:
+            per_mtp[key] = cls(mtp, top_k=top_k, depth=depth, table_width=table_width)
+        return per_mtp[key]
+
+    @property
+    def captured(self) -> list[int]:
+        """Batch sizes with a captured graph."""
+        return sorted(self._graphs)
+
+    def __call__(
+        self,
+        pending: torch.Tensor,
+        last_hidden: torch.Tensor,
+        slots: torch.Tensor,
+        block_tables: torch.Tensor,
+        mtp_context_lens: torch.Tensor,
+        settings: DraftSettings,
+    ) -> CandidatePool:
+        """:func:`draft` of these inputs. The pool's tensors are the graph's: read them before the next
+        call at this batch size."""
+        if not settings.all_greedy:
+            raise ValueError("draft graphs serve all-greedy batches; draft sampled ones with draft()")
+        if block_tables.shape[1] > self.table_width:
+            raise ValueError(
+                f"block tables of {block_tables.shape[1]} blocks exceed the captured {self.table_width}"
+            )
+        self._follow_cache()
+        b = pending.numel()
+        captured = self._graphs.get(b) or self._capture(
+            pending, last_hidden, slots, mtp_context_lens, settings
+        )
+        static_pending, static_hidden, static_slots, static_tables, static_lens = captured.inputs
+        static_pending.copy_(pending)
+        static_hidden.copy_(last_hidden)
+        static_slots.copy_(slots)
+        static_tables.zero_()
+        static_tables[:, : block_tables.shape[1]].copy_(block_tables)
+        static_lens.copy_(mtp_context_lens)
+        captured.graph.replay()
+        return captured.pool
+
+    def capture(self, batch_sizes) -> list[int]:
+        """Capture the graphs of these batch sizes now (on placeholder inputs: a capture records kernels,
+        not values), so that traffic meets none; returns the batch sizes captured by this call."""
+        self._follow_cache()
+        new = [b for b in batch_sizes if b not in self._graphs]
+        device, dtype = self.mtp.fc.device, self.mtp.fc.dtype
+        for b in new:
+            zeros = torch.zeros(b, dtype=torch.long, device=device)
+            hidden = torch.zeros(b, self.mtp.config.hidden_size, dtype=dtype, device=device)
+            self._capture(
+                zeros, hidden, zeros, zeros, DraftSettings.of([0.0] * b, [0] * b, [1.0] * b, device)
+            )
+        return new
+
+    def _follow_cache(self) -> None:
+        """Drop the graphs of a replaced cache: they read its addresses."""
+        if self.mtp.cache is not self._cache:
+            self._graphs.clear()
+            self._cache = self.mtp.cache
+
+    def _capture(self, pending, last_hidden, slots, mtp_context_lens, settings) -> _Captured:
+        b = pending.numel()
+        tables = torch.zeros(b, self.table_width, dtype=torch.int32, device=pending.device)
+        inputs = (pending.clone(), last_hidden.clone(), slots.clone(), tables, mtp_context_lens.clone())
+        settings = DraftSettings(
+            *(t.clone() for t in (settings.temperature, settings.top_k, settings.top_p)), True
+        )
+
+        def run() -> CandidatePool:
+            return draft(self.mtp, *inputs, settings, top_k=self.top_k, depth=self.depth)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up launches outside the capture (lazy inits, autotuning)
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            pool = run()
+        self._graphs[b] = _Captured(graph, inputs, settings, pool)
+        return self._graphs[b]
+
+
+__all__ = ["DraftGraphs"]
