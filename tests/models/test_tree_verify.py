@@ -422,11 +422,13 @@ def test_draft_graphs_replay_the_eager_draft(tiny_config):
 
 
 def test_allocate_cache_keeps_a_cache_that_covers_the_request(tiny_config):
-    """Executors that follow one another on a model reuse its cache (and the graphs captured on it)
-    while it has the slots, blocks and block size they ask for."""
+    """Executors that follow one another on a model reuse its cache (and the graphs captured on it),
+    zeroed as a new one would be, while it has the slots, blocks and block size they ask for."""
     model = random_model(tiny_config(), seed=1)
     first = model.allocate_cache(num_slots=4, num_blocks=20, block_size=BLOCK)
+    first.gdn_state.fill_(1.0)
+    first.mtp_k_cache.fill_(1.0)
     assert model.allocate_cache(num_slots=2, num_blocks=10, block_size=BLOCK) is first
-    assert model.mtp.cache is first
+    assert model.mtp.cache is first and not first.gdn_state.any() and not first.mtp_k_cache.any()  # zeroed
     for bigger in ((8, 20, BLOCK), (4, 21, BLOCK), (4, 20, 2 * BLOCK)):
         assert model.allocate_cache(*bigger) is not first

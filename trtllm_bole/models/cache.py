@@ -122,6 +122,19 @@ class ModelCache:
             mtp_v_cache=zeros(1, *kv) if mtp else None,
         )  # fmt: skip
 
+    def zero_(self) -> None:
+        """Every pool and cache back to zeros, in place (the addresses stay)."""
+        for t in (
+            self.gdn_state,
+            self.conv_state,
+            self.k_cache,
+            self.v_cache,
+            self.mtp_k_cache,
+            self.mtp_v_cache,
+        ):
+            if t is not None:
+                t.zero_()
+
     @property
     def num_slots(self) -> int:
         return self.gdn_state.shape[1]

@@ -79,10 +79,9 @@ class Qwen35Model(EmptyInitModule):
         return F.linear(hidden, self.lm_head_weight)
 
     def allocate_cache(self, num_slots: int, num_blocks: int, block_size: int = 16) -> ModelCache:
-        """Allocate (and keep) the slot pools and paged KV; the MTP head shares the same object. A kept
-        cache with at least these slots and blocks (and this block size) serves again as it is, contents
-        included (an executor zeroes a slot's state when it admits a request, and KV beyond a request's
-        context is masked): its addresses stay, and with them the CUDA graphs captured on it
+        """Allocate (and keep) zeroed slot pools and paged KV; the MTP head shares the same object. A kept
+        cache with at least these slots and blocks (and this block size) is zeroed and serves again: its
+        addresses stay, and with them the CUDA graphs captured on it
         (:mod:`trtllm_bole.spec.draft_graphs`)."""
         c = self.cache
         if c is None or c.block_size != block_size or c.num_slots < num_slots or c.num_blocks < num_blocks:
@@ -90,6 +89,8 @@ class Qwen35Model(EmptyInitModule):
                 self.config, num_slots, num_blocks, block_size,
                 dtype=self.dtype, device=self.device, mtp=self.mtp is not None,
             )  # fmt: skip
+        else:
+            c.zero_()
         if self.mtp is not None:
             self.mtp.cache = self.cache
         return self.cache
