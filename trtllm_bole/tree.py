@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from trtllm_bole.transfer import to_device
+from trtllm_bole.transfer import device_tensor, to_device
 
 _ALIGN = 16  # int64 elements: 128 bytes
 
@@ -127,20 +127,24 @@ class TreeBatch:
 
         Its metadata in closed form (what :meth:`build` derives, without the sweeps): node ``i`` of a
         chain has depth ``i + 1``, its path is the chain's first ``i + 1`` nodes, the packed order is
-        already depth-first, and a subtree is the rest of the chain."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        if lengths.ndim != 1 or lengths.size == 0 or (lengths <= 0).any():
-            raise ValueError(f"chains need one positive length per request, got {lengths.tolist()}")
-        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)])
-        nodes = np.arange(cu_seqlens[-1])
-        request = np.repeat(np.arange(lengths.size), lengths)
+        already depth-first, and a subtree is the rest of the chain. Computed on ``device`` from the
+        lengths alone: a prompt's ``paths`` grow with its length squared (tens of MB for a batch of long
+        prompts), too much to build on the host and copy."""
+        if not lengths or any(n <= 0 for n in lengths):
+            raise ValueError(f"chains need one positive length per request, got {list(lengths)}")
+        device = torch.device(device)
+        sizes = device_tensor(lengths, device)
+        cu_seqlens = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+        num_nodes, max_depth = sum(lengths), max(lengths)
+        nodes = torch.arange(num_nodes, device=device)
+        request = torch.repeat_interleave(
+            torch.arange(len(lengths), device=device), sizes, output_size=num_nodes
+        )
         local = nodes - cu_seqlens[:-1][request]
-        max_depth = int(lengths.max())
-        steps = np.arange(max_depth)
-        paths = np.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
-        derived = (local - 1, cu_seqlens, local + 1, request, np.where(local > 0, nodes - 1, -1), paths,
-                   nodes, lengths[request] - local)  # fmt: skip
-        return cls._from_host(derived, max_depth, max_depth, device)
+        steps = torch.arange(max_depth, device=device)
+        paths = torch.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
+        return cls(local - 1, cu_seqlens, local + 1, request, torch.where(local > 0, nodes - 1, -1), paths,
+                   nodes, sizes[request] - local, max_depth, max_depth)  # fmt: skip
 
     @classmethod
     def on_device(
