@@ -432,3 +432,24 @@ def test_allocate_cache_keeps_a_cache_that_covers_the_request(tiny_config):
     assert model.mtp.cache is first and not first.gdn_state.any() and not first.mtp_k_cache.any()  # zeroed
     for bigger in ((8, 20, BLOCK), (4, 21, BLOCK), (4, 20, 2 * BLOCK)):
         assert model.allocate_cache(*bigger) is not first
+
+
+def test_draft_graph_registry_does_not_keep_a_model_alive(tiny_config):
+    """Graphs are shared per MTP head through a weak registry: dropping the model frees its entry."""
+    import gc
+    import weakref
+
+    from trtllm_bole.spec.draft_graphs import _SHARED, DraftGraphs
+
+    registered = len(_SHARED)
+    model = random_model(tiny_config(), seed=1)
+    model.allocate_cache(num_slots=2, num_blocks=8, block_size=BLOCK)
+    graphs = DraftGraphs.of(model.mtp, top_k=2, depth=3, table_width=4)
+    assert len(_SHARED) == registered + 1
+    assert graphs.mtp is model.mtp and DraftGraphs.of(model.mtp, top_k=2, depth=3, table_width=4) is graphs
+    alive = weakref.ref(model.mtp)
+    del model
+    gc.collect()
+    assert alive() is None and len(_SHARED) == registered
+    with pytest.raises(RuntimeError, match="no longer exists"):
+        graphs.capture([1])

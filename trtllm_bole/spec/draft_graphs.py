@@ -9,11 +9,11 @@ Every launch of a graph reads fixed addresses: the step's inputs are copied into
 the captured shape (the block tables padded to the widest a request can need, ``table_width``; the
 padding is masked by the context lengths like any block beyond a request's own), and the MTP's KV
 cache must be the one captured: graphs are kept per MTP head and configuration
-(:meth:`DraftGraphs.of`) and dropped when the model's cache is reallocated (a model keeps a cache of
-the same sizes, so executors that follow one another reuse them). A graph is captured on its batch
-size's first greedy draft, or ahead of traffic by :meth:`DraftGraphs.capture` (``LLM.warm_up`` and the
-benchmarks' warm-ups capture every batch size they may serve). Sampled requests draft eagerly: their
-draft distribution filters per request.
+(:meth:`DraftGraphs.of`) and dropped when the model's cache is reallocated (a model zeroes and keeps
+a cache that covers the sizes asked, so executors that follow one another reuse them). A graph is
+captured on its batch size's first greedy draft, or ahead of traffic by :meth:`DraftGraphs.capture`
+(``LLM.warm_up`` and the benchmarks' warm-ups capture every batch size they may serve). Sampled
+requests draft eagerly: their draft distribution filters per request.
 """
 
 from __future__ import annotations
@@ -44,9 +44,17 @@ class DraftGraphs:
     """Greedy drafts of ``mtp`` (``top_k``, ``depth``) replayed from one CUDA graph per batch size."""
 
     def __init__(self, mtp: MTPHead, *, top_k: int, depth: int, table_width: int) -> None:
-        self.mtp, self.top_k, self.depth, self.table_width = mtp, top_k, depth, table_width
+        self._mtp = weakref.ref(mtp)  # held weakly: the shared registry must not keep the model alive
+        self.top_k, self.depth, self.table_width = top_k, depth, table_width
         self._graphs: dict[int, _Captured] = {}
         self._cache = mtp.cache
+
+    @property
+    def mtp(self) -> MTPHead:
+        mtp = self._mtp()
+        if mtp is None:
+            raise RuntimeError("the MTP head of these draft graphs no longer exists")
+        return mtp
 
     @classmethod
     def of(cls, mtp: MTPHead, *, top_k: int, depth: int, table_width: int) -> DraftGraphs:
