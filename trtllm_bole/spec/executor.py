@@ -11,8 +11,10 @@ One :meth:`Executor.step`:
    commit the accepted path (GDN, conv, KV), re-run the MTP over the accepted path so its cache
    follows the target's, and emit the accepted drafts plus the bonus token.
 
-Acceptance is the only host synchronisation a step needs beyond drafting's tree bookkeeping. Each
-phase of a step is a profiler range (``bole.draft``, ``bole.verify``, ...; see
+Drafting queues no device sync, and a greedy batch replays it as a CUDA graph per batch size
+(:mod:`trtllm_bole.spec.draft_graphs`; ``cuda_graphs=False`` launches it from Python). A step waits
+for the device twice: to derive the selected forest's metadata on the host, and to read what it
+accepted. Each phase of a step is a profiler range (``bole.draft``, ``bole.verify``, ...; see
 ``benchmarks/profile_step.py``), free when no profiler runs.
 """
 
@@ -287,6 +289,7 @@ class Executor:
         return self.draft_graphs.capture(batch_sizes or range(1, self.max_batch_size + 1))
 
     def _draft(self, pending, last_hidden, slots, tables, mtp_context_lens, settings: DraftSettings):
+        """The step's candidate pool: replayed from a graph for a greedy batch on a GPU, else drafted."""
         inputs = (pending, last_hidden, slots, tables, mtp_context_lens, settings)
         if self.draft_graphs is not None and settings.all_greedy:
             return self.draft_graphs(*inputs)
