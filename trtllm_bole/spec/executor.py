@@ -12,10 +12,11 @@ One :meth:`Executor.step`:
    follows the target's, and emit the accepted drafts plus the bonus token.
 
 Drafting queues no device sync, and a greedy batch replays it as a CUDA graph per batch size
-(:mod:`trtllm_bole.spec.draft_graphs`; ``cuda_graphs=False`` launches it from Python). A step waits
-for the device twice: to derive the selected forest's metadata on the host, and to read what it
-accepted. Each phase of a step is a profiler range (``bole.draft``, ``bole.verify``, ...; see
-``benchmarks/profile_step.py``), free when no profiler runs.
+(:mod:`trtllm_bole.spec.draft_graphs`; ``cuda_graphs=False`` launches it from Python). A step still
+waits for the device where it derives the selected forest's metadata on the host, reads what it
+accepted, and checks the accepted entries' places in the KV cache. Each phase of a step is a
+profiler range (``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``), free when
+no profiler runs.
 """
 
 from __future__ import annotations
