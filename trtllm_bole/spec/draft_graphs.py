@@ -12,7 +12,10 @@ cache must be the one captured: graphs are kept per MTP head and configuration
 (:meth:`DraftGraphs.of`) and dropped when the model's cache is reallocated (a model zeroes and keeps
 a cache that covers the sizes asked, so executors that follow one another reuse them). A graph is
 captured on its batch size's first greedy draft, or ahead of traffic by :meth:`DraftGraphs.capture`
-(``LLM.warm_up`` and the benchmarks' warm-ups capture every batch size they may serve). Sampled
+(``LLM.warm_up`` and the benchmarks' warm-ups capture every batch size they may serve). Each graph
+keeps its own memory pool, sized by its batch and the padded attention window (``table_width``
+blocks): the memory grows with the number of batch sizes captured; one pool shared by all of them (the
+replays never overlap) is the next step for large ``max_batch_size`` and ``max_seq_len``. Sampled
 requests draft eagerly: their draft distribution filters per request.
 """
 
