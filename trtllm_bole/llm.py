@@ -77,8 +77,10 @@ class LLM:
     ``device``: ``"cpu"`` or ``"cuda"``; ``dtype``: ``"auto"`` (float32 on CPU, bfloat16 on CUDA),
     ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
     each; default 8); ``max_seq_len`` bounds prompt + output (default 1024); ``kv_cache_tokens`` sizes
-    the paged KV cache (default: every slot can hold ``max_seq_len`` tokens). An engine supplies its
-    own dtype, limits, draft settings and budget table, and refuses requests beyond its build.
+    the paged KV cache (default: every slot can hold ``max_seq_len`` tokens). ``cuda_graphs``: on a GPU,
+    greedy drafting replays a CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`, captured
+    by :meth:`warm_up`); ``False`` launches every draft from Python. An engine supplies its own dtype,
+    limits, draft settings and budget table, and refuses requests beyond its build.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class LLM:
         max_seq_len: int | None = None,
         kv_cache_tokens: int | None = None,
         block_size: int = 16,
+        cuda_graphs: bool = True,
     ) -> None:
         path = Path(model) if model is not None else DEFAULT_MODEL
         if not path.is_dir():
@@ -125,6 +128,7 @@ class LLM:
             budget=budget,
             eos_token_id=self._eos_token_id(),
             decode_text=self.tokenizer.decode if self.tokenizer else None,
+            cuda_graphs=cuda_graphs,
         )
 
     def generate(
