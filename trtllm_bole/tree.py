@@ -93,13 +93,8 @@ class TreeBatch:
         subtree_size = np.bincount(paths[paths >= 0], minlength=num_nodes)
         dfs_order = _preorder(paths)
         derived = (parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size)
-        return cls._from_host(derived, max_depth, int(lengths.max()), device)
-
-    @classmethod
-    def _from_host(cls, arrays: tuple[np.ndarray, ...], max_depth: int, max_nodes: int, device) -> TreeBatch:
-        """The tree from its eight host arrays (field order), as int64 tensors moved to ``device``."""
-        tensors = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in arrays)
-        return cls(*tensors, max_depth, max_nodes).to(device)
+        tensors = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in derived)
+        return cls(*tensors, max_depth, int(lengths.max())).to(device)
 
     def to(self, device: torch.device | str) -> TreeBatch:
         """The same forest with its tensors on ``device``: one packed copy, split there into views that
@@ -137,9 +132,7 @@ class TreeBatch:
         cu_seqlens = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
         num_nodes, max_depth = sum(lengths), max(lengths)
         nodes = torch.arange(num_nodes, device=device)
-        request = torch.repeat_interleave(
-            torch.arange(len(lengths), device=device), sizes, output_size=num_nodes
-        )
+        request = _owners(sizes, num_nodes)
         local = nodes - cu_seqlens[:-1][request]
         steps = torch.arange(max_depth, device=device)
         paths = torch.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
@@ -170,10 +163,7 @@ class TreeBatch:
             return cls.build(parents, cu_seqlens, max_supported_depth=max(max_depth, MAX_TREE_DEPTH))
         device, num_nodes = parents.device, parents.numel()
         parents, cu_seqlens, depth = parents.long(), cu_seqlens.long(), depth.long()
-        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        request = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=device), lengths, output_size=num_nodes
-        )
+        request = _owners(cu_seqlens[1:] - cu_seqlens[:-1], num_nodes)
         start = cu_seqlens[:-1][request]
         global_parents = torch.where(parents >= 0, parents + start, -1)
         # up[:, k]: each node's k-th ancestor (itself at k = 0, -1 above the root); paths reverse it.
@@ -236,6 +226,14 @@ class TreeBatch:
                 f"request {b}: accepted_leaf {int(accepted_leaf[b])} is outside [-1, {int(lengths[b])})"
             )
         return torch.where(accepted_leaf >= 0, accepted_leaf + self.cu_seqlens[:-1], accepted_leaf)
+
+
+def _owners(lengths: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Each packed node's request from the requests' lengths, on their device (no sync: the total is
+    given)."""
+    return torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=num_nodes
+    )
 
 
 def _check_tensors(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> None:

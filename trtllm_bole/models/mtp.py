@@ -155,11 +155,10 @@ def _grown_from(
     local = torch.arange(tree.num_nodes, device=tree.parents.device) - tree.cu_seqlens[:-1][tree.request]
     earlier = local < old_lens[tree.request]
     source = (old.cu_seqlens[:-1][tree.request] + local).clamp(max=old.num_nodes - 1)
-    new_lens = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]
     mismatch = old.num_requests != tree.num_requests or old.num_nodes > tree.num_nodes
     if check and not mismatch:
         mismatch = bool(
-            (old_lens > new_lens).any()
+            (old_lens > tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]).any()
             | (earlier & (tree.parents != old.parents[source])).any()
             | (past.ctx.context_lens != ctx.context_lens).any()
             | (past.ctx.slots != ctx.slots).any()
