@@ -67,6 +67,15 @@ def test_prefill_in_serving_precision_at_qwen35_9b_sizes(gen):
     serving_precision_check([262, 64, 1, 130], 16, 32, 128, 128, gen)
 
 
+def test_prefill_config_follows_the_inputs_precision():
+    """fp32 inputs run the fp32-exact verify config, 16-bit ones the explicit inverse; neither depends on
+    the batch (a prompt's prefill must not depend on the prompts beside it)."""
+    from trtllm_bole.kernels.gdn_tree_verify import InverseConfig, exact_config
+
+    assert kernel.prefill_config(128, 128, fp32_exact=True) == exact_config(128, 128)
+    assert isinstance(kernel.prefill_config(128, 128, fp32_exact=False), InverseConfig)
+
+
 def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(gen):
     """Bit for bit: prompt 0 alone, or sharing its rounds with a long and a short prompt."""
     lengths = [40, 70, 3]

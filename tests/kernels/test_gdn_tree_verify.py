@@ -17,7 +17,9 @@ from trtllm_bole.kernels.gdn_tree_verify import (
     VerifyConfig,
     check_inverse_config,
     default_config,
+    default_plan,
     default_precision,
+    exact_config,
     gdn_tree_verify,
 )
 from trtllm_bole.reference import gdn_tree
@@ -299,6 +301,40 @@ def test_default_precision_is_the_measured_serving_one():
             check_inverse_config(cfg, default_precision(torch.bfloat16, torch.bfloat16, cfg))
     at_b1 = default_config(64, 1, 32, 128, 128)  # the latency-bound regime: value tiles of 64
     assert at_b1.bv == 64 and default_precision(torch.bfloat16, torch.bfloat16, at_b1) == "bf16"
+
+
+def test_default_plan_runs_fp32_inputs_exactly_with_the_blocked_kernel():
+    """fp32 q/k/v (or ``ieee`` asked for): :func:`exact_config` at every shape; 16-bit inputs (or a serving
+    precision asked for): the shape rule and its precision; a given config is kept."""
+    for batch, size, hv, d in ((1, 64, 32, 128), (32, 64, 4, 64), (8, 8, 48, 128), (16, 256, 32, 128)):
+        n = batch * size
+        exact = exact_config(d, d)
+        assert default_plan(n, batch, hv, d, d, torch.float32, torch.float32) == (exact, "ieee")
+        assert default_plan(n, batch, hv, d, d, torch.bfloat16, torch.bfloat16, precision="ieee") == (
+            exact, "ieee",
+        )  # fmt: skip
+        serving = default_config(n, batch, hv, d, d)
+        expected = (serving, default_precision(torch.bfloat16, torch.bfloat16, serving))
+        assert default_plan(n, batch, hv, d, d, torch.bfloat16, torch.bfloat16) == expected
+        assert default_plan(n, batch, hv, d, d, torch.float32, torch.float32, precision="tf32") == (
+            serving, "tf32",
+        )  # fmt: skip
+        given = CONFIGS[0]
+        assert default_plan(n, batch, hv, d, d, torch.float32, torch.float32, config=given) == (given, "ieee")
+    assert exact_config(128, 128) == VerifyConfig(32, 32, 64, 4, 2, fused=True)
+    assert exact_config(64, 16) == VerifyConfig(32, 32, 16, 4, 2, fused=True)
+
+
+def test_exact_config_is_the_measured_fastest_in_fp32():
+    """At every fp32 point of the committed H200 sweep (embedded-model and Qwen3.5-9B heads, trees and
+    chains of 64, B = 1 … 32) the exact config is the fastest candidate that passed the float64 check."""
+    sweep = json.loads((ROOT / "benchmarks" / "results" / "verify_configs_h200.json").read_text())
+    fp32 = [p for p in sweep["points"] if p["dtype"] == "float32"]
+    assert len(fp32) >= 8
+    for point in fp32:
+        _, _, dk, dv = sweep["dims"][point["dims"]]
+        key = f"{exact_config(dk, dv)} ieee"
+        assert point["best"] == key, (point["dims"], point["shape"], point["batch"], point["best"])
 
 
 def test_default_config_counts_waves():

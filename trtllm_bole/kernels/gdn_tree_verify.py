@@ -2,7 +2,9 @@
 
 :func:`gdn_tree_verify` runs one of two kernels, picked by the config's type: :class:`InverseConfig`
 (the explicit ``(I + G)⁻¹`` path of :mod:`.gdn_tree_verify_inverse`) or :class:`VerifyConfig` (the
-blocked kernel below, one launch; the TensorRT plugin's kernel); :func:`default_config` picks by shape.
+blocked kernel below, one launch; the TensorRT plugin's kernel). Left to the launcher (:func:`default_plan`),
+fp32 q/k/v run the blocked kernel with exact fp32 dots (:func:`exact_config`) and 16-bit ones the serving
+precisions with a config picked by shape (:func:`default_config`).
 
 Blocked kernel: one program per (request, value head, value tile of ``BV`` channels); ragged batches
 need no padding (each program loops over its own request's nodes). Nodes go in row blocks of ``BT``
@@ -320,6 +322,16 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def exact_config(dk: int, dv: int) -> VerifyConfig:
+    """The fp32-exact mode's config (``ieee`` dots), whatever the tree and the batch: the blocked kernel in
+    row blocks of 32, ``dk`` in chunks of 32, value tiles of 64. The fastest config at every fp32 point of
+    benchmarks/results/verify_configs_h200.json (the embedded model's and Qwen3.5-9B's heads, trees and
+    chains of 64, B = 1 … 32): 37-41 µs against the explicit inverse's 112-181 µs at the embedded model's
+    heads, 51 against 1378 µs (B = 1) and 535 against 11 695 µs (B = 32) at 9B's. In ``ieee`` the explicit
+    inverse's dense 64 × 64 products run on the FMA units instead of the tensor cores."""
+    return VerifyConfig(32, tile_dividing(dk, 32), tile_dividing(dv, 64), 4, 2, fused=True)
+
+
 def default_precision(q_dtype: torch.dtype, v_dtype: torch.dtype, cfg: VerifyConfig | InverseConfig) -> str:
     """The launcher's precision when none is given. fp32 q/k/v: ``ieee`` (the fp32-exact mode). 16-bit
     q/k/v (serving): ``bf16`` state products, the precision of every default in
@@ -368,6 +380,30 @@ def default_config(
     return replace(cfg, bk=tile_dividing(dk, cfg.bk), bv=tile_dividing(dv, cfg.bv))
 
 
+def default_plan(
+    num_nodes: int,
+    num_requests: int,
+    hv: int,
+    dk: int,
+    dv: int,
+    q_dtype: torch.dtype,
+    v_dtype: torch.dtype,
+    *,
+    precision: str | None = None,
+    config: VerifyConfig | InverseConfig | None = None,
+    num_sms: int = H200_SMS,
+) -> tuple[VerifyConfig | InverseConfig, str]:
+    """The launcher's ``(config, precision)`` for what the caller left out: in the fp32-exact mode (``ieee``
+    asked for, or fp32 q/k/v and no precision) :func:`exact_config`, else the serving precisions' shape
+    rule :func:`default_config`; then :func:`default_precision` for that config."""
+    exact = precision == "ieee" or (precision is None and q_dtype == v_dtype == torch.float32)
+    if config is None and exact:
+        config = exact_config(dk, dv)
+    elif config is None:
+        config = default_config(num_nodes, num_requests, hv, dk, dv, num_sms)
+    return config, precision or default_precision(q_dtype, v_dtype, config)
+
+
 def gdn_tree_verify(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -394,7 +430,7 @@ def gdn_tree_verify(
     ``precision``: ``"ieee"``, ``"tf32"`` or ``"bf16"`` (see :data:`PRECISIONS`); default
     :func:`default_precision` (``ieee`` for fp32 q/k/v, mostly ``bf16`` for 16-bit ones).
     ``config``: :class:`VerifyConfig` (the blocked kernel, one launch) or :class:`InverseConfig` (the
-    explicit-inverse path, :mod:`.gdn_tree_verify_inverse`); default :func:`default_config`. dk and dv
+    explicit-inverse path, :mod:`.gdn_tree_verify_inverse`); default :func:`default_plan`. dk and dv
     must be multiples of 16.
     ``raw_gates=(A_log, dt_bias)`` (fp32 ``[HV]``): g and beta hold the raw gate inputs a and b, and the
     kernel applies Qwen3.5's gating on chip: ``g = -exp(A_log) softplus(a + dt_bias)``,
@@ -426,8 +462,10 @@ def gdn_tree_verify(
         raise ValueError(
             f"raw_gates must be two float32 tensors [HV={hv}] (A_log, dt_bias) on {state.device}"
         )
-    cfg = config or default_config(n, tree.num_requests, hv, dk, dv, _num_sms(state.device))
-    precision = precision or default_precision(q.dtype, v.dtype, cfg)
+    cfg, precision = default_plan(
+        n, tree.num_requests, hv, dk, dv, q.dtype, v.dtype,
+        precision=precision, config=config, num_sms=_num_sms(state.device),
+    )  # fmt: skip
     if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16 or cfg.bt & (cfg.bt - 1):
         raise ValueError(
             f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv, bt a power of two)"
@@ -453,6 +491,8 @@ __all__ = [
     "VerifyConfig",
     "blocked_default_config",
     "default_config",
+    "default_plan",
     "default_precision",
+    "exact_config",
     "gdn_tree_verify",
 ]
