@@ -29,11 +29,14 @@ from trtllm_bole.spec import executor as executor_module
 
 
 class PhaseClock:
-    """Stands in for the executor's ``phase`` ranges: synchronises and accumulates wall time per phase."""
+    """Stands in for the executor's ``phase`` ranges: synchronises and accumulates wall time per phase,
+    and the host's part of it (until the phase's code returns, before the closing sync; waits for the
+    device inside the phase, such as ``.tolist()``, count as host time)."""
 
     def __init__(self, device: torch.device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.seconds: dict[str, float] = defaultdict(float)
+        self.host_seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
 
     @contextlib.contextmanager
@@ -43,6 +46,7 @@ class PhaseClock:
         try:
             yield
         finally:
+            self.host_seconds[name] += time.perf_counter() - start
             self.sync()
             self.seconds[name] += time.perf_counter() - start
             self.calls[name] += 1
@@ -69,6 +73,7 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int) -> dict:
         "output_tokens_per_s_free": free["output_tokens_per_s"],
         "seconds_synchronised": timed["seconds"],
         "ms_per_step": {name: 1e3 * sec / steps for name, sec in clock.seconds.items()},
+        "host_ms_per_step": {name: 1e3 * sec / steps for name, sec in clock.host_seconds.items()},
     }
 
 
