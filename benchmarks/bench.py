@@ -15,8 +15,8 @@ is reported as failed and gets no speed-up. ``--repeats N`` times each (batch, m
 modes interleaved, and reports the median run with every run's tokens/s beside it. Kernel variants
 Triton compiles inside a timed run are counted (``kernel_compiles``, with a warning): a compile there
 is a latency spike of a tenth of a second or more that the warm-up should have taken. So are the CUDA
-graphs of greedy drafting captured inside it (``draft_graph_captures``: one per new batch size, e.g.
-as a run's last requests finish).
+graphs captured inside it (``graph_captures``: greedy drafting's, one per new batch size, and the
+verify's, one per new forest shape, e.g. as a run's last requests finish).
 Writes JSON (+ PNG) to ``--out``.
 """
 
@@ -183,8 +183,8 @@ def run(
     default :func:`context_limit` of the dataset (a warm-up passes the timed dataset's: the same cache
     sizes and draft graphs as the timed runs)."""
     executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or context_limit(dataset))
-    graphs = executor.draft_graphs
-    captured_before = len(graphs.captured) if graphs else 0
+    graphs = [g for g in (executor.draft_graphs, executor.verify_graphs) if g is not None]
+    captured_before = sum(len(g.captured) for g in graphs)
     sync = torch.cuda.synchronize if llm.model.device.type == "cuda" else (lambda: None)
     submitted, first, events = {}, {}, {}
     start = time.perf_counter()
@@ -241,7 +241,7 @@ def run(
         "mean_accepted_tokens": (accepted + steps) / steps if steps else 1.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "kernel_compiles": dict(sorted(collections.Counter(compiles).items())),
-        "draft_graph_captures": len(graphs.captured) - captured_before if graphs else 0,
+        "graph_captures": sum(len(g.captured) for g in graphs) - captured_before,
         "_outputs": [r.output_ids for r in requests],
     }
 
@@ -249,13 +249,14 @@ def run(
 def warm_up(llm: LLM, mode: str, bole_args: dict, dataset, batch: int, tokens: int) -> None:
     """Serve ``batch`` requests of ``tokens`` tokens each, untimed, at this batch size: Triton compiles
     a kernel variant the first time it meets its shape class (a batch's node count, a tree depth), a
-    second or more that must not land inside a timed run; then capture the greedy draft's CUDA graph of
-    every batch size up to ``batch`` (the timed runs' executors meet the same cache and graphs)."""
+    second or more that must not land inside a timed run; then capture the CUDA graphs (greedy drafting's,
+    the verify's of full trees) of every batch size up to ``batch`` (the timed runs' executors meet the
+    same cache and graphs)."""
     limit = context_limit(dataset)
     if tokens > 0:
         prompts = [prompt for prompt, _ in itertools.islice(itertools.cycle(dataset), batch)]
         run(llm, mode, bole_args, [(p, tokens) for p in prompts], batch, sequential=False, max_seq_len=limit)
-    executor_for(llm, mode, bole_args, batch, limit).capture_draft_graphs()
+    executor_for(llm, mode, bole_args, batch, limit).capture_graphs()
 
 
 def median_trial(trials: list[dict]) -> tuple[dict, list[list[list[int]]]]:
@@ -266,7 +267,7 @@ def median_trial(trials: list[dict]) -> tuple[dict, list[list[list[int]]]]:
     result = dict(sorted(trials, key=lambda t: t["output_tokens_per_s"])[(len(trials) - 1) // 2])
     result["output_tokens_per_s_trials"] = speeds
     result["kernel_compiles_trials"] = [sum(t["kernel_compiles"].values()) for t in trials]
-    result["draft_graph_captures_trials"] = [t["draft_graph_captures"] for t in trials]
+    result["graph_captures_trials"] = [t["graph_captures"] for t in trials]
     return result, outputs
 
 
@@ -345,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if any(result["kernel_compiles_trials"]):
                 print(f"  warning: kernels compiled in the timed runs: {result['kernel_compiles_trials']}")
-            if any(result["draft_graph_captures_trials"]):
-                print(f"  note: draft graphs captured in timed runs: {result['draft_graph_captures_trials']}")
+            if any(result["graph_captures_trials"]):
+                print(f"  note: CUDA graphs captured in timed runs: {result['graph_captures_trials']}")
     for r in runs:
         base = (
             next(x for x in runs if x["mode"] == "ar" and x["max_batch_size"] == r["max_batch_size"])

@@ -78,8 +78,9 @@ class LLM:
     ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
     each; default 8); ``max_seq_len`` bounds prompt + output (default 1024); ``kv_cache_tokens`` sizes
     the paged KV cache (default: every slot can hold ``max_seq_len`` tokens). ``cuda_graphs``: on a GPU,
-    greedy drafting replays a CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`, captured
-    by :meth:`warm_up`); ``False`` launches every draft from Python. An engine supplies its own dtype,
+    greedy drafting replays a CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`) and the
+    target's verify one per forest shape (:mod:`trtllm_bole.spec.verify_graphs`), captured by
+    :meth:`warm_up`; ``False`` launches every kernel from Python. An engine supplies its own dtype,
     limits, draft settings and budget table, and refuses requests beyond its build.
     """
 
@@ -185,7 +186,7 @@ class LLM:
         (``benchmarks/results/profile_step_h200_cold.json``) against 258-275 warmed up
         (``bench_throughput_h200.json``, ``profile_step_h200.json``). On a GPU it then captures the
         greedy draft's CUDA graph of every batch size up to ``max_batch_size`` (a tenth of a second
-        each, that a request would otherwise wait for)."""
+        each, that a request would otherwise wait for), and the verify's of full trees."""
         limit = self.executor.max_batch_size
         if batch_sizes is None and self.model.device.type != "cuda":
             batch_sizes = [1]
@@ -205,7 +206,7 @@ class LLM:
             failed = next((o.error for o in outputs if o.error), None)
             if failed:
                 raise RuntimeError(f"warm-up at batch {b} failed: {failed}")
-        self.executor.capture_draft_graphs()
+        self.executor.capture_graphs()
         return list(batch_sizes)
 
     # ------------------------------------------------------------------------------------ #

@@ -394,6 +394,8 @@ def _check_slots(
             )
         return
     check_state_indices(state_indices, num_requests, device)
+    if state_indices.is_cuda and torch.cuda.is_current_stream_capturing():
+        return  # a CUDA graph records kernels, not values: the capturing caller owns its slots' values
     version = None if state_indices.is_inference() else state_indices._version
     if _passed_before(state_indices, version, num_slots):
         return

@@ -367,8 +367,11 @@ def _cuda_draft_inputs(model, seed: int):
     return (pending, hidden, torch.tensor([0, 1, 2], device="cuda"), tables, mtp_lens, greedy)
 
 
-def _cuda_model(tiny_config):
-    model = random_model(tiny_config(), seed=1, device="cuda")
+KERNEL_HEADS = {"linear_key_head_dim": 16, "linear_value_head_dim": 16}  # the GDN kernels' smallest tiles
+
+
+def _cuda_model(tiny_config, **overrides):
+    model = random_model(tiny_config(**overrides), seed=1, device="cuda")
     cache = model.allocate_cache(num_slots=3, num_blocks=30, block_size=BLOCK)
     cache.mtp_k_cache.normal_()
     cache.mtp_v_cache.normal_()
@@ -439,17 +442,94 @@ def test_draft_graph_registry_does_not_keep_a_model_alive(tiny_config):
     import gc
     import weakref
 
-    from trtllm_bole.spec.draft_graphs import _SHARED, DraftGraphs
+    from trtllm_bole.spec.draft_graphs import DraftGraphs
 
-    registered = len(_SHARED)
+    registered = len(DraftGraphs._registry)
     model = random_model(tiny_config(), seed=1)
     model.allocate_cache(num_slots=2, num_blocks=8, block_size=BLOCK)
     graphs = DraftGraphs.of(model.mtp, top_k=2, depth=3, table_width=4)
-    assert len(_SHARED) == registered + 1
+    assert len(DraftGraphs._registry) == registered + 1
     assert graphs.mtp is model.mtp and DraftGraphs.of(model.mtp, top_k=2, depth=3, table_width=4) is graphs
     alive = weakref.ref(model.mtp)
     del model
     gc.collect()
-    assert alive() is None and len(_SHARED) == registered
+    assert alive() is None and len(DraftGraphs._registry) == registered
     with pytest.raises(RuntimeError, match="no longer exists"):
         graphs.capture([1])
+
+
+def test_placeholder_forest_has_the_shape_asked():
+    """Verify graphs are captured on placeholder forests: the sizes, the largest request and the path
+    width a graph is keyed by, with valid parents; impossible sizes are refused."""
+    from trtllm_bole.spec.verify_graphs import placeholder_forest
+
+    for batch, nodes, largest, depth in ((1, 64, 64, 9), (3, 3, 1, 9), (4, 200, 64, 9), (5, 6, 2, 3)):
+        tree = placeholder_forest(batch, nodes, largest, depth)
+        sizes = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1]
+        assert (tree.num_requests, tree.num_nodes, tree.max_nodes) == (batch, nodes, largest)
+        assert int(sizes.max()) == largest and int(sizes.min()) >= 1
+        assert tree.max_depth == depth and tree.paths.shape == (nodes, depth)
+        assert int(tree.depth.max()) == min(largest, depth)
+    with pytest.raises(ValueError, match="cannot hold"):
+        placeholder_forest(2, 130, 64, 9)
+
+
+@pytest.mark.parametrize("scheme", ["bole", "serial"])
+def test_padding_a_forests_depth_changes_no_value(scheme, tiny_config, clone_cache):
+    """What verify graphs rely on: paths padded to a deeper ``max_depth`` give the same logits, hidden
+    states and commit, bit for bit."""
+    from trtllm_bole.spec.verify_graphs import pad_depth
+
+    s = Setup(tiny_config(), mtp=False)
+    tree = forest(_trees(s.gen))
+    ids, context = s.tokens(tree.num_nodes), torch.tensor(s.prompt_lens)
+    before = clone_cache(s.model.cache)
+    results = []
+    for t in (tree, pad_depth(tree, tree.max_depth + 3)):
+        s.model.cache = clone_cache(before)
+        ctx = StepContext(s.slots, s.tables, context, t)
+        logits, hidden, pending = s.model.verify(ids, ctx, gdn_scheme=scheme)
+        s.model.commit(pending, torch.tensor([2, 4, 0]))
+        results.append([logits, hidden, *_tensors(s.model.cache)])
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["bole", "serial"])
+def test_verify_graphs_replay_the_eager_verify(scheme, tiny_config):
+    """A replayed verify computes what the eager one computes over the same padded inputs (block tables
+    ``table_width`` wide, paths ``max_depth`` wide), for new forests of the captured shape; a
+    reallocated cache is captured again."""
+    from trtllm_bole.spec.verify_graphs import VerifyGraphs, pad_depth
+
+    model = _cuda_model(tiny_config, **KERNEL_HEADS)
+    for t in (model.cache.gdn_state, model.cache.conv_state, model.cache.k_cache, model.cache.v_cache):
+        t.normal_()
+    graphs = VerifyGraphs.of(model, max_depth=6, table_width=10)
+    assert VerifyGraphs.of(model, max_depth=6, table_width=10) is graphs
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.tensor([2, 0, 1], device="cuda")
+    for seed in range(3):  # three forests of one shape: 3 requests, 23 nodes, at most 9 per request
+        tree = forest([topk_parents(9, 3, 4), random_parents(9, 5, gen), chain_parents(5)], device="cuda")
+        tables = torch.randperm(30, generator=gen)[:24].view(3, 8).int().cuda()
+        ids = torch.randint(model.config.vocab_size, (23,), generator=gen).cuda()
+        context = torch.randint(1, 30, (3,), generator=gen).cuda()
+        ctx = StepContext(slots, tables, context, tree)
+        padded = StepContext(slots, torch.nn.functional.pad(tables, (0, 2)), context, pad_depth(tree, 6))
+        eager = model.verify(ids, padded, gdn_scheme=scheme)
+        replayed = graphs(ids, ctx, scheme)
+        for a, b in zip(eager[:2], replayed[:2], strict=True):
+            assert torch.equal(a, b), seed
+        for name in ("new_k", "new_v", "conv_inputs"):
+            assert torch.equal(getattr(eager[2], name), getattr(replayed[2], name)), (seed, name)
+        if scheme == "bole":
+            for name in ("k", "u", "log_decay"):
+                assert torch.equal(*(getattr(r[2].gdn_factors, name) for r in (eager, replayed))), name
+        else:
+            for a, b in zip(eager[2].gdn_snapshots, replayed[2].gdn_snapshots, strict=True):
+                assert torch.equal(a, b)
+    assert graphs.captured == [(scheme, 3, 23, 9)]
+    model.allocate_cache(num_slots=3, num_blocks=40, block_size=BLOCK)
+    graphs(ids, ctx, scheme)
+    assert graphs.captured == [(scheme, 3, 23, 9)] and graphs._cache is model.cache

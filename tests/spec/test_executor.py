@@ -180,3 +180,38 @@ def test_step_outcome_reads_each_accepted_path():
     assert out.accepted == [[12, 13], [], [31, 32]]
     assert out.drafted == [3, 0, 2]
     assert out.bonus == [99, 98, 97]
+
+
+@pytest.fixture(scope="module")
+def gpu_config():
+    """The tiny config with GDN heads the kernels tile (dk, dv multiples of 16)."""
+    return load_config({**CONFIG, "linear_key_head_dim": 16, "linear_value_head_dim": 16})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("mode", "budget"), [*[(m, None) for m in MODES], ("bole", 12)])
+def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
+    """Replayed drafts and verifies (CUDA graphs) give the tokens that kernel-by-kernel launches give, with
+    batches that shrink as requests finish and, under a budget, forests of changing size."""
+    params = SamplingParams(max_tokens=20)
+    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    outputs = []
+    for graphs in (False, True):
+        model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+        spec = Executor(model, bole, max_batch_size=3, budget=table(budget) if budget else None,
+                        cuda_graphs=graphs)  # fmt: skip
+        outputs.append([r.output_ids for r in run(spec, PROMPTS, params)])
+    assert outputs[0] == outputs[1]
+    assert spec.verify_graphs.captured and (spec.draft_graphs is None) == (mode == "ar")
+
+
+@pytest.mark.gpu
+def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
+    """After ``capture_graphs`` a greedy run of full trees meets no new verify shape."""
+    model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+    spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
+    assert spec.capture_graphs() == 6  # three draft graphs, three verify graphs
+    assert spec.capture_graphs() == 0
+    shapes = list(spec.verify_graphs.captured)
+    run(spec, PROMPTS[:3], SamplingParams(max_tokens=12))
+    assert spec.verify_graphs.captured == shapes

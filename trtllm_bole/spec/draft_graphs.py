@@ -12,22 +12,20 @@ cache must be the one captured: graphs are kept per MTP head and configuration
 (:meth:`DraftGraphs.of`) and dropped when the model's cache is reallocated (a model zeroes and keeps
 a cache that covers the sizes asked, so executors that follow one another reuse them). A graph is
 captured on its batch size's first greedy draft, or ahead of traffic by :meth:`DraftGraphs.capture`
-(``LLM.warm_up`` and the benchmarks' warm-ups capture every batch size they may serve). Each graph
-keeps its own memory pool, sized by its batch and the padded attention window (``table_width``
-blocks): the memory grows with the number of batch sizes captured; one pool shared by all of them (the
-replays never overlap) is the next step for large ``max_batch_size`` and ``max_seq_len``. Sampled
-requests draft eagerly: their draft distribution filters per request.
+(``LLM.warm_up`` and the benchmarks' warm-ups capture every batch size they may serve). The graphs
+share one memory pool (:mod:`.graphs`): each keeps its candidate pool, the temporaries are shared.
+Sampled requests draft eagerly: their draft distribution filters per request.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
 
 from trtllm_bole.models.mtp import MTPHead
 from trtllm_bole.spec.drafter import CandidatePool, DraftSettings, draft
+from trtllm_bole.spec.graphs import CacheGraphs
 
 
 @dataclass(slots=True)
@@ -38,40 +36,16 @@ class _Captured:
     pool: CandidatePool  # the captured outputs, refilled by every replay
 
 
-_SHARED: weakref.WeakKeyDictionary[MTPHead, dict[tuple[int, int, int], DraftGraphs]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-class DraftGraphs:
+class DraftGraphs(CacheGraphs[MTPHead]):
     """Greedy drafts of ``mtp`` (``top_k``, ``depth``) replayed from one CUDA graph per batch size."""
 
     def __init__(self, mtp: MTPHead, *, top_k: int, depth: int, table_width: int) -> None:
-        self._mtp = weakref.ref(mtp)  # held weakly: the shared registry must not keep the model alive
+        super().__init__(mtp)
         self.top_k, self.depth, self.table_width = top_k, depth, table_width
-        self._graphs: dict[int, _Captured] = {}
-        self._cache = mtp.cache
 
     @property
     def mtp(self) -> MTPHead:
-        mtp = self._mtp()
-        if mtp is None:
-            raise RuntimeError("the MTP head of these draft graphs no longer exists")
-        return mtp
-
-    @classmethod
-    def of(cls, mtp: MTPHead, *, top_k: int, depth: int, table_width: int) -> DraftGraphs:
-        """The graphs of this MTP head and configuration, shared by the executors that serve it."""
-        per_mtp = _SHARED.setdefault(mtp, {})
-        key = (top_k, depth, table_width)
-        if key not in per_mtp:
-            per_mtp[key] = cls(mtp, top_k=top_k, depth=depth, table_width=table_width)
-        return per_mtp[key]
-
-    @property
-    def captured(self) -> list[int]:
-        """Batch sizes with a captured graph."""
-        return sorted(self._graphs)
+        return self.owner
 
     def __call__(
         self,
@@ -92,7 +66,7 @@ class DraftGraphs:
             )
         self._follow_cache()
         b = pending.numel()
-        captured = self._graphs.get(b) or self._capture(
+        captured = self._graphs.get(b) or self._capture_batch(
             pending, last_hidden, slots, mtp_context_lens, settings
         )
         static_pending, static_hidden, static_slots, static_tables, static_lens = captured.inputs
@@ -114,18 +88,12 @@ class DraftGraphs:
         for b in new:
             zeros = torch.zeros(b, dtype=torch.long, device=device)
             hidden = torch.zeros(b, self.mtp.config.hidden_size, dtype=dtype, device=device)
-            self._capture(
+            self._capture_batch(
                 zeros, hidden, zeros, zeros, DraftSettings.of([0.0] * b, [0] * b, [1.0] * b, device)
             )
         return new
 
-    def _follow_cache(self) -> None:
-        """Drop the graphs of a replaced cache: they read its addresses."""
-        if self.mtp.cache is not self._cache:
-            self._graphs.clear()
-            self._cache = self.mtp.cache
-
-    def _capture(self, pending, last_hidden, slots, mtp_context_lens, settings) -> _Captured:
+    def _capture_batch(self, pending, last_hidden, slots, mtp_context_lens, settings) -> _Captured:
         b = pending.numel()
         tables = torch.zeros(b, self.table_width, dtype=torch.int32, device=pending.device)
         inputs = (pending.clone(), last_hidden.clone(), slots.clone(), tables, mtp_context_lens.clone())
@@ -133,17 +101,9 @@ class DraftGraphs:
             *(t.clone() for t in (settings.temperature, settings.top_k, settings.top_p)), True
         )
 
-        def run() -> CandidatePool:
-            return draft(self.mtp, *inputs, settings, top_k=self.top_k, depth=self.depth)
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up launches outside the capture (lazy inits, autotuning)
-            run()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            pool = run()
+        graph, pool = self._capture(
+            lambda: draft(self.mtp, *inputs, settings, top_k=self.top_k, depth=self.depth)
+        )
         self._graphs[b] = _Captured(graph, inputs, settings, pool)
         return self._graphs[b]
 

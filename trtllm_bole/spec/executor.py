@@ -11,12 +11,13 @@ One :meth:`Executor.step`:
    commit the accepted path (GDN, conv, KV), re-run the MTP over the accepted path so its cache
    follows the target's, and emit the accepted drafts plus the bonus token.
 
-Drafting queues no device sync, and a greedy batch replays it as a CUDA graph per batch size
-(:mod:`trtllm_bole.spec.draft_graphs`; ``cuda_graphs=False`` launches it from Python). A step still
-waits for the device where it derives the selected forest's metadata on the host, reads what it
-accepted, and checks the accepted entries' places in the KV cache. Each phase of a step is a
-profiler range (``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``), free when
-no profiler runs.
+Drafting and the target's verify queue no device sync: on a GPU a greedy batch replays its draft as a
+CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`) and every batch replays its verify as
+a graph per forest shape (:mod:`trtllm_bole.spec.verify_graphs`); ``cuda_graphs=False`` launches both
+from Python. A step still waits for the device where it derives the selected forest's metadata on the
+host, reads what it accepted, and checks the accepted entries' places in the KV cache. Each phase of a
+step is a profiler range (``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``),
+free when no profiler runs.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from trtllm_bole.spec.draft_graphs import DraftGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool
+from trtllm_bole.spec.verify_graphs import VerifyGraphs
 from trtllm_bole.transfer import device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
 
@@ -129,16 +131,16 @@ class Executor:
             tree_tokens=tree_tokens,
         )
         self._next_id = 0
-        # Greedy drafts replay CUDA graphs (cuda_graphs=False: every draft launched from Python).
+        # Greedy drafts and every verify replay CUDA graphs (cuda_graphs=False: launched from Python).
+        graphs = cuda_graphs and model.device.type == "cuda"
+        table_width = -(-max_seq_len // block_size)
         self.draft_graphs = (
-            DraftGraphs.of(
-                model.mtp,
-                top_k=bole.branching,
-                depth=bole.max_depth,
-                table_width=-(-max_seq_len // block_size),
-            )
-            if cuda_graphs and bole.speculates and model.device.type == "cuda"
+            DraftGraphs.of(model.mtp, top_k=bole.branching, depth=bole.max_depth, table_width=table_width)
+            if graphs and bole.speculates
             else None
+        )
+        self.verify_graphs = (
+            VerifyGraphs.of(model, max_depth=tree_tokens, table_width=table_width) if graphs else None
         )
 
     # ------------------------------------------------------------------------------------ #
@@ -243,9 +245,9 @@ class Executor:
             tokens = pending
             tree = StepContext.single_tokens(slots, tables, context_lens).tree
         ctx = StepContext(slots, tables, context_lens, tree)
-        scheme = "serial" if bole.mode in ("chain", "tree-serial") else "bole"
+        scheme = self._gdn_scheme()
         with phase("verify"):
-            logits, hidden, verify_pending = model.verify(tokens, ctx, gdn_scheme=scheme)
+            logits, hidden, verify_pending = self._verify(tokens, ctx, scheme)
         with phase("accept"):
             leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
         with phase("commit"):
@@ -254,6 +256,7 @@ class Executor:
         if bole.speculates:
             with phase("mtp_follow"):
                 self._mtp_follow(requests, tree, tokens, hidden, outcome, slots, tables, context_lens)
+        last_hidden = hidden[leaf + tree.cu_seqlens[:-1]]  # a copy: a replayed verify's hidden is reused
         events = []
         for i, r in enumerate(requests):
             accepted = outcome.accepted[i]
@@ -262,7 +265,7 @@ class Executor:
             r.stats.accepted += len(accepted)
             r.context_len += len(accepted) + 1  # the pending token and the accepted drafts
             r.runtime.pending = outcome.bonus[i]
-            r.runtime.last_hidden = hidden[outcome.leaf_global[i]]
+            r.runtime.last_hidden = last_hidden[i]
             events.append(self._emit(r, [*accepted, outcome.bonus[i]]))
         return events
 
@@ -282,12 +285,26 @@ class Executor:
     # Pieces                                                                                #
     # ------------------------------------------------------------------------------------ #
 
-    def capture_draft_graphs(self, batch_sizes=None) -> list[int]:
-        """Capture the greedy draft's CUDA graphs of these batch sizes (default: 1 .. max_batch_size)
-        ahead of traffic; returns those newly captured (none without draft graphs)."""
-        if self.draft_graphs is None:
-            return []
-        return self.draft_graphs.capture(batch_sizes or range(1, self.max_batch_size + 1))
+    def capture_graphs(self, batch_sizes=None) -> int:
+        """Capture, ahead of traffic, the CUDA graphs of these batch sizes (default: 1 .. max_batch_size):
+        the greedy draft's, and the verify's of full trees (every request with its ``draft_tokens`` drafts
+        and its pending token); returns how many were newly captured (none without graphs)."""
+        sizes = list(batch_sizes or range(1, self.max_batch_size + 1))
+        new = self.draft_graphs.capture(sizes) if self.draft_graphs is not None else []
+        if self.verify_graphs is not None:
+            per_request = self.bole.draft_tokens + 1
+            scheme = self._gdn_scheme()
+            new += self.verify_graphs.capture([(b, b * per_request, per_request) for b in sizes], scheme)
+        return len(new)
+
+    def _gdn_scheme(self) -> str:
+        return "serial" if self.bole.mode in ("chain", "tree-serial") else "bole"
+
+    def _verify(self, tokens, ctx: StepContext, scheme: str):
+        """The target's verify of the step's forest: replayed from a graph on a GPU, else launched."""
+        if self.verify_graphs is not None:
+            return self.verify_graphs(tokens, ctx, scheme)
+        return self.model.verify(tokens, ctx, gdn_scheme=scheme)
 
     def _draft(self, pending, last_hidden, slots, tables, mtp_context_lens, settings: DraftSettings):
         """The step's candidate pool: replayed from a graph for a greedy batch on a GPU, else drafted."""

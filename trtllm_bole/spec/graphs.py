@@ -1,0 +1,94 @@
+"""What the executor's CUDA graphs share (:mod:`.draft_graphs`, :mod:`.verify_graphs`).
+
+A graph replays the kernels of one captured call on fixed addresses: its inputs are copied into static
+buffers, its outputs are the captured call's tensors, refilled by every replay, and the caches it
+reads must be the ones it was captured on. :class:`CacheGraphs` keeps a model part's graphs by key,
+holds the part weakly (a shared registry must not keep a model alive) and drops the graphs when the
+part's cache is replaced; :func:`capture` records one call.
+
+The graphs of one :class:`CacheGraphs` share one memory pool: each keeps its outputs, the temporaries
+are shared. So a graph's outputs are valid until the next replay of any graph of the set (the executor
+reads a step's draft pool, logits and pending commit before the next draft or verify, and copies what it
+keeps longer).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar, Generic, Self, TypeVar
+
+import torch
+
+T = TypeVar("T")
+Owner = TypeVar("Owner")
+
+
+def capture(run: Callable[[], T], pool: Any = None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """``run()`` captured into a CUDA graph (memory from ``pool``, a ``torch.cuda.graph_pool_handle()``
+    shared by graphs that never replay at the same time, or a private pool). One run on a side stream
+    comes first, outside the capture: lazy initialisations, compiles and autotuning must not be
+    recorded. Returns the graph and the captured call's outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = run()
+    return graph, outputs
+
+
+class CacheGraphs(Generic[Owner]):
+    """Graphs captured on ``owner``'s cache (``owner.cache``), by key. :meth:`of` shares one set per
+    owner and settings among the executors that serve it, through a weak registry per subclass."""
+
+    _registry: ClassVar[weakref.WeakKeyDictionary]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._registry = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, owner: Owner, **settings: Any) -> Self:
+        """The graphs of this owner and these settings (the constructor's keywords), made once."""
+        per_owner = cls._registry.setdefault(owner, {})
+        key = tuple(sorted(settings.items()))
+        if key not in per_owner:
+            per_owner[key] = cls(owner, **settings)
+        return per_owner[key]
+
+    def __init__(self, owner: Owner) -> None:
+        self._owner = weakref.ref(owner)
+        self._cache = owner.cache
+        self._graphs: dict[Hashable, Any] = {}
+        self._pool: Any = None  # the graphs' shared memory pool, made by the first capture
+
+    def _capture(self, run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return capture(run, self._pool)
+
+    @property
+    def owner(self) -> Owner:
+        owner = self._owner()
+        if owner is None:
+            raise RuntimeError(f"the model part of these {type(self).__name__} no longer exists")
+        return owner
+
+    @property
+    def captured(self) -> list:
+        """Keys with a captured graph, sorted."""
+        return sorted(self._graphs)
+
+    def _follow_cache(self) -> None:
+        """Drop the graphs of a replaced cache (they read its addresses), and their memory pool with them:
+        a pool whose graphs are all gone is released, and cannot take a new capture."""
+        if self.owner.cache is not self._cache:
+            self._graphs.clear()
+            self._pool = None
+            self._cache = self.owner.cache
+
+
+__all__ = ["CacheGraphs", "capture"]
