@@ -9,6 +9,7 @@
 #   bash benchmarks/h200.sh acceptance # MAT by tree shape on the GPU (fp32; matches the CPU's)
 #   bash benchmarks/h200.sh realdims  # 9B/27B dims: step latency, GDN verify share, budget sweep (the 32-prompt MAT curve)
 #   bash benchmarks/h200.sh train     # re-train the embedded model with its seed; compare with the committed log
+#   bash benchmarks/h200.sh configs   # every verify config at the embedded model's and 9B's heads, fp32 and bf16
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -66,6 +67,10 @@ train)
     python build_scripts/compare_training.py trtllm_bole/assets/qwen35-code-tiny/training.json \
         /tmp/retrained/training.json --out "$OUT/train_repro_h200.json"; echo "compare rc=$?"
     ;;
+configs)
+    timeout 580 python benchmarks/sweep_verify_configs.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "sweep rc=$?"
+    ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train" >&2; exit 2 ;;
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs" >&2
+    exit 2 ;;
 esac
