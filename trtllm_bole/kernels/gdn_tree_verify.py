@@ -335,8 +335,8 @@ def exact_config(dk: int, dv: int) -> VerifyConfig:
 def default_precision(q_dtype: torch.dtype, v_dtype: torch.dtype, cfg: VerifyConfig | InverseConfig) -> str:
     """The launcher's precision when none is given. fp32 q/k/v: ``ieee`` (the fp32-exact mode). 16-bit
     q/k/v (serving): ``bf16`` state products, the precision of every default in
-    benchmarks/results/gdn_verify_h200_focus.json: 1.2-1.3x faster than ``tf32`` at Qwen3.5-9B, T = 64
-    (18.5 against 22.6 µs at B = 1, 74.4 against 87.5 µs at B = 16) for the same error (worst relative
+    benchmarks/results/gdn_verify_h200_focus.json: 1.2x faster than ``tf32`` at Qwen3.5-9B, T = 64
+    (18.2 against 22.2 µs at B = 1, 73.1 against 86.0 µs at B = 16) for the same error (worst relative
     RMS 2.3e-3; the inputs' rounding dominates). ``tf32`` where bf16 is refused
     (:func:`~.gdn_tree_verify_inverse.bf16_refused`)."""
     if q_dtype == torch.float32 and v_dtype == torch.float32:
