@@ -247,11 +247,14 @@ def _state_dot(a_req, s_req, rows, m, o_v, acc, ROW_STRIDE: tl.constexpr, DK: tl
 def _state_dots(k_req, q_req, s_req, rows, m, o_v, ROW_STRIDE: tl.constexpr, DK: tl.constexpr,
                 DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                 S_BF16: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
-    """``K_rows S[:, o_v]`` and ``Q_rows S[:, o_v]`` from one load of each ``BK`` chunk of the state."""
+    """``K_rows S[:, o_v]`` and ``Q_rows S[:, o_v]`` from one load of each ``BK`` chunk of the state. The
+    chunk loop is unrolled, so that every chunk's loads can be issued before the first product (H200,
+    Qwen3.5 heads, T = 64, two launches: 1.5-5 % faster at B = 16-32 than the rolled loop, which
+    software pipelining over 2-3 stages did not beat)."""
     o_k = tl.arange(0, BK)
     ks = tl.zeros([BT, BV], dtype=tl.float32)
     qs = tl.zeros([BT, BV], dtype=tl.float32)
-    for kc in range(0, DK, BK):
+    for kc in tl.static_range(0, DK, BK):
         s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :]))
         ks = _state_product(_rows(k_req, rows, m, ROW_STRIDE, kc + o_k), s_c, ks, PREC, S_BF16, UPCAST)
         qs = _state_product(_rows(q_req, rows, m, ROW_STRIDE, kc + o_k), s_c, qs, PREC, S_BF16, UPCAST)
