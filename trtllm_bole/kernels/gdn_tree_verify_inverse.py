@@ -12,7 +12,9 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
 
 - Phase 1, once per (request, value head): ancestor masks from the pre-order interval test; ``logP`` as a
   masked row sum of g in registers; ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2 d⌉
-  squarings, ``G^d = 0`` by Lemma 3); ``C'`` from ``Q Kᵀ``. Trees larger than the tile ``BT`` are
+  squarings, ``G^d = 0`` by Lemma 3), after ``C'`` from ``Q Kᵀ`` (stored first, so that Q and
+  ``Q Kᵀ`` are not live during the inverse: 225 registers instead of 255 and a spill, 4-8 % faster at
+  B = 8-32 on the H200). Trees larger than the tile ``BT`` are
   blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back (their ``C'``
   is formed in phase 2, block by block).
 - Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
@@ -158,14 +160,13 @@ def _path_ratio(anc, lp_row, lp_col):
 
 
 @triton.jit
-def _factors(kk, ord_t, end_t, m_t, g_t, b_t, n_squarings, plain_last, BT: tl.constexpr, PREC: tl.constexpr):
-    """Phase 1 for a tree of at most ``BT`` nodes, in registers, from ``K Kᵀ``: ``logP`` and
-    ``W' = W D_β``. The masks and ratios are recomputed rather than kept (few ``[BT, BT]`` tiles live)."""
+def _w_prime(kk, lp, ord_t, end_t, m_t, b_t, n_squarings, plain_last, BT: tl.constexpr, PREC: tl.constexpr):
+    """``W' = W D_β`` for a tree of at most ``BT`` nodes, in registers, from ``K Kᵀ`` and ``logP``. The
+    mask and the ratios are recomputed rather than kept (few ``[BT, BT]`` tiles live)."""
     o_t = tl.arange(0, BT)
-    lp = _log_decay(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), g_t)
     ratio = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp)
     a = tl.where(o_t[:, None] != o_t[None, :], -b_t[:, None] * ratio * kk, 0.0)
-    return lp, _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, plain_last, PREC) * b_t[None, :]
+    return _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, plain_last, PREC) * b_t[None, :]
 
 
 @triton.jit
@@ -398,14 +399,16 @@ def _gdn_tree_verify_inverse_kernel(
             v_t = _rows(v_req, o_t, m_t, hv * DV, o_v)
         if PHASE != 2:
             k_op = _operand(k_t, UPCAST)
-            kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
-            lp, w = _factors(kk, ord_t, end_t, m_t, g_t, b_t, n_squarings, plain_last, BT, PREC)
+            lp = _log_decay(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), g_t)
             tl.store(lp_req + o_t * hv, lp, mask=m_t)
-            if PHASE == 1:
+            if PHASE == 1:  # C' before the inverse: Q and Q Kᵀ are dead while it runs
                 anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
-                tl.store(w_req + offs, w, mask=anc)
                 qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
                 tl.store(c_req + offs, _path_ratio(anc, lp, lp) * qk * scale, mask=anc)
+            kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
+            w = _w_prime(kk, lp, ord_t, end_t, m_t, b_t, n_squarings, plain_last, BT, PREC)
+            if PHASE == 1:
+                tl.store(w_req + offs, w, mask=_is_ancestor(ord_t, ord_t, end_t, m_t, m_t))
         else:
             anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
             lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)

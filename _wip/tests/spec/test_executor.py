@@ -1,0 +1,251 @@
+"""The executor end to end on tiny random models: exact greedy in every mode, a lossless sampler,
+and no leaked slots or blocks under churn."""
+
+import itertools
+
+import pytest
+import torch
+
+from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.models.cache import StepContext
+from trtllm_bole.models.config import load_config
+from trtllm_bole.models.loader import random_model
+from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
+from trtllm_bole.spec.executor import Executor, StepOutcome
+from trtllm_bole.testing import TINY_MTP_CONFIG, forest
+
+CONFIG = TINY_MTP_CONFIG
+MODES = ["ar", "chain", "tree-serial", "bole"]
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(CONFIG)
+
+
+def run(executor: Executor, prompts, params) -> list:
+    requests = [executor.submit(p, params) for p in prompts]
+    while executor.has_unfinished:
+        executor.step()
+    return requests
+
+
+def table(budget: int) -> BudgetTable:
+    return BudgetTable(0.2, [budget], 8, "test", [BudgetEntry(64, 10**6, budget, 1.0, [1.0])])
+
+
+PROMPTS = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4], [2, 7, 1, 8], [0, 0, 0]]
+
+
+@pytest.mark.parametrize(("mode", "budget"), [*[(m, None) for m in MODES], ("bole", 5), ("bole", 12)])
+def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
+    params = SamplingParams(max_tokens=20)
+    ar = run(Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=3), PROMPTS, params)
+    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    spec = Executor(
+        random_model(config, seed=3), bole, max_batch_size=3, budget=table(budget) if budget else None
+    )
+    out = run(spec, PROMPTS, params)
+    assert [r.output_ids for r in out] == [r.output_ids for r in ar]
+    assert all(len(r.output_ids) == 20 for r in out)
+    if mode != "ar":
+        assert sum(r.stats.accepted for r in out) > 0  # drafts were really accepted along the way
+        assert all(r.stats.steps < 20 for r in out)
+
+
+def test_budget_caps_tree_tokens_per_step(config):
+    spec = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), max_batch_size=3,
+                    budget=table(6))  # fmt: skip
+    requests = [spec.submit(p, SamplingParams(max_tokens=8)) for p in PROMPTS[:3]]
+    spec.step()  # prefill
+    while spec.has_unfinished:
+        running = len(spec.scheduler.running)
+        before = sum(r.stats.drafted for r in requests)
+        spec.step()
+        # The running requests share 6 tree tokens: one pending token each, the rest drafts.
+        assert sum(r.stats.drafted for r in requests) - before <= 6 - running
+
+
+def exact_pair_distribution(model, prompt, params) -> dict[tuple[int, int], float]:
+    """P(t2, t3) after a fixed prompt, marginalising t1, from the model's own logits."""
+    from trtllm_bole.spec.sampling import process_logits
+
+    def probs(ids):
+        _, logits = model.forward_sequences(torch.tensor([ids]))
+        t = torch.tensor([params.temperature])
+        return process_logits(logits[0, -1:], t, torch.tensor([params.top_k]), torch.tensor([params.top_p]))[
+            0
+        ]
+
+    out: dict[tuple[int, int], float] = {}
+    p1 = probs(prompt)
+    for t1 in torch.nonzero(p1).flatten().tolist():
+        p2 = probs([*prompt, t1])
+        for t2 in torch.nonzero(p2).flatten().tolist():
+            p3 = probs([*prompt, t1, t2])
+            for t3 in torch.nonzero(p3).flatten().tolist():
+                key = (t2, t3)
+                out[key] = out.get(key, 0.0) + float(p1[t1] * p2[t2] * p3[t3])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_sampling_keeps_the_target_distribution(config, top_p):
+    """Chi-square on (t2, t3): the tokens produced by speculation (t1 comes from prefill)."""
+    model = random_model(config, seed=5)
+    prompt = [1, 2, 3]
+    params_list = [SamplingParams(max_tokens=3, temperature=1.0, top_p=top_p, seed=s) for s in range(3000)]
+    exact = exact_pair_distribution(model, prompt, params_list[0])
+    spec = Executor(model, BoleConfig(max_depth=3, max_nodes=8, top_k=3), max_batch_size=64)
+    requests = [spec.submit(prompt, p) for p in params_list]
+    while spec.has_unfinished:
+        spec.step()
+    assert sum(r.stats.accepted for r in requests) > 500  # speculation really produced tokens
+    counts: dict[tuple[int, int], int] = {}
+    for r in requests:
+        key = tuple(r.output_ids[1:3])
+        counts[key] = counts.get(key, 0) + 1
+    n = len(requests)
+    assert set(counts) <= set(exact)  # nothing outside the target's support (top-p respected)
+    # Pool cells with expected count < 5 into one, then chi-square; threshold at false-alarm 1e-4.
+    small = [k for k, p in exact.items() if p * n < 5]
+    cells = [([k], exact[k]) for k in exact if k not in small] + (
+        [(small, sum(exact[k] for k in small))] if small else []
+    )
+    chi2 = sum((sum(counts.get(k, 0) for k in ks) - p * n) ** 2 / (p * n) for ks, p in cells)
+    dof = len(cells) - 1
+    threshold = dof + 3.72 * (2 * dof) ** 0.5 + 7  # ~ the 1e-4 quantile of chi-square(dof), dof in 20..256
+    assert chi2 < threshold, (chi2, dof)
+
+
+def test_churn_leaves_nothing_allocated_and_refuses_too_long(config):
+    ex = Executor(random_model(config, seed=1), BoleConfig(max_depth=3, max_nodes=6), max_batch_size=8,
+                  max_seq_len=64, num_blocks=40, block_size=4)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    requests = []
+    for _ in range(1000):
+        n, max_tokens = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((1, 12), (1, 6)))
+        prompt = torch.randint(16, (n,), generator=gen).tolist()
+        requests.append(ex.submit(prompt, SamplingParams(max_tokens=max_tokens)))
+    too_long = ex.submit(list(range(16)) * 4, SamplingParams(max_tokens=4))
+    assert too_long.finish_reason == "error" and "exceeds the context limit" in too_long.error
+    aborted = 0
+    for step in itertools.count():
+        if not ex.has_unfinished:
+            break
+        ex.step()
+        if step % 3 == 0 and ex.scheduler.running:
+            ex.abort(ex.scheduler.running[0])
+            aborted += 1
+        if step % 7 == 0 and ex.scheduler.waiting:
+            ex.abort(ex.scheduler.waiting[-1])
+            aborted += 1
+    assert aborted > 50
+    assert all(r.finished for r in requests)
+    assert {r.finish_reason for r in requests} <= {"length", "abort", "stop"}
+    assert ex.scheduler.slots.num_free == 8 and ex.scheduler.blocks.num_free == 40
+
+
+def test_stop_tokens_and_limits(config):
+    ex = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), max_batch_size=2)
+    free = run(ex, [PROMPTS[0]], SamplingParams(max_tokens=12))[0].output_ids
+    stop = free[5]
+    first = free.index(stop)
+    out = run(ex, [PROMPTS[0]], SamplingParams(max_tokens=12, stop_token_ids=[stop]))[0]
+    assert out.output_ids == free[:first] and out.finish_reason == "stop"
+    eos = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), eos_token_id=stop)
+    assert run(eos, [PROMPTS[0]], SamplingParams(max_tokens=12))[0].output_ids == free[:first]
+    ignoring = run(eos, [PROMPTS[0]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    assert ignoring.output_ids == free
+
+
+def test_bad_requests(config):
+    ex = Executor(random_model(config, seed=3), BoleConfig(mode="ar"))
+    r = ex.submit([3, 99], SamplingParams())
+    assert r.finish_reason == "error" and "outside [0, 16)" in r.error
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        ex.submit([1], SamplingParams(stop=["x"]))
+    no_mtp = random_model(config, seed=3, mtp=False)
+    with pytest.raises(ValueError, match="lacks"):
+        Executor(no_mtp, BoleConfig(mode="bole"))
+
+
+def test_step_outcome_reads_each_accepted_path():
+    """Request 0: pending token, then a branch; leaf 3 = path 0 -> 2 -> 3. Request 1: a lone pending
+    token (nothing to accept). Request 2: a chain, accepted to its end."""
+    tree = forest([[-1, 0, 0, 2], [-1], [-1, 0, 1]])
+    tokens = torch.tensor([10, 11, 12, 13, 20, 30, 31, 32])
+    out = StepOutcome.of(tree, tokens, leaf=torch.tensor([3, 0, 2]), bonus=torch.tensor([99, 98, 97]))
+    assert out.leaf_global == [3, 4, 7]
+    assert out.accepted == [[12, 13], [], [31, 32]]
+    assert out.drafted == [3, 0, 2]
+    assert out.bonus == [99, 98, 97]
+
+
+@pytest.fixture(scope="module")
+def gpu_config():
+    """The tiny config with GDN heads the kernels tile (dk, dv multiples of 16)."""
+    return load_config({**CONFIG, "linear_key_head_dim": 16, "linear_value_head_dim": 16})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("mode", "budget"), [*[(m, None) for m in MODES], ("bole", 12)])
+def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
+    """Replayed drafts, verifies and MTP follow-ups (CUDA graphs) give the tokens and the acceptance that
+    kernel-by-kernel launches give, with batches that shrink as requests finish and, under a budget,
+    forests of changing size."""
+    params = SamplingParams(max_tokens=20)
+    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    outputs = []
+    for graphs in (False, True):
+        model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+        spec = Executor(model, bole, max_batch_size=3, budget=table(budget) if budget else None,
+                        cuda_graphs=graphs)  # fmt: skip
+        outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
+    assert outputs[0] == outputs[1]
+    assert spec.verify_graphs.captured and (spec.draft_graphs is None) == (mode == "ar")
+
+
+@pytest.mark.gpu
+def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
+    """After ``capture_graphs`` a greedy run of full trees meets no new verify shape."""
+    model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+    spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
+    assert spec.capture_graphs() == 9  # per batch size: the draft, the verify, the MTP's follow-up
+    assert spec.capture_graphs() == 0
+    shapes = [list(g.captured) for g in (spec.verify_graphs, spec.mtp_graphs)]
+    run(spec, PROMPTS[:3], SamplingParams(max_tokens=12))
+    assert [g.captured for g in (spec.verify_graphs, spec.mtp_graphs)] == shapes
+
+
+def test_mtp_follow_up_writes_each_accepted_path_as_a_prefill_would(config):
+    """The follow-up pads every accepted path to one chain length; it writes the MTP cache rows that a
+    prefill of the exact paths writes, and nothing past them."""
+    gen = torch.Generator().manual_seed(0)
+    model = random_model(config, seed=3)
+    spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
+    cache = model.cache
+    cache.mtp_k_cache.normal_(generator=gen)
+    cache.mtp_v_cache.normal_(generator=gen)
+    tree = forest([[-1, 0, 1, 2, 3, 0], [-1], [-1, 0, 0, 1]])  # depths up to 5 = max_depth + 1
+    leaf = torch.tensor([4, 0, 3])
+    h = config.hidden_size
+    hidden, last_hidden = torch.randn(tree.num_nodes, h, generator=gen), torch.randn(3, h, generator=gen)
+    tokens = torch.randint(config.vocab_size, (tree.num_nodes,), generator=gen)
+    slots, context = torch.tensor([2, 0, 1]), torch.tensor([9, 3, 14])
+    tables = torch.randperm(spec.scheduler.blocks.num_blocks, generator=gen)[:12].view(3, 4).int()
+    before = [t.clone() for t in (cache.mtp_k_cache, cache.mtp_v_cache)]
+
+    spec._mtp_follow(tree, tokens, hidden, leaf, last_hidden, slots, tables, context)
+    padded = [t.clone() for t in (cache.mtp_k_cache, cache.mtp_v_cache)]
+
+    cache.mtp_k_cache.copy_(before[0])
+    cache.mtp_v_cache.copy_(before[1])
+    paths = [tree.path(int(leaf[b] + tree.cu_seqlens[b])) for b in range(3)]
+    inputs = torch.cat([torch.cat([last_hidden[b : b + 1], hidden[p[:-1]]]) for b, p in enumerate(paths)])
+    ctx = StepContext.chains([p.numel() for p in paths], slots, tables, context - 1)
+    model.mtp.prefill(inputs, tokens[torch.cat(paths)], ctx)
+    for got, expected, untouched in zip(padded, (cache.mtp_k_cache, cache.mtp_v_cache), before, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        assert torch.equal(got != untouched, expected != untouched)  # the same rows written, no others

@@ -1,0 +1,409 @@
+"""The speculative executor: continuous batching over one model, in any of the four modes.
+
+One :meth:`Executor.step`:
+
+1. admit waiting requests (free slot + KV blocks for their whole life), prefill them as chains, emit
+   each one's first token (it becomes the request's *pending* token) and fill the MTP cache;
+2. for every running request: draft a tree from its pending token (MTP, EAGLE-2 style; none in
+   ``ar``), keep the best nodes (per-request cap; the batch-shared budget in ``bole``), verify the
+   whole forest in one target forward (GDN in closed form for ``bole``/``ar``, node by node with
+   per-node state snapshots for ``tree-serial``/``chain``), accept (greedy or lossless sampling),
+   commit the accepted path (GDN, conv, KV), re-run the MTP over the accepted path so its cache
+   follows the target's, and emit the accepted drafts plus the bonus token.
+
+Drafting and the target's verify queue no device sync: on a GPU a greedy batch replays its draft as a
+CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`) and every batch replays its verify as
+a graph per forest shape (:mod:`trtllm_bole.spec.verify_graphs`); ``cuda_graphs=False`` launches both
+from Python. A step still waits for the device where it derives the selected forest's metadata on the
+host, reads what it accepted, and checks the accepted entries' places in the KV cache. Each phase of a
+step is a profiler range (``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``),
+free when no profiler runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.models.cache import StepContext
+from trtllm_bole.models.model import Qwen35Model
+from trtllm_bole.spec.acceptance import greedy_accept, sample_accept
+from trtllm_bole.spec.budget import BudgetTable
+from trtllm_bole.spec.draft_graphs import DraftGraphs
+from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
+from trtllm_bole.spec.sampling import process_logits
+from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool
+from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs
+from trtllm_bole.transfer import device_tensor, to_device
+from trtllm_bole.tree import TreeBatch
+
+
+def phase(name: str) -> torch.profiler.record_function:
+    """A step phase as a profiler range (``bole.<name>``)."""
+    return torch.profiler.record_function(f"bole.{name}")
+
+
+@dataclass(slots=True)
+class RequestRuntime:
+    pending: int  # emitted, not yet seen by the target
+    last_hidden: torch.Tensor  # [h]: the target's hidden state at the last committed position
+    generator: torch.Generator | None
+    max_new: int  # max_tokens, capped by the context limit
+
+
+@dataclass(slots=True)
+class StepEvent:
+    """What one request emitted in one step (``finished`` on its last event)."""
+
+    request: Request
+    token_ids: list[int]
+    finished: bool
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What a verify step accepted, per request, on the host (one device-to-host copy per step)."""
+
+    leaf_global: list[int]  # packed index of the accepted leaf (the pending token's node if none)
+    accepted: list[list[int]]  # accepted draft tokens, root child first
+    drafted: list[int]  # draft tokens the request's tree held (its nodes minus the pending one)
+    bonus: list[int]  # the token sampled after the accepted path
+
+    @classmethod
+    def of(
+        cls, tree: TreeBatch, tokens: torch.Tensor, leaf: torch.Tensor, bonus: torch.Tensor
+    ) -> StepOutcome:
+        leaf_global = leaf + tree.cu_seqlens[:-1]
+        path_tokens = tokens[tree.paths[leaf_global].clamp(min=0)]  # [B, D], -1-padded paths clamped
+        b = tree.num_requests
+        host = torch.cat([
+            leaf_global, tree.depth[leaf_global], tree.cu_seqlens[1:] - tree.cu_seqlens[:-1] - 1,
+            bonus, path_tokens.flatten(),
+        ]).tolist()  # fmt: skip
+        width = path_tokens.shape[1]
+        rows = [host[4 * b + i * width : 4 * b + (i + 1) * width] for i in range(b)]
+        depth = host[b : 2 * b]
+        return cls(
+            host[:b],
+            [row[1 : depth[i]] for i, row in enumerate(rows)],
+            host[2 * b : 3 * b],
+            host[3 * b : 4 * b],
+        )
+
+
+class Executor:
+    def __init__(
+        self,
+        model: Qwen35Model,
+        bole: BoleConfig,
+        *,
+        max_batch_size: int = 8,
+        max_seq_len: int = 1024,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        budget: BudgetTable | None = None,
+        eos_token_id: int | None = None,
+        decode_text: Callable[[list[int]], str] | None = None,
+        cuda_graphs: bool = True,
+    ) -> None:
+        if bole.speculates and model.mtp is None:
+            raise ValueError(
+                f"mode {bole.mode!r} drafts with the checkpoint's MTP module, which this model lacks; "
+                "use BoleConfig(mode='ar') or a checkpoint with mtp.* tensors"
+            )
+        self.model = model
+        self.bole = bole
+        self.max_batch_size = max_batch_size
+        self.budget = budget
+        self.eos_token_id = eos_token_id
+        self.decode_text = decode_text
+        tree_tokens = bole.max_depth + 1 if bole.speculates else 1
+        if num_blocks is None:
+            num_blocks = max_batch_size * -(-max_seq_len // block_size)
+        self.cache = model.allocate_cache(max_batch_size, num_blocks, block_size)
+        self.scheduler = Scheduler(
+            BlockManager(num_blocks, block_size),
+            SlotPool(max_batch_size),
+            max_seq_len=max_seq_len,
+            tree_tokens=tree_tokens,
+        )
+        self._next_id = 0
+        # Greedy drafts and every verify replay CUDA graphs (cuda_graphs=False: launched from Python).
+        graphs = cuda_graphs and model.device.type == "cuda"
+        table_width = -(-max_seq_len // block_size)
+        self.draft_graphs = (
+            DraftGraphs.of(model.mtp, top_k=bole.branching, depth=bole.max_depth, table_width=table_width)
+            if graphs and bole.speculates
+            else None
+        )
+        self.verify_graphs = (
+            VerifyGraphs.of(model, max_depth=tree_tokens, table_width=table_width) if graphs else None
+        )
+        self.mtp_graphs = (
+            MTPGraphs.of(model.mtp, max_depth=tree_tokens, table_width=table_width)
+            if graphs and bole.speculates
+            else None
+        )
+        self._chains: dict[int, TreeBatch] = {}  # the MTP follow-up's forest per batch size
+
+    # ------------------------------------------------------------------------------------ #
+    # Requests                                                                              #
+    # ------------------------------------------------------------------------------------ #
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        """Queue a request; one that can never fit is finished at once with an error."""
+        if params.stop and self.decode_text is None:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        request = Request(self._next_id, list(prompt_ids), params)
+        self._next_id += 1
+        if bad:
+            request.finish_reason, request.error = "error", f"token ids {bad[:5]} outside [0, {vocab})"
+            request.state = request.state.FINISHED
+            return request
+        self.scheduler.add(request)
+        return request
+
+    def abort(self, request: Request) -> None:
+        """Stop a request now; its slot and blocks return to the pools at once."""
+        self.scheduler.finish(request, "abort")
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    # ------------------------------------------------------------------------------------ #
+    # The step                                                                              #
+    # ------------------------------------------------------------------------------------ #
+
+    @torch.no_grad()
+    def step(self) -> list[StepEvent]:
+        events: list[StepEvent] = []
+        admitted = self.scheduler.admit(self.max_batch_size)
+        if admitted:
+            events += self._prefill(admitted)
+        running = [r for r in self.scheduler.running if r not in admitted]
+        if running:
+            events += self._speculate(running)
+        return events
+
+    def _prefill(self, requests: list[Request]) -> list[StepEvent]:
+        model, device = self.model, self.model.device
+        slots, tables = self._slots_and_tables(requests)
+        self.cache.reset_slots(slots)
+        lengths = [len(r.prompt_ids) for r in requests]
+        input_ids = device_tensor([t for r in requests for t in r.prompt_ids], device)
+        zeros = torch.zeros(len(requests), dtype=torch.long, device=device)
+        ctx = StepContext.chains(lengths, slots, tables, zeros)
+        hidden, logits = model.prefill(input_ids, ctx)
+        last = ctx.tree.cu_seqlens[1:] - 1
+        for r in requests:
+            seed = r.params.seed
+            generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+            room = self.scheduler.max_seq_len - self.scheduler.tree_tokens - len(r.prompt_ids)
+            r.runtime = RequestRuntime(-1, hidden[0], generator, min(r.params.max_tokens, room))
+        first = self._sample(logits, requests)
+        if self.bole.speculates:
+            self._mtp_prefill(requests, hidden, input_ids, ctx.tree)
+        events = []
+        for i, r in enumerate(requests):
+            r.context_len = lengths[i]
+            r.runtime.pending = first[i]
+            r.runtime.last_hidden = hidden[last[i]]
+            events.append(self._emit(r, [first[i]]))
+        return events
+
+    def _mtp_prefill(self, requests: list[Request], hidden, input_ids, tree: TreeBatch) -> None:
+        """MTP rows ``(hidden_p, token_{p+1})`` for p = 0 .. L-2 of each prompt (none for L = 1)."""
+        rows = [
+            (i, torch.arange(int(tree.cu_seqlens[i]), int(tree.cu_seqlens[i + 1]) - 1))
+            for i, r in enumerate(requests)
+            if len(r.prompt_ids) > 1
+        ]
+        if not rows:
+            return
+        idx = torch.cat([p for _, p in rows]).to(input_ids.device)
+        chosen = [requests[i] for i, _ in rows]
+        slots, tables = self._slots_and_tables(chosen)
+        zeros = torch.zeros(len(chosen), dtype=torch.long, device=input_ids.device)
+        ctx = StepContext.chains([p.numel() for _, p in rows], slots, tables, zeros)
+        self.model.mtp.prefill(hidden[idx], input_ids[idx + 1], ctx)
+
+    def _speculate(self, requests: list[Request]) -> list[StepEvent]:
+        model, bole, device = self.model, self.bole, self.model.device
+        slots, tables = self._slots_and_tables(requests)
+        context_lens = device_tensor([r.context_len for r in requests], device)
+        pending = device_tensor([r.runtime.pending for r in requests], device)
+        settings = self._settings(requests) if bole.speculates else None  # drafting and acceptance
+        if bole.speculates:
+            with phase("draft"):
+                last_hidden = torch.stack([r.runtime.last_hidden for r in requests])
+                pool = self._draft(pending, last_hidden, slots, tables, context_lens - 1, settings)
+            with phase("select"):
+                tokens, tree, _ = select_tree(
+                    pool, len(requests), per_request=bole.draft_tokens, total=self._budget(requests)
+                )
+        else:
+            tokens = pending
+            tree = StepContext.single_tokens(slots, tables, context_lens).tree
+        ctx = StepContext(slots, tables, context_lens, tree)
+        scheme = self._gdn_scheme()
+        with phase("verify"):
+            logits, hidden, verify_pending = self._verify(tokens, ctx, scheme)
+        with phase("accept"):
+            leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
+        with phase("commit"):
+            model.commit(verify_pending, leaf)
+        outcome = StepOutcome.of(tree, tokens, leaf, bonus)
+        if bole.speculates:
+            with phase("mtp_follow"):
+                self._mtp_follow(tree, tokens, hidden, leaf, last_hidden, slots, tables, context_lens)
+        next_hidden = hidden[leaf + tree.cu_seqlens[:-1]]  # a copy: a replayed verify's hidden is reused
+        events = []
+        for i, r in enumerate(requests):
+            accepted = outcome.accepted[i]
+            r.stats.steps += 1
+            r.stats.drafted += outcome.drafted[i]
+            r.stats.accepted += len(accepted)
+            r.context_len += len(accepted) + 1  # the pending token and the accepted drafts
+            r.runtime.pending = outcome.bonus[i]
+            r.runtime.last_hidden = next_hidden[i]
+            events.append(self._emit(r, [*accepted, outcome.bonus[i]]))
+        return events
+
+    def _mtp_follow(self, tree, tokens, hidden, leaf, last_hidden, slots, tables, context_lens) -> None:
+        """Write the MTP rows of each accepted path, built from the *target's* hidden states (as in
+        prefill): row j pairs the hidden state before path node j with node j's token (row 0: the
+        request's ``last_hidden``, the state that predicted its pending token). Every path is padded to
+        the deepest a step can accept, a chain of ``max_depth + 1`` rows: the MTP computes the padding
+        rows and writes only the path's (no per-request work on the host; the shapes are the batch's,
+        replayed from a graph on a GPU)."""
+        batch, width = leaf.numel(), self.bole.max_depth + 1
+        leaf_global = leaf + tree.cu_seqlens[:-1]
+        paths = tree.paths[leaf_global]
+        rows = torch.nn.functional.pad(paths, (0, width - paths.shape[1])).clamp(min=0)  # [B, width]
+        inputs = torch.cat([last_hidden[:, None], hidden[rows[:, :-1]]], dim=1).flatten(0, 1)
+        if batch not in self._chains:
+            self._chains[batch] = TreeBatch.chains([width] * batch, device=leaf.device)
+        ctx = StepContext(slots, tables, context_lens - 1, self._chains[batch])
+        mtp_inputs = (inputs, tokens[rows].flatten())
+        if self.mtp_graphs is not None:
+            _, _, pending = self.mtp_graphs(mtp_inputs, ctx, "follow")
+        else:
+            _, _, pending = self.model.mtp.verify(*mtp_inputs, ctx)
+        self.model.mtp.commit(pending, tree.depth[leaf_global] - 1)
+
+    # ------------------------------------------------------------------------------------ #
+    # Pieces                                                                                #
+    # ------------------------------------------------------------------------------------ #
+
+    def capture_graphs(self, batch_sizes=None) -> int:
+        """Capture, ahead of traffic, the CUDA graphs of these batch sizes (default: 1 .. max_batch_size):
+        the greedy draft's, and the verify's of full trees (every request with its ``draft_tokens`` drafts
+        and its pending token); returns how many were newly captured (none without graphs)."""
+        sizes = list(batch_sizes or range(1, self.max_batch_size + 1))
+        new = self.draft_graphs.capture(sizes) if self.draft_graphs is not None else []
+        if self.verify_graphs is not None:
+            per_request = self.bole.draft_tokens + 1
+            scheme = self._gdn_scheme()
+            new += self.verify_graphs.capture([(b, b * per_request, per_request) for b in sizes], scheme)
+        if self.mtp_graphs is not None:
+            width = self.bole.max_depth + 1
+            new += self.mtp_graphs.capture([(b, b * width, width) for b in sizes], "follow")
+        return len(new)
+
+    def _gdn_scheme(self) -> str:
+        return "serial" if self.bole.mode in ("chain", "tree-serial") else "bole"
+
+    def _verify(self, tokens, ctx: StepContext, scheme: str):
+        """The target's verify of the step's forest: replayed from a graph on a GPU, else launched."""
+        if self.verify_graphs is not None:
+            return self.verify_graphs((tokens,), ctx, scheme)
+        return self.model.verify(tokens, ctx, gdn_scheme=scheme)
+
+    def _draft(self, pending, last_hidden, slots, tables, mtp_context_lens, settings: DraftSettings):
+        """The step's candidate pool: replayed from a graph for a greedy batch on a GPU, else drafted."""
+        inputs = (pending, last_hidden, slots, tables, mtp_context_lens, settings)
+        if self.draft_graphs is not None and settings.all_greedy:
+            return self.draft_graphs(*inputs)
+        return draft(self.model.mtp, *inputs, top_k=self.bole.branching, depth=self.bole.max_depth)
+
+    def _accept(
+        self, requests, tree: TreeBatch, tokens, logits, settings: DraftSettings | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``settings``: the step's, when drafting made them (else made here, for sampled requests)."""
+        if all(r.params.temperature <= 0 for r in requests):
+            return greedy_accept(tree, tokens, logits.argmax(-1))
+        settings = self._settings(requests) if settings is None else settings
+
+        def probs_at(node: int) -> torch.Tensor:
+            b = int(tree.request[node])
+            return process_logits(
+                logits[node : node + 1],
+                settings.temperature[b : b + 1],
+                settings.top_k[b : b + 1],
+                settings.top_p[b : b + 1],
+            )[0]
+
+        return sample_accept(tree, tokens, probs_at, [r.runtime.generator for r in requests])
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+        """The first token of each request, from its prefill logits."""
+        s = self._settings(requests)
+        if s.all_greedy:
+            return logits.argmax(-1).tolist()
+        probs = process_logits(logits, s.temperature, s.top_k, s.top_p)
+        return [
+            int(probs[i].argmax())
+            if r.params.temperature <= 0
+            else int(torch.multinomial(probs[i], 1, generator=r.runtime.generator))
+            for i, r in enumerate(requests)
+        ]
+
+    def _settings(self, requests: list[Request]) -> DraftSettings:
+        params = [r.params for r in requests]
+        return DraftSettings.of(
+            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params],
+            self.model.device,
+        )  # fmt: skip
+
+    def _budget(self, requests: list[Request]) -> int | None:
+        if self.bole.mode != "bole" or self.budget is None:
+            return None
+        context = max(r.context_len for r in requests)
+        return self.budget.lookup(len(requests), context, epsilon=self.bole.epsilon)
+
+    def _slots_and_tables(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.model.device
+        width = max(len(r.blocks) for r in requests)
+        tables = torch.zeros(len(requests), width, dtype=torch.int32)
+        for i, r in enumerate(requests):
+            tables[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+        return device_tensor([r.slot for r in requests], device), to_device(tables, device)
+
+    def _emit(self, request: Request, new_tokens: list[int]) -> StepEvent:
+        """Append tokens, stopping at max_tokens, a stop token or a stop string."""
+        params, runtime = request.params, request.runtime
+        stops = set(params.stop_token_ids)
+        if self.eos_token_id is not None and not params.ignore_eos:
+            stops.add(self.eos_token_id)
+        emitted, reason = [], None
+        for token in new_tokens:
+            if token in stops:
+                reason = "stop"
+                break
+            emitted.append(token)
+            request.output_ids.append(token)
+            if params.stop and any(s in self.decode_text(request.output_ids) for s in params.stop):
+                reason = "stop"
+                break
+            if len(request.output_ids) >= runtime.max_new:
+                reason = "length"
+                break
+        if reason is not None:
+            self.scheduler.finish(request, reason)
+        return StepEvent(request, emitted, reason is not None)
