@@ -10,6 +10,7 @@
 #   bash benchmarks/h200.sh realdims  # 9B/27B dims: step latency, GDN verify share, budget sweep (the 32-prompt MAT curve)
 #   bash benchmarks/h200.sh train     # re-train the embedded model with its seed; compare with the committed log
 #   bash benchmarks/h200.sh configs   # every verify config at the embedded model's and 9B's heads, fp32 and bf16
+#   bash benchmarks/h200.sh ratios    # the launcher's default vs SGLang, B = 1 and 16, five fresh-input rounds
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -70,7 +71,11 @@ train)
 configs)
     timeout 580 python benchmarks/sweep_verify_configs.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "sweep rc=$?"
     ;;
+ratios)
+    timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "ratios rc=$?"
+    tail -4 "$OUT/log.txt"
+    ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios" >&2
     exit 2 ;;
 esac

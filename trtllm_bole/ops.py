@@ -1,5 +1,7 @@
 """The one public dispatch point for Bole's operators: CPU tensors run the torch reference, CUDA
-tensors run the Triton kernels (``trtllm_bole.kernels``). Inputs are validated here, once.
+tensors run the Triton kernels (``trtllm_bole.kernels``). Inputs are validated here, once (the slot
+indices' values excepted while a CUDA graph captures: a capture records kernels, and the capturing
+caller, :mod:`trtllm_bole.spec.verify_graphs`, owns the values it replays).
 
 Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 

@@ -31,7 +31,6 @@ tile otherwise (the benchmark measures both kinds of config); the state tile is 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -334,14 +333,14 @@ def exact_config(dk: int, dv: int) -> VerifyConfig:
 
 def default_precision(q_dtype: torch.dtype, v_dtype: torch.dtype, cfg: VerifyConfig | InverseConfig) -> str:
     """The launcher's precision when none is given. fp32 q/k/v: ``ieee`` (the fp32-exact mode). 16-bit
-    q/k/v (serving): ``bf16`` state products, the precision of every default in
-    benchmarks/results/gdn_verify_h200_focus.json: 1.2-1.3x faster than ``tf32`` at Qwen3.5-9B, T = 64
-    (18.5 against 22.6 µs at B = 1, 74.4 against 87.5 µs at B = 16) for the same error (worst relative
-    RMS 2.3e-3; the inputs' rounding dominates). ``tf32`` where bf16 is refused
-    (:func:`~.gdn_tree_verify_inverse.bf16_refused`)."""
+    q/k/v (serving): ``bf16`` state products, as measured in benchmarks/results/gdn_verify_h200_focus.json:
+    1.2x faster than ``tf32`` at Qwen3.5-9B, T = 64 (18.6 against 23.4 µs at B = 2, 71.5 against
+    84.7 µs at B = 16) for the same error (worst relative RMS 2.3e-3; the inputs' rounding dominates).
+    ``tf32`` where bf16 is refused (:func:`~.gdn_tree_verify_inverse.bf16_refused`) and for the
+    inverse path's tiles of 32, where it measured faster (T = 32, B = 16: 40.3 against 46.5 µs)."""
     if q_dtype == torch.float32 and v_dtype == torch.float32:
         return "ieee"
-    return "tf32" if isinstance(cfg, InverseConfig) and bf16_refused(cfg) else "bf16"
+    return "tf32" if isinstance(cfg, InverseConfig) and (bf16_refused(cfg) or cfg.bt == 32) else "bf16"
 
 
 H200_SMS = 132
@@ -349,30 +348,38 @@ H200_SMS = 132
 
 
 def default_config(
-    num_nodes: int, num_requests: int, hv: int, dk: int, dv: int, num_sms: int = H200_SMS
+    num_nodes: int,
+    num_requests: int,
+    hv: int,
+    dk: int,
+    dv: int,
+    num_sms: int = H200_SMS,
+    precision: str | None = None,
 ) -> VerifyConfig | InverseConfig:
     """The launcher's config from the shape alone (no device sync), by the H200 measurement of
     benchmarks/results/gdn_verify_h200_focus.json (CUDA-graph times, Qwen3.5-9B/27B heads, B = 1 … 32):
 
-    - requests of 33 to 64 nodes (the average): the explicit-inverse path in one tile of 64. Up to 64
-      (request, value head) pairs: one launch with value tiles of 64 (the latency-bound regime). Beyond,
-      one launch with full value tiles (one program per pair, one program per SM) while its last wave
-      of programs is at least 90% full (or there is a single wave), else two launches (the factor
-      kernel at two programs per SM, then value tiles of 64 at four): a partial last wave of the
-      one-launch kernel costs a whole wave (27B, B = 4: 192 pairs, 45% of a second wave, 1.17x slower);
+    - requests of 33 to 64 nodes (the average): the explicit-inverse path in one tile of 64, in one
+      launch while the (request, value head) pairs fit one wave of programs: value tiles of 32 while
+      four per pair still do (fp32 state products: bf16 is refused there, so not when ``precision``
+      asks for bf16; 9B, B = 1: 17.8 against 18.2 µs), of 64 up to 64 pairs, full tiles up to one
+      program per SM; beyond, two launches (the factor kernel at two programs per SM, then value tiles
+      of 64 at three), which won every point past one wave (9B, B = 8: 41.7 against 45.4 µs for full
+      tiles in one launch);
     - requests of 17 to 32 nodes: tiles of 32 in two launches;
     - smaller or larger trees: the blocked kernel (:func:`blocked_default_config`), faster there (T = 8,
       16: 30 µs against 36-39 µs; T = 128, 256: 1.3-1.5x at B = 16)."""
     per_request = -(-num_nodes // max(num_requests, 1))
     pairs = num_requests * hv
-    waves = pairs / num_sms
     if per_request <= 16 or per_request > 64:
         return blocked_default_config(num_nodes, num_requests, hv, dk, dv)
     if per_request <= 32:
         picked = (32, 64, 64, 4, 2, 2)
+    elif 4 * pairs <= num_sms and precision != "bf16":
+        picked = (64, 64, 32, 4, 1, 4)
     elif pairs <= 64:
         picked = (64, 128, 64, 8, 1, 8)
-    elif waves <= 1 or math.ceil(waves) - waves <= 0.1:
+    elif pairs <= num_sms:
         picked = (64, 64, 128, 8, 1, 8)
     else:
         picked = (64, 64, 64, 4, 2, 4)
@@ -400,7 +407,7 @@ def default_plan(
     if config is None and exact:
         config = exact_config(dk, dv)
     elif config is None:
-        config = default_config(num_nodes, num_requests, hv, dk, dv, num_sms)
+        config = default_config(num_nodes, num_requests, hv, dk, dv, num_sms, precision)
     return config, precision or default_precision(q_dtype, v_dtype, config)
 
 

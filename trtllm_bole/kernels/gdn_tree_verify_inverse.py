@@ -2,31 +2,36 @@
 
 Rewriting Lemma 2 and Theorem 1 with ``W = (I + G)⁻¹`` and ``X = V - D_P K S_pre``:
 
-    U = W' X,    O = scale (D_P Q S_pre) + M' X,    W' = W D_β,    M' = scale C W'.
+    U = W' X,    O = scale (D_P Q S_pre) + C' U,    W' = W D_β,    C' = scale C.
 
-``W'`` and ``M'`` depend on the tree, Q, K and the gates only (not on the state or the value channel),
+``W'`` and ``C'`` depend on the tree, Q, K and the gates only (not on the state or the value channel),
 and are nonzero only where column node j is an ancestor of (or is) row node i: the ancestor relation is
 transitive, so every power of G keeps G's pattern. A row therefore holds at most ``d`` (tree depth)
 nonzeros, which we store compactly as ``[HV, N, d]`` indexed by the column node's depth: 2·d floats per
 node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
 
 - Phase 1, once per (request, value head): ancestor masks from the pre-order interval test; ``logP`` as a
-  masked row sum of g in registers; ``K Kᵀ``, ``Q Kᵀ``; ``G``, ``C``; ``W = (I - G)(I + G²)(I + G⁴)…``
-  (⌈log2 d⌉ squarings, ``G^d = 0`` by Lemma 3); ``M' = scale C W D_β``. Trees larger than the tile
-  ``BT`` are blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back.
+  masked row sum of g in registers; ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2 d⌉
+  squarings, ``G^d = 0`` by Lemma 3); ``C'`` from ``Q Kᵀ``. Trees larger than the tile ``BT`` are
+  blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back (their ``C'``
+  is formed in phase 2, block by block).
 - Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
-  each state chunk for both), X, then two tensor-core products for U and O. For trees larger than
-  ``BT``, X goes through the ``u`` output and row blocks are finished last-first (``U_r`` only needs
-  ``X_c``, c ≤ r).
+  each state chunk for both), X, ``U = W' X``, ``O`` from ``C' U``. For trees larger than ``BT``, X goes
+  through the ``u`` output, row blocks of U are finished last-first (``U_r`` only needs ``X_c``, c ≤ r),
+  then O.
 
-Both phases are latency-bound (benchmarks/profile_verify.py: at batch 1 the phase-1 kernel alone takes
+O from ``C' U`` rather than from ``(C' W') X`` saves phase 1 a ``[T, T]`` product (H200, Qwen3.5-9B
+heads, T = 64: 3-7 % of the verify at B = 1 … 32).
+
+Both phases are latency-bound (benchmarks/profile_verify.py: at batch 1 the phase-1 kernel alone took
 16 µs, the value-tile kernel 11-13 µs, a state copy 6 µs), so a single-tile program issues every load
 before its first use: the state tile first (one chunk, ``BK = dk``), then the tree, the gates and the
 rows of K, Q and V, each loaded once (one round trip after the request's offsets instead of one per use).
 
 ``launches=2`` runs the phases as two kernels (phase 1 once per head; the factors make one round trip
 through L2); ``launches=1`` runs both in every program of one launch (phase 1 repeated per value tile,
-the factors stay in registers for trees of up to ``BT`` nodes): the benchmark measures both.
+the factors stay in registers for trees of up to ``BT`` nodes; ``C'`` is formed after the state
+products, which leaves fewer tiles live next to the inverse): the benchmark measures both.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import triton.language as tl
 
 from trtllm_bole.kernels._verify_tiles import (
     _UPCAST,
-    _gram2,
+    _gram,
     _is_ancestor,
     _operand,
     _rows,
@@ -141,37 +146,37 @@ def _inverse(a, eye, n_squarings, plain_last, PREC: tl.constexpr):
 
 
 @triton.jit
-def _tile_factors(
-    k_t, q_t, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings, plain_last,
-    BT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """Phase 1 for a tree of at most ``BT`` nodes, in registers, from the tree's loaded ``K`` and ``Q``
-    rows (``[BT, dk]``): ``logP``, ``W' = W D_β``, ``M'``. ``K Kᵀ`` is consumed before ``Q Kᵀ`` is
-    formed, and the masks and ratios are recomputed rather than kept, so that few ``[BT, BT]`` tiles are
-    live at once."""
+def _log_decay(anc, g_t):
+    """``logP``: the masked row sum of g over each node's ancestors-or-self, in registers."""
+    return tl.sum(tl.where(anc, g_t[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def _path_ratio(anc, lp_row, lp_col):
+    """``exp(logP_i - logP_j)`` on ancestor pairs, zero elsewhere."""
+    return tl.exp(tl.where(anc, lp_row[:, None] - lp_col[None, :], float("-inf")))
+
+
+@triton.jit
+def _factors(kk, ord_t, end_t, m_t, g_t, b_t, n_squarings, plain_last, BT: tl.constexpr, PREC: tl.constexpr):
+    """Phase 1 for a tree of at most ``BT`` nodes, in registers, from ``K Kᵀ``: ``logP`` and
+    ``W' = W D_β``. The masks and ratios are recomputed rather than kept (few ``[BT, BT]`` tiles live)."""
     o_t = tl.arange(0, BT)
-    anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
-    lp = tl.sum(tl.where(anc, g_t[None, :], 0.0), axis=1)
-    k_op = _operand(k_t, UPCAST)
-    kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
-    ratio = tl.exp(tl.where(anc, lp[:, None] - lp[None, :], float("-inf")))
-    a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_t[:, None] * ratio * kk, 0.0)
-    w = _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, plain_last, PREC) * b_t[None, :]
-    qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
-    anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
-    c = tl.exp(tl.where(anc, lp[:, None] - lp[None, :], float("-inf"))) * qk
-    return lp, w, tl.dot(c, w, input_precision=PREC) * scale
+    lp = _log_decay(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), g_t)
+    ratio = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp)
+    a = tl.where(o_t[:, None] != o_t[None, :], -b_t[:, None] * ratio * kk, 0.0)
+    return lp, _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, plain_last, PREC) * b_t[None, :]
 
 
 @triton.jit
 def _blocked_factors(
-    q_req, k_req, g_req, b_req, dfs_req, size_req, dep_req, lp_req, w_req, m_req,
-    n_t, hv, d, a_exp_h, dt_bias_h, scale, n_squarings, plain_last,
+    k_req, g_req, b_req, dfs_req, size_req, dep_req, lp_req, w_req,
+    n_t, hv, d, a_exp_h, dt_bias_h, n_squarings, plain_last,
     ROW_STRIDE: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
 ):  # fmt: skip
-    """Phase 1 for a tree of more than ``BT`` nodes, by row blocks: ``logP`` and the compact ``W'``,
-    ``M'`` of block row r are stored before a barrier; later rows read them back."""
+    """Phase 1 for a tree of more than ``BT`` nodes, by row blocks: ``logP`` and the compact ``W'`` of
+    block row r are stored before a barrier; later rows read them back."""
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     eye = o_t[:, None] == o_t[None, :]
@@ -190,19 +195,15 @@ def _blocked_factors(
             ord_c = tl.load(dfs_req + cols).to(tl.int32)
             end_c = ord_c + tl.load(size_req + cols).to(tl.int32)
             g_c, _ = _gates(g_req, b_req, cols, full, hv, a_exp_h, dt_bias_h, RAW_GATES)
-            lp_r += tl.sum(tl.where(_is_ancestor(ord_r, ord_c, end_c, m_r, full), g_c[None, :], 0.0), axis=1)
+            lp_r += _log_decay(_is_ancestor(ord_r, ord_c, end_c, m_r, full), g_c)
         anc_rr = _is_ancestor(ord_r, ord_r, end_r, m_r, m_r)
-        lp_r += tl.sum(tl.where(anc_rr, g_r[None, :], 0.0), axis=1)
+        lp_r += _log_decay(anc_rr, g_r)
         tl.store(lp_req + rows * hv, lp_r, mask=m_r)
 
-        ratio = tl.exp(tl.where(anc_rr, lp_r[:, None] - lp_r[None, :], float("-inf")))
-        kk, qk = _gram2(q_req, k_req, rows, m_r, rows, m_r, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST)
-        a_rr = tl.where(anc_rr & off_diag, -b_r[:, None] * ratio * kk, 0.0)
+        kk = _gram(k_req, k_req, rows, m_r, rows, m_r, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST)
+        a_rr = tl.where(off_diag, -b_r[:, None] * _path_ratio(anc_rr, lp_r, lp_r) * kk, 0.0)
         w_rr = _inverse(a_rr, eye, n_squarings, plain_last, PREC)
-        c_rr = ratio * qk
-        offs = _path_offsets(rows, dep_r, d)
-        tl.store(w_req + offs, w_rr * b_r[None, :], mask=anc_rr)
-        tl.store(m_req + offs, tl.dot(c_rr, w_rr * b_r[None, :], input_precision=PREC) * scale, mask=anc_rr)
+        tl.store(w_req + _path_offsets(rows, dep_r, d), w_rr * b_r[None, :], mask=anc_rr)
         for c in range(0, r):
             cols = c * BT + o_t
             ord_c = tl.load(dfs_req + cols).to(tl.int32)
@@ -211,27 +212,21 @@ def _blocked_factors(
             if tl.max(anc_rc.to(tl.int32)) > 0:  # tiles without ancestor pairs are zero: never stored
                 dep_c = tl.load(dep_req + cols).to(tl.int32)
                 acc_w = tl.zeros([BT, BT], dtype=tl.float32)
-                acc_m = tl.zeros([BT, BT], dtype=tl.float32)
                 for mb in range(c, r):
                     mid = mb * BT + o_t
                     ord_m = tl.load(dfs_req + mid).to(tl.int32)
                     end_m = ord_m + tl.load(size_req + mid).to(tl.int32)
                     anc_rm = _is_ancestor(ord_r, ord_m, end_m, m_r, full)
                     if tl.max(anc_rm.to(tl.int32)) > 0:
-                        lp_m = tl.load(lp_req + mid * hv)
-                        ratio_rm = tl.exp(tl.where(anc_rm, lp_r[:, None] - lp_m[None, :], float("-inf")))
-                        kk_rm, qk_rm = _gram2(
-                            q_req, k_req, rows, m_r, mid, full, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST
+                        ratio_rm = _path_ratio(anc_rm, lp_r, tl.load(lp_req + mid * hv))
+                        kk_rm = _gram(
+                            k_req, k_req, rows, m_r, mid, full, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST
                         )
                         anc_mc = _is_ancestor(ord_m, ord_c, end_c, full, full)
                         w_mc = tl.load(w_req + _path_offsets(mid, dep_c, d), mask=anc_mc, other=0.0)
                         acc_w = tl.dot(b_r[:, None] * ratio_rm * kk_rm, w_mc, acc_w, input_precision=PREC)
-                        acc_m = tl.dot(ratio_rm * qk_rm, w_mc, acc_m, input_precision=PREC)
                 w_rc = -tl.dot(w_rr, acc_w, input_precision=PREC)
-                acc_m = tl.dot(c_rr, w_rc, acc_m, input_precision=PREC)
-                offs = _path_offsets(rows, dep_c, d)
-                tl.store(w_req + offs, w_rc, mask=anc_rc)
-                tl.store(m_req + offs, acc_m * scale, mask=anc_rc)
+                tl.store(w_req + _path_offsets(rows, dep_c, d), w_rc, mask=anc_rc)
         tl.debug_barrier()  # later block rows read this row's logP and factors back
 
 
@@ -252,11 +247,14 @@ def _state_dot(a_req, s_req, rows, m, o_v, acc, ROW_STRIDE: tl.constexpr, DK: tl
 def _state_dots(k_req, q_req, s_req, rows, m, o_v, ROW_STRIDE: tl.constexpr, DK: tl.constexpr,
                 DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
                 S_BF16: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
-    """``K_rows S[:, o_v]`` and ``Q_rows S[:, o_v]`` from one load of each ``BK`` chunk of the state."""
+    """``K_rows S[:, o_v]`` and ``Q_rows S[:, o_v]`` from one load of each ``BK`` chunk of the state. The
+    chunk loop is unrolled, so that every chunk's loads can be issued before the first product (H200,
+    Qwen3.5 heads, T = 64, two launches: 1.5-5 % faster at B = 16-32 than the rolled loop, which
+    software pipelining over 2-3 stages did not beat)."""
     o_k = tl.arange(0, BK)
     ks = tl.zeros([BT, BV], dtype=tl.float32)
     qs = tl.zeros([BT, BV], dtype=tl.float32)
-    for kc in range(0, DK, BK):
+    for kc in tl.static_range(0, DK, BK):
         s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :]))
         ks = _state_product(_rows(k_req, rows, m, ROW_STRIDE, kc + o_k), s_c, ks, PREC, S_BF16, UPCAST)
         qs = _state_product(_rows(q_req, rows, m, ROW_STRIDE, kc + o_k), s_c, qs, PREC, S_BF16, UPCAST)
@@ -265,14 +263,17 @@ def _state_dots(k_req, q_req, s_req, rows, m, o_v, ROW_STRIDE: tl.constexpr, DK:
 
 @triton.jit
 def _blocked_apply(
-    q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req, w_req, m_req,
+    q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req, w_req,
     n_t, hv, d, scale, o_v,
     H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PREC: tl.constexpr, S_BF16: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """Phase 2 for a tree of more than ``BT`` nodes: X of every row block to ``u``, then U and O of the
-    row blocks last-first (``U_r = Σ_{c≤r} W'_rc X_c``: a block's X is read before it is overwritten)."""
+    """Phase 2 for a tree of more than ``BT`` nodes, through the ``u`` output: X of every row block, then
+    U of the row blocks last-first (``U_r = Σ_{c≤r} W'_rc X_c``: a block's X is read before it is
+    overwritten), then O (``O_r = scale (D_P Q_r S + Σ_{c≤r} C_rc U_c)``). Column blocks without
+    ancestor pairs add nothing and are not read."""
     o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
     n_b = tl.cdiv(n_t, BT)
     for r in range(0, n_b):
         rows = r * BT + o_t
@@ -288,28 +289,46 @@ def _blocked_apply(
         rows = r * BT + o_t
         m_r = rows < n_t
         ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
-        decay = tl.exp(tl.load(lp_req + rows * hv, mask=m_r, other=0.0))
-        qs = _state_dot(q_req, s_req, rows, m_r, o_v, tl.zeros([BT, BV], dtype=tl.float32), H * DK, DK, DV,
-                        BK, PREC, S_BF16, UPCAST)  # fmt: skip
-        acc_o = scale * decay[:, None] * qs
         acc_u = tl.zeros([BT, BV], dtype=tl.float32)
         for c in range(0, r + 1):
             cols = c * BT + o_t
             m_c = cols < n_t
             ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
-            end_c = ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32)
-            anc = _is_ancestor(ord_r, ord_c, end_c, m_r, m_c)
+            anc = _is_ancestor(
+                ord_r, ord_c, ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32), m_r, m_c
+            )
             if tl.max(anc.to(tl.int32)) > 0:
                 offs = _path_offsets(rows, tl.load(dep_req + cols, mask=m_c, other=1).to(tl.int32), d)
                 x_c = tl.load(
                     u_req + (cols[:, None] * (hv * DV) + o_v[None, :]), mask=m_c[:, None], other=0.0
                 )
                 acc_u = tl.dot(tl.load(w_req + offs, mask=anc, other=0.0), x_c, acc_u, input_precision=PREC)
-                acc_o = tl.dot(tl.load(m_req + offs, mask=anc, other=0.0), x_c, acc_o, input_precision=PREC)
         tl.debug_barrier()  # every thread has read X_r before U_r overwrites it
+        tl.store(u_req + (rows[:, None] * (hv * DV) + o_v[None, :]), acc_u, mask=m_r[:, None])
+    tl.debug_barrier()  # every U_c is in place before O reads them
+    for r in range(0, n_b):
+        rows = r * BT + o_t
+        m_r = rows < n_t
+        ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
+        lp_r = tl.load(lp_req + rows * hv, mask=m_r, other=0.0)
+        acc_o = _state_dot(q_req, s_req, rows, m_r, o_v, tl.zeros([BT, BV], dtype=tl.float32), H * DK, DK, DV,
+                           BK, PREC, S_BF16, UPCAST) * tl.exp(lp_r)[:, None]  # fmt: skip
+        for c in range(0, r + 1):
+            cols = c * BT + o_t
+            m_c = cols < n_t
+            ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
+            anc = _is_ancestor(
+                ord_r, ord_c, ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32), m_r, m_c
+            )
+            if tl.max(anc.to(tl.int32)) > 0:
+                qk = _gram(q_req, k_req, rows, m_r, cols, m_c, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
+                c_rc = _path_ratio(anc, lp_r, tl.load(lp_req + cols * hv, mask=m_c, other=0.0)) * qk
+                u_c = tl.load(
+                    u_req + (cols[:, None] * (hv * DV) + o_v[None, :]), mask=m_c[:, None], other=0.0
+                )
+                acc_o = tl.dot(c_rc, u_c, acc_o, input_precision=PREC)
         out = rows[:, None] * (hv * DV) + o_v[None, :]
-        tl.store(u_req + out, acc_u, mask=m_r[:, None])
-        tl.store(o_req + out, acc_o.to(o_req.dtype.element_ty), mask=m_r[:, None])
+        tl.store(o_req + out, (acc_o * scale).to(o_req.dtype.element_ty), mask=m_r[:, None])
 
 
 @triton.jit(do_not_specialize=["n_squarings", "plain_last", "d", "n_total"])
@@ -333,9 +352,11 @@ def _gdn_tree_verify_inverse_kernel(
     dfs_req = dfs_order + bos
     size_req = subtree_size + bos
     dep_req = depth + bos
+    g_req = g + bos * hv + i_hv
+    b_req = beta + bos * hv + i_hv
     lp_req = log_p + bos * hv + i_hv
-    w_req = factors + (i_hv * n_total + bos) * d  # [2, HV, N, d]: W' then M'
-    m_req = w_req + hv * n_total * d
+    w_req = factors + (i_hv * n_total + bos) * d  # [2, HV, N, d]: W', then C' (trees of one tile)
+    c_req = w_req + hv * n_total * d
     a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32)) if RAW_GATES else 1.0
     dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32) if RAW_GATES else 0.0
     o_v = i_v * BV + tl.arange(0, BV)
@@ -349,13 +370,12 @@ def _gdn_tree_verify_inverse_kernel(
     if BLOCKED:
         if n_t > BT:
             if PHASE != 2:
-                _blocked_factors(q_req, k_req, g + bos * hv + i_hv, beta + bos * hv + i_hv, dfs_req, size_req,
-                                 dep_req, lp_req, w_req, m_req, n_t, hv, d, a_exp_h, dt_bias_h, scale,
-                                 n_squarings, plain_last, H * DK, DK, BT, BK, PREC, UPCAST,
-                                 RAW_GATES)  # fmt: skip
+                _blocked_factors(k_req, g_req, b_req, dfs_req, size_req, dep_req, lp_req, w_req, n_t, hv, d,
+                                 a_exp_h, dt_bias_h, n_squarings, plain_last, H * DK, DK, BT, BK, PREC,
+                                 UPCAST, RAW_GATES)  # fmt: skip
             if PHASE != 1:
                 _blocked_apply(q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req,
-                               w_req, m_req, n_t, hv, d, scale, o_v, H, DK, DV, BT, BK, BV, PREC, S_BF16,
+                               w_req, n_t, hv, d, scale, o_v, H, DK, DV, BT, BK, BV, PREC, S_BF16,
                                UPCAST)  # fmt: skip
     elif n_t <= BT:
         # Every load is issued before the first use (one round trip after the request's offsets): the
@@ -370,27 +390,27 @@ def _gdn_tree_verify_inverse_kernel(
         if PHASE != 3:
             offs = _path_offsets(o_t, tl.load(dep_req + o_t, mask=m_t, other=1).to(tl.int32), d)
         if PHASE != 2:
-            g_t, b_t = _gates(g + bos * hv + i_hv, beta + bos * hv + i_hv, o_t, m_t, hv, a_exp_h, dt_bias_h,
-                              RAW_GATES)  # fmt: skip
-        else:
-            lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)
+            g_t, b_t = _gates(g_req, b_req, o_t, m_t, hv, a_exp_h, dt_bias_h, RAW_GATES)
         if PHASE != 2 or BK == DK:
             k_t = _rows(k_req, o_t, m_t, H * DK, o_d)
             q_t = _rows(q_req, o_t, m_t, H * DK, o_d)
         if PHASE != 1:
             v_t = _rows(v_req, o_t, m_t, hv * DV, o_v)
         if PHASE != 2:
-            lp, w, mm = _tile_factors(k_t, q_t, ord_t, end_t, m_t, g_t, b_t, scale, n_squarings, plain_last,
-                                      BT, PREC, UPCAST)  # fmt: skip
+            k_op = _operand(k_t, UPCAST)
+            kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
+            lp, w = _factors(kk, ord_t, end_t, m_t, g_t, b_t, n_squarings, plain_last, BT, PREC)
             tl.store(lp_req + o_t * hv, lp, mask=m_t)
             if PHASE == 1:
                 anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
                 tl.store(w_req + offs, w, mask=anc)
-                tl.store(m_req + offs, mm, mask=anc)
+                qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
+                tl.store(c_req + offs, _path_ratio(anc, lp, lp) * qk * scale, mask=anc)
         else:
             anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
+            lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)
             w = tl.load(w_req + offs, mask=anc, other=0.0)
-            mm = tl.load(m_req + offs, mask=anc, other=0.0)
+            c_t = tl.load(c_req + offs, mask=anc, other=0.0)
         if PHASE != 1:
             decay = tl.exp(lp)
             if BK == DK:
@@ -400,10 +420,14 @@ def _gdn_tree_verify_inverse_kernel(
             else:
                 ks, qs = _state_dots(k_req, q_req, s_req, o_t, m_t, o_v, H * DK, DK, DV, BT, BK, BV, PREC,
                                      S_BF16, UPCAST)  # fmt: skip
+            if PHASE == 3:  # C' formed after the state products: fewer tiles live than next to the inverse
+                qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
+                c_t = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp) * qk * scale
             x = v_t.to(tl.float32) - decay[:, None] * ks
             out = o_t[:, None] * (hv * DV) + o_v[None, :]
-            tl.store(u_req + out, tl.dot(w, x, input_precision=PREC), mask=m_t[:, None])
-            o_out = tl.dot(mm, x, scale * decay[:, None] * qs, input_precision=PREC)
+            u_t = tl.dot(w, x, input_precision=PREC)
+            tl.store(u_req + out, u_t, mask=m_t[:, None])
+            o_out = tl.dot(c_t, u_t, scale * decay[:, None] * qs, input_precision=PREC)
             tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
 
 
@@ -481,7 +505,12 @@ def launch_inverse(
                 *args, **phase1, PHASE=1, BLOCKED=blocked, num_warps=cfg.warps1, num_stages=1
             )
             _gdn_tree_verify_inverse_kernel[grid](
-                *args, **consts, PHASE=2, BLOCKED=blocked, num_warps=cfg.num_warps, num_stages=1
+                *args,
+                **consts,
+                PHASE=2,
+                BLOCKED=blocked,
+                num_warps=cfg.num_warps,
+                num_stages=1,
             )
         else:
             _gdn_tree_verify_inverse_kernel[grid](
@@ -490,4 +519,10 @@ def launch_inverse(
     return outputs
 
 
-__all__ = ["INVERSE_CONFIGS", "InverseConfig", "bf16_refused", "check_inverse_config", "launch_inverse"]
+__all__ = [
+    "INVERSE_CONFIGS",
+    "InverseConfig",
+    "bf16_refused",
+    "check_inverse_config",
+    "launch_inverse",
+]
