@@ -496,40 +496,50 @@ def test_padding_a_forests_depth_changes_no_value(scheme, tiny_config, clone_cac
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("scheme", ["bole", "serial"])
-def test_verify_graphs_replay_the_eager_verify(scheme, tiny_config):
-    """A replayed verify computes what the eager one computes over the same padded inputs (block tables
-    ``table_width`` wide, paths ``max_depth`` wide), for new forests of the captured shape; a
-    reallocated cache is captured again."""
-    from trtllm_bole.spec.verify_graphs import VerifyGraphs, pad_depth
+@pytest.mark.parametrize("variant", ["bole", "serial", "mtp"])
+def test_forest_graphs_replay_the_eager_forward(variant, tiny_config):
+    """A replayed verify (the target's in either GDN scheme, or the MTP head's) computes what the eager
+    one computes over the same padded inputs (block tables ``table_width`` wide, paths ``max_depth``
+    wide), for new forests of the captured shape; a reallocated cache is captured again."""
+    from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs, pad_depth
 
     model = _cuda_model(tiny_config, **KERNEL_HEADS)
     for t in (model.cache.gdn_state, model.cache.conv_state, model.cache.k_cache, model.cache.v_cache):
         t.normal_()
-    graphs = VerifyGraphs.of(model, max_depth=6, table_width=10)
-    assert VerifyGraphs.of(model, max_depth=6, table_width=10) is graphs
+    kind, owner = (MTPGraphs, model.mtp) if variant == "mtp" else (VerifyGraphs, model)
+    graphs = kind.of(owner, max_depth=6, table_width=10)
+    assert kind.of(owner, max_depth=6, table_width=10) is graphs
+
+    def eager(inputs, ctx):
+        if variant == "mtp":
+            return model.mtp.verify(*inputs, ctx)
+        return model.verify(*inputs, ctx, gdn_scheme=variant)
+
     gen = torch.Generator().manual_seed(0)
     slots = torch.tensor([2, 0, 1], device="cuda")
     for seed in range(3):  # three forests of one shape: 3 requests, 23 nodes, at most 9 per request
         tree = forest([topk_parents(9, 3, 4), random_parents(9, 5, gen), chain_parents(5)], device="cuda")
         tables = torch.randperm(30, generator=gen)[:24].view(3, 8).int().cuda()
-        ids = torch.randint(model.config.vocab_size, (23,), generator=gen).cuda()
+        inputs = (torch.randint(model.config.vocab_size, (23,), generator=gen).cuda(),)
+        if variant == "mtp":
+            inputs = (torch.randn(23, model.config.hidden_size, generator=gen).cuda(), *inputs)
         context = torch.randint(1, 30, (3,), generator=gen).cuda()
         ctx = StepContext(slots, tables, context, tree)
         padded = StepContext(slots, torch.nn.functional.pad(tables, (0, 2)), context, pad_depth(tree, 6))
-        eager = model.verify(ids, padded, gdn_scheme=scheme)
-        replayed = graphs(ids, ctx, scheme)
-        for a, b in zip(eager[:2], replayed[:2], strict=True):
+        expected, replayed = eager(inputs, padded), graphs(inputs, ctx, variant)
+        *values, pending = expected
+        for a, b in zip(values, replayed[:-1], strict=True):
             assert torch.equal(a, b), seed
-        for name in ("new_k", "new_v", "conv_inputs"):
-            assert torch.equal(getattr(eager[2], name), getattr(replayed[2], name)), (seed, name)
-        if scheme == "bole":
+        for name in ("new_k", "new_v", "conv_inputs"):  # the MTP (attention only) has no conv inputs
+            a, b = getattr(pending, name), getattr(replayed[-1], name)
+            assert a is b is None if variant == "mtp" and name == "conv_inputs" else torch.equal(a, b)
+        if variant == "bole":
             for name in ("k", "u", "log_decay"):
-                assert torch.equal(*(getattr(r[2].gdn_factors, name) for r in (eager, replayed))), name
-        else:
-            for a, b in zip(eager[2].gdn_snapshots, replayed[2].gdn_snapshots, strict=True):
+                assert torch.equal(*(getattr(r.gdn_factors, name) for r in (pending, replayed[-1]))), name
+        elif variant == "serial":
+            for a, b in zip(pending.gdn_snapshots, replayed[-1].gdn_snapshots, strict=True):
                 assert torch.equal(a, b)
-    assert graphs.captured == [(scheme, 3, 23, 9)]
+    assert graphs.captured == [(variant, 3, 23, 9)]
     model.allocate_cache(num_slots=3, num_blocks=40, block_size=BLOCK)
-    graphs(ids, ctx, scheme)
-    assert graphs.captured == [(scheme, 3, 23, 9)] and graphs._cache is model.cache
+    graphs(inputs, ctx, variant)
+    assert graphs.captured == [(variant, 3, 23, 9)] and graphs._cache is model.cache

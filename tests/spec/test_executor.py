@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
@@ -191,8 +192,9 @@ def gpu_config():
 @pytest.mark.gpu
 @pytest.mark.parametrize(("mode", "budget"), [*[(m, None) for m in MODES], ("bole", 12)])
 def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
-    """Replayed drafts and verifies (CUDA graphs) give the tokens that kernel-by-kernel launches give, with
-    batches that shrink as requests finish and, under a budget, forests of changing size."""
+    """Replayed drafts, verifies and MTP follow-ups (CUDA graphs) give the tokens and the acceptance that
+    kernel-by-kernel launches give, with batches that shrink as requests finish and, under a budget,
+    forests of changing size."""
     params = SamplingParams(max_tokens=20)
     bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
     outputs = []
@@ -200,7 +202,7 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
         model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
         spec = Executor(model, bole, max_batch_size=3, budget=table(budget) if budget else None,
                         cuda_graphs=graphs)  # fmt: skip
-        outputs.append([r.output_ids for r in run(spec, PROMPTS, params)])
+        outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
     assert outputs[0] == outputs[1]
     assert spec.verify_graphs.captured and (spec.draft_graphs is None) == (mode == "ar")
 
@@ -210,8 +212,40 @@ def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
     """After ``capture_graphs`` a greedy run of full trees meets no new verify shape."""
     model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
     spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
-    assert spec.capture_graphs() == 6  # three draft graphs, three verify graphs
+    assert spec.capture_graphs() == 9  # per batch size: the draft, the verify, the MTP's follow-up
     assert spec.capture_graphs() == 0
-    shapes = list(spec.verify_graphs.captured)
+    shapes = [list(g.captured) for g in (spec.verify_graphs, spec.mtp_graphs)]
     run(spec, PROMPTS[:3], SamplingParams(max_tokens=12))
-    assert spec.verify_graphs.captured == shapes
+    assert [g.captured for g in (spec.verify_graphs, spec.mtp_graphs)] == shapes
+
+
+def test_mtp_follow_up_writes_each_accepted_path_as_a_prefill_would(config):
+    """The follow-up pads every accepted path to one chain length; it writes the MTP cache rows that a
+    prefill of the exact paths writes, and nothing past them."""
+    gen = torch.Generator().manual_seed(0)
+    model = random_model(config, seed=3)
+    spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
+    cache = model.cache
+    cache.mtp_k_cache.normal_(generator=gen)
+    cache.mtp_v_cache.normal_(generator=gen)
+    tree = forest([[-1, 0, 1, 2, 3, 0], [-1], [-1, 0, 0, 1]])  # depths up to 5 = max_depth + 1
+    leaf = torch.tensor([4, 0, 3])
+    h = config.hidden_size
+    hidden, last_hidden = torch.randn(tree.num_nodes, h, generator=gen), torch.randn(3, h, generator=gen)
+    tokens = torch.randint(config.vocab_size, (tree.num_nodes,), generator=gen)
+    slots, context = torch.tensor([2, 0, 1]), torch.tensor([9, 3, 14])
+    tables = torch.randperm(spec.scheduler.blocks.num_blocks, generator=gen)[:12].view(3, 4).int()
+    before = [t.clone() for t in (cache.mtp_k_cache, cache.mtp_v_cache)]
+
+    spec._mtp_follow(tree, tokens, hidden, leaf, last_hidden, slots, tables, context)
+    padded = [t.clone() for t in (cache.mtp_k_cache, cache.mtp_v_cache)]
+
+    cache.mtp_k_cache.copy_(before[0])
+    cache.mtp_v_cache.copy_(before[1])
+    paths = [tree.path(int(leaf[b] + tree.cu_seqlens[b])) for b in range(3)]
+    inputs = torch.cat([torch.cat([last_hidden[b : b + 1], hidden[p[:-1]]]) for b, p in enumerate(paths)])
+    ctx = StepContext.chains([p.numel() for p in paths], slots, tables, context - 1)
+    model.mtp.prefill(inputs, tokens[torch.cat(paths)], ctx)
+    for got, expected, untouched in zip(padded, (cache.mtp_k_cache, cache.mtp_v_cache), before, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        assert torch.equal(got != untouched, expected != untouched)  # the same rows written, no others

@@ -36,7 +36,7 @@ from trtllm_bole.spec.draft_graphs import DraftGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool
-from trtllm_bole.spec.verify_graphs import VerifyGraphs
+from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs
 from trtllm_bole.transfer import device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
 
@@ -142,6 +142,12 @@ class Executor:
         self.verify_graphs = (
             VerifyGraphs.of(model, max_depth=tree_tokens, table_width=table_width) if graphs else None
         )
+        self.mtp_graphs = (
+            MTPGraphs.of(model.mtp, max_depth=tree_tokens, table_width=table_width)
+            if graphs and bole.speculates
+            else None
+        )
+        self._chains: dict[int, TreeBatch] = {}  # the MTP follow-up's forest per batch size
 
     # ------------------------------------------------------------------------------------ #
     # Requests                                                                              #
@@ -255,8 +261,8 @@ class Executor:
         outcome = StepOutcome.of(tree, tokens, leaf, bonus)
         if bole.speculates:
             with phase("mtp_follow"):
-                self._mtp_follow(requests, tree, tokens, hidden, outcome, slots, tables, context_lens)
-        last_hidden = hidden[leaf + tree.cu_seqlens[:-1]]  # a copy: a replayed verify's hidden is reused
+                self._mtp_follow(tree, tokens, hidden, leaf, last_hidden, slots, tables, context_lens)
+        next_hidden = hidden[leaf + tree.cu_seqlens[:-1]]  # a copy: a replayed verify's hidden is reused
         events = []
         for i, r in enumerate(requests):
             accepted = outcome.accepted[i]
@@ -265,21 +271,31 @@ class Executor:
             r.stats.accepted += len(accepted)
             r.context_len += len(accepted) + 1  # the pending token and the accepted drafts
             r.runtime.pending = outcome.bonus[i]
-            r.runtime.last_hidden = last_hidden[i]
+            r.runtime.last_hidden = next_hidden[i]
             events.append(self._emit(r, [*accepted, outcome.bonus[i]]))
         return events
 
-    def _mtp_follow(self, requests, tree, tokens, hidden, outcome, slots, tables, context_lens) -> None:
+    def _mtp_follow(self, tree, tokens, hidden, leaf, last_hidden, slots, tables, context_lens) -> None:
         """Write the MTP rows of each accepted path, built from the *target's* hidden states (as in
-        prefill): row j pairs the hidden state before path node j with node j's token."""
-        idx, inputs, lengths = [], [], []
-        for i, r in enumerate(requests):
-            path = tree.paths[outcome.leaf_global[i], : len(outcome.accepted[i]) + 1]
-            idx.append(path)
-            inputs.append(torch.cat([r.runtime.last_hidden[None], hidden[path[:-1]]]))
-            lengths.append(path.numel())
-        ctx = StepContext.chains(lengths, slots, tables, context_lens - 1)
-        self.model.mtp.prefill(torch.cat(inputs), tokens[torch.cat(idx)], ctx)
+        prefill): row j pairs the hidden state before path node j with node j's token (row 0: the
+        request's ``last_hidden``, the state that predicted its pending token). Every path is padded to
+        the deepest a step can accept, a chain of ``max_depth + 1`` rows: the MTP computes the padding
+        rows and writes only the path's (no per-request work on the host; the shapes are the batch's,
+        replayed from a graph on a GPU)."""
+        batch, width = leaf.numel(), self.bole.max_depth + 1
+        leaf_global = leaf + tree.cu_seqlens[:-1]
+        paths = tree.paths[leaf_global]
+        rows = torch.nn.functional.pad(paths, (0, width - paths.shape[1])).clamp(min=0)  # [B, width]
+        inputs = torch.cat([last_hidden[:, None], hidden[rows[:, :-1]]], dim=1).flatten(0, 1)
+        if batch not in self._chains:
+            self._chains[batch] = TreeBatch.chains([width] * batch, device=leaf.device)
+        ctx = StepContext(slots, tables, context_lens - 1, self._chains[batch])
+        mtp_inputs = (inputs, tokens[rows].flatten())
+        if self.mtp_graphs is not None:
+            _, _, pending = self.mtp_graphs(mtp_inputs, ctx, "follow")
+        else:
+            _, _, pending = self.model.mtp.verify(*mtp_inputs, ctx)
+        self.model.mtp.commit(pending, tree.depth[leaf_global] - 1)
 
     # ------------------------------------------------------------------------------------ #
     # Pieces                                                                                #
@@ -295,6 +311,9 @@ class Executor:
             per_request = self.bole.draft_tokens + 1
             scheme = self._gdn_scheme()
             new += self.verify_graphs.capture([(b, b * per_request, per_request) for b in sizes], scheme)
+        if self.mtp_graphs is not None:
+            width = self.bole.max_depth + 1
+            new += self.mtp_graphs.capture([(b, b * width, width) for b in sizes], "follow")
         return len(new)
 
     def _gdn_scheme(self) -> str:
@@ -303,7 +322,7 @@ class Executor:
     def _verify(self, tokens, ctx: StepContext, scheme: str):
         """The target's verify of the step's forest: replayed from a graph on a GPU, else launched."""
         if self.verify_graphs is not None:
-            return self.verify_graphs(tokens, ctx, scheme)
+            return self.verify_graphs((tokens,), ctx, scheme)
         return self.model.verify(tokens, ctx, gdn_scheme=scheme)
 
     def _draft(self, pending, last_hidden, slots, tables, mtp_context_lens, settings: DraftSettings):

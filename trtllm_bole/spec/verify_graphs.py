@@ -1,44 +1,52 @@
-"""The target verify as CUDA graphs: one captured :meth:`Qwen35Model.verify` per forest shape.
+"""Forests as CUDA graphs: the target's verify and the MTP's follow-up, one captured forward per shape.
 
 A verify of a small model is a few hundred kernels of a few microseconds each; launched from Python
 the step's verify phase is the host's time (benchmarks/results/profile_step_h200.json: 9-10 ms of host
-work for the embedded model at batch 8 and 32), replayed as a graph it costs the GPU's. The forward
-queues no device sync: the only value check on its path, the slot indices' range, is skipped while a
+work for the embedded model at batch 8 and 32), replayed as a graph it costs the GPU's. The forwards
+queue no device sync: the only value check on their path, the slot indices' range, is skipped while a
 graph captures (:func:`trtllm_bole.ops`), and the executor builds the slots itself.
+:class:`VerifyGraphs` replays :meth:`Qwen35Model.verify`; :class:`MTPGraphs` the MTP head's verify over
+the accepted paths, which the executor pads to chains of one length so that its shape is the batch's.
 
-A graph is kept per ``(gdn_scheme, requests, nodes, largest request)``: the shapes of every tensor of
-the forward. Everything else is copied into the graph's static inputs before a replay: the tokens,
+A graph is kept per ``(variant, requests, nodes, largest request)`` (the variant: the target's GDN
+scheme): the shapes of every tensor of the forward. Everything else is copied into the graph's static
+inputs before a replay: the per-node inputs (tokens, and the MTP's hidden rows),
 the slots, the context lengths, the block tables (padded to ``table_width`` blocks, the widest a
 request can need; the padding is masked by the context lengths like any block beyond a request's own)
 and the forest's metadata, its paths padded to ``max_depth`` columns (``-1``, as for any path shorter
 than the deepest). A deeper ``max_depth`` than the forest's own changes no value: the kernels read a
 node's path up to its depth, and the closed form's extra squarings multiply by ``I + G^(2^j)`` with
 ``G^(2^j)`` exactly zero (Lemma 3). Forests are captured on first sight, at most ``max_graphs`` of them
-(later shapes run eagerly), or ahead of traffic by :meth:`VerifyGraphs.capture` (the executor's
-``capture_graphs``: every batch size with full trees). The outputs (logits, hidden states and the
-pending commit) are the graph's: the executor reads and commits them before the next verify.
+(later shapes run eagerly), or ahead of traffic by :meth:`ForestGraphs.capture` (the executor's
+``capture_graphs``: every batch size with full trees and full chains). The outputs (logits, hidden
+states and the pending commit) are the graph's: the executor reads and commits them before the next
+replay.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import torch
 
-from trtllm_bole.models.cache import PendingCommit, StepContext
+from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.model import Qwen35Model
+from trtllm_bole.models.mtp import MTPHead
 from trtllm_bole.spec.graphs import CacheGraphs
 from trtllm_bole.tree import TreeBatch
 
+Owner = TypeVar("Owner")
 _TREE_FIELDS = ("parents", "cu_seqlens", "depth", "request", "global_parents", "dfs_order", "subtree_size")
 
 
 @dataclass(slots=True)
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    tokens: torch.Tensor  # static inputs
+    inputs: tuple[torch.Tensor, ...]  # static inputs
     ctx: StepContext
-    outputs: tuple[torch.Tensor, torch.Tensor, PendingCommit]  # logits, hidden, pending: refilled by replays
+    outputs: Any  # the captured call's outputs, refilled by every replay
 
 
 def placeholder_forest(num_requests: int, num_nodes: int, max_nodes: int, max_depth: int) -> TreeBatch:
@@ -66,23 +74,25 @@ def pad_depth(tree: TreeBatch, max_depth: int) -> TreeBatch:
     return replace(tree, paths=paths, max_depth=max_depth)
 
 
-class VerifyGraphs(CacheGraphs[Qwen35Model]):
-    """``model.verify`` replayed from CUDA graphs, for forests up to ``max_depth`` deep and block tables
-    up to ``table_width`` blocks."""
+class ForestGraphs(CacheGraphs[Owner]):
+    """A forward over a forest (``_forward(inputs, ctx, variant)``: per-node input tensors, a step context
+    and a hashable variant) replayed from CUDA graphs, for forests up to ``max_depth`` deep and block
+    tables up to ``table_width`` blocks."""
 
-    def __init__(self, model: Qwen35Model, *, max_depth: int, table_width: int, max_graphs: int = 96) -> None:
-        super().__init__(model)
+    def __init__(self, owner: Owner, *, max_depth: int, table_width: int, max_graphs: int = 96) -> None:
+        super().__init__(owner)
         self.max_depth, self.table_width, self.max_graphs = max_depth, table_width, max_graphs
 
-    @property
-    def model(self) -> Qwen35Model:
-        return self.owner
+    def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
+        raise NotImplementedError
 
-    def __call__(
-        self, tokens: torch.Tensor, ctx: StepContext, gdn_scheme: str
-    ) -> tuple[torch.Tensor, torch.Tensor, PendingCommit]:
-        """``model.verify(tokens, ctx, gdn_scheme=gdn_scheme)``, replayed (or run eagerly once
-        ``max_graphs`` shapes are captured). The outputs are valid until the next call."""
+    def _placeholders(self, num_nodes: int) -> tuple[torch.Tensor, ...]:
+        """Per-node inputs of the captured shape (their values do not matter)."""
+        raise NotImplementedError
+
+    def __call__(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
+        """``_forward(inputs, ctx, variant)``, replayed (or run eagerly once ``max_graphs`` shapes are
+        captured). The outputs are valid until the next call."""
         tree = ctx.tree
         if tree.max_depth > self.max_depth or ctx.block_tables.shape[1] > self.table_width:
             raise ValueError(
@@ -90,42 +100,67 @@ class VerifyGraphs(CacheGraphs[Qwen35Model]):
                 f"exceeds the captured {self.max_depth} and {self.table_width}"
             )
         self._follow_cache()
-        key = (gdn_scheme, tree.num_requests, tree.num_nodes, tree.max_nodes)
+        key = (variant, tree.num_requests, tree.num_nodes, tree.max_nodes)
         captured = self._graphs.get(key)
         if captured is None and len(self._graphs) >= self.max_graphs:
-            return self.model.verify(tokens, ctx, gdn_scheme=gdn_scheme)
-        captured = captured or self._capture_forest(key, tokens.device)
-        _load(captured, tokens, ctx)
+            return self._forward(inputs, ctx, variant)
+        captured = captured or self._capture_forest(key, tree.parents.device)
+        _load(captured, inputs, ctx)
         captured.graph.replay()
         return captured.outputs
 
-    def capture(self, shapes, gdn_scheme: str) -> list[tuple]:
+    def capture(self, shapes, variant: Hashable) -> list[tuple]:
         """Capture the graphs of these ``(requests, nodes, largest request)`` shapes now, so that traffic
         meets none; returns the keys captured by this call."""
         self._follow_cache()
-        device = self.model.device
-        new = [(gdn_scheme, *shape) for shape in shapes if (gdn_scheme, *shape) not in self._graphs]
+        new = [(variant, *shape) for shape in shapes if (variant, *shape) not in self._graphs]
+        device = next(self.owner.parameters()).device
         for key in new:
             self._capture_forest(key, device)
         return new
 
     def _capture_forest(self, key: tuple, device: torch.device) -> _Captured:
-        gdn_scheme, batch, num_nodes, max_nodes = key
+        variant, batch, num_nodes, max_nodes = key
         tree = placeholder_forest(batch, num_nodes, max_nodes, self.max_depth).to(device)
         tree = replace(tree, **{f: getattr(tree, f).clone() for f in (*_TREE_FIELDS, "paths")})
         slots = torch.arange(batch, device=device)  # distinct slots: the warm-up run checks them
         tables = torch.zeros(batch, self.table_width, dtype=torch.int32, device=device)
         ctx = StepContext(slots, tables, torch.zeros(batch, dtype=torch.long, device=device), tree)
-        tokens = torch.zeros(num_nodes, dtype=torch.long, device=device)
-        graph, outputs = self._capture(lambda: self.model.verify(tokens, ctx, gdn_scheme=gdn_scheme))
-        self._graphs[key] = _Captured(graph, tokens, ctx, outputs)
+        inputs = self._placeholders(num_nodes)
+        graph, outputs = self._capture(lambda: self._forward(inputs, ctx, variant))
+        self._graphs[key] = _Captured(graph, inputs, ctx, outputs)
         return self._graphs[key]
 
 
-def _load(captured: _Captured, tokens: torch.Tensor, ctx: StepContext) -> None:
+class VerifyGraphs(ForestGraphs[Qwen35Model]):
+    """The target's ``verify(tokens, ctx, gdn_scheme=...)``: inputs ``(tokens,)``, the variant is the
+    GDN scheme."""
+
+    def _forward(self, inputs, ctx, variant):
+        return self.owner.verify(*inputs, ctx, gdn_scheme=variant)
+
+    def _placeholders(self, num_nodes):
+        return (torch.zeros(num_nodes, dtype=torch.long, device=self.owner.device),)
+
+
+class MTPGraphs(ForestGraphs[MTPHead]):
+    """The MTP head's ``verify(hidden, token_ids, ctx)`` (the executor's follow-up over the accepted paths,
+    padded to chains of one length): inputs ``(hidden, token_ids)``; one variant."""
+
+    def _forward(self, inputs, ctx, variant):
+        return self.owner.verify(*inputs, ctx)
+
+    def _placeholders(self, num_nodes):
+        fc = self.owner.fc
+        hidden = torch.zeros(num_nodes, self.owner.config.hidden_size, dtype=fc.dtype, device=fc.device)
+        return hidden, torch.zeros(num_nodes, dtype=torch.long, device=fc.device)
+
+
+def _load(captured: _Captured, inputs: tuple[torch.Tensor, ...], ctx: StepContext) -> None:
     """Copy a step's inputs into a graph's static ones."""
     static, tree = captured.ctx, ctx.tree
-    captured.tokens.copy_(tokens)
+    for buffer, value in zip(captured.inputs, inputs, strict=True):
+        buffer.copy_(value)
     static.slots.copy_(ctx.slots)
     static.context_lens.copy_(ctx.context_lens)
     static.block_tables.zero_()
@@ -136,4 +171,4 @@ def _load(captured: _Captured, tokens: torch.Tensor, ctx: StepContext) -> None:
     static.tree.paths[:, : tree.max_depth].copy_(tree.paths)
 
 
-__all__ = ["VerifyGraphs", "pad_depth", "placeholder_forest"]
+__all__ = ["ForestGraphs", "MTPGraphs", "VerifyGraphs", "pad_depth", "placeholder_forest"]
