@@ -263,6 +263,16 @@ def _state_dots(k_req, q_req, s_req, rows, m, o_v, ROW_STRIDE: tl.constexpr, DK:
 
 
 @triton.jit
+def _column_block(dfs_req, size_req, ord_r, m_r, c, n_t, BT: tl.constexpr):
+    """Nodes of column block ``c``, their mask, and the ancestor pairs of the row block's nodes."""
+    cols = c * BT + tl.arange(0, BT)
+    m_c = cols < n_t
+    ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
+    end_c = ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32)
+    return cols, m_c, _is_ancestor(ord_r, ord_c, end_c, m_r, m_c)
+
+
+@triton.jit
 def _blocked_apply(
     q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req, w_req,
     n_t, hv, d, scale, o_v,
@@ -292,18 +302,11 @@ def _blocked_apply(
         ord_r = tl.load(dfs_req + rows, mask=m_r, other=0).to(tl.int32)
         acc_u = tl.zeros([BT, BV], dtype=tl.float32)
         for c in range(0, r + 1):
-            cols = c * BT + o_t
-            m_c = cols < n_t
-            ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
-            anc = _is_ancestor(
-                ord_r, ord_c, ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32), m_r, m_c
-            )
+            cols, m_c, anc = _column_block(dfs_req, size_req, ord_r, m_r, c, n_t, BT)
             if tl.max(anc.to(tl.int32)) > 0:
                 offs = _path_offsets(rows, tl.load(dep_req + cols, mask=m_c, other=1).to(tl.int32), d)
-                x_c = tl.load(
-                    u_req + (cols[:, None] * (hv * DV) + o_v[None, :]), mask=m_c[:, None], other=0.0
-                )
-                acc_u = tl.dot(tl.load(w_req + offs, mask=anc, other=0.0), x_c, acc_u, input_precision=PREC)
+                w_rc = tl.load(w_req + offs, mask=anc, other=0.0)
+                acc_u = tl.dot(w_rc, _rows(u_req, cols, m_c, hv * DV, o_v), acc_u, input_precision=PREC)
         tl.debug_barrier()  # every thread has read X_r before U_r overwrites it
         tl.store(u_req + (rows[:, None] * (hv * DV) + o_v[None, :]), acc_u, mask=m_r[:, None])
     tl.debug_barrier()  # every U_c is in place before O reads them
@@ -315,19 +318,11 @@ def _blocked_apply(
         acc_o = _state_dot(q_req, s_req, rows, m_r, o_v, tl.zeros([BT, BV], dtype=tl.float32), H * DK, DK, DV,
                            BK, PREC, S_BF16, UPCAST) * tl.exp(lp_r)[:, None]  # fmt: skip
         for c in range(0, r + 1):
-            cols = c * BT + o_t
-            m_c = cols < n_t
-            ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
-            anc = _is_ancestor(
-                ord_r, ord_c, ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32), m_r, m_c
-            )
+            cols, m_c, anc = _column_block(dfs_req, size_req, ord_r, m_r, c, n_t, BT)
             if tl.max(anc.to(tl.int32)) > 0:
                 qk = _gram(q_req, k_req, rows, m_r, cols, m_c, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
                 c_rc = _path_ratio(anc, lp_r, tl.load(lp_req + cols * hv, mask=m_c, other=0.0)) * qk
-                u_c = tl.load(
-                    u_req + (cols[:, None] * (hv * DV) + o_v[None, :]), mask=m_c[:, None], other=0.0
-                )
-                acc_o = tl.dot(c_rc, u_c, acc_o, input_precision=PREC)
+                acc_o = tl.dot(c_rc, _rows(u_req, cols, m_c, hv * DV, o_v), acc_o, input_precision=PREC)
         out = rows[:, None] * (hv * DV) + o_v[None, :]
         tl.store(o_req + out, (acc_o * scale).to(o_req.dtype.element_ty), mask=m_r[:, None])
 
