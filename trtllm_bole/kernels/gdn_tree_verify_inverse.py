@@ -13,10 +13,10 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
 - Phase 1, once per (request, value head): ancestor masks from the pre-order interval test; ``logP`` as a
   masked row sum of g in registers; ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2 d⌉
   squarings, ``G^d = 0`` by Lemma 3), after ``C'`` from ``Q Kᵀ`` (stored first, so that Q and
-  ``Q Kᵀ`` are not live during the inverse: 225 registers instead of 255 and a spill, 4-8 % faster at
-  B = 8-32 on the H200). Trees larger than the tile ``BT`` are
-  blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back (their ``C'``
-  is formed in phase 2, block by block).
+  ``Q Kᵀ`` are not live during the inverse: 80 bytes of stack instead of 104 at 255 registers,
+  benchmarks/kernel_resources.py with triton 3.6; 4-9 % faster at B = 8-32 on the H200). Trees larger
+  than the tile ``BT`` are blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows
+  read back (their ``C'`` is formed in phase 2, block by block).
 - Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
   each state chunk for both), X, ``U = W' X``, ``O`` from ``C' U``. For trees larger than ``BT``, X goes
   through the ``u`` output, row blocks of U are finished last-first (``U_r`` only needs ``X_c``, c ≤ r),
