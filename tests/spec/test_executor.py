@@ -176,7 +176,8 @@ def test_step_outcome_reads_each_accepted_path():
     token (nothing to accept). Request 2: a chain, accepted to its end."""
     tree = forest([[-1, 0, 0, 2], [-1], [-1, 0, 1]])
     tokens = torch.tensor([10, 11, 12, 13, 20, 30, 31, 32])
-    out = StepOutcome.of(tree, tokens, leaf=torch.tensor([3, 0, 2]), bonus=torch.tensor([99, 98, 97]))
+    leaf_global = torch.tensor([3, 0, 2]) + tree.cu_seqlens[:-1]
+    out = StepOutcome.of(tree, tokens, leaf_global, bonus=torch.tensor([99, 98, 97]))
     assert out.leaf_global == [3, 4, 7]
     assert out.accepted == [[12, 13], [], [31, 32]]
     assert out.drafted == [3, 0, 2]
@@ -237,7 +238,7 @@ def test_mtp_follow_up_writes_each_accepted_path_as_a_prefill_would(config):
     tables = torch.randperm(spec.scheduler.blocks.num_blocks, generator=gen)[:12].view(3, 4).int()
     before = [t.clone() for t in (cache.mtp_k_cache, cache.mtp_v_cache)]
 
-    spec._mtp_follow(tree, tokens, hidden, leaf, last_hidden, slots, tables, context)
+    spec._mtp_follow(tree, tokens, hidden, leaf + tree.cu_seqlens[:-1], last_hidden, slots, tables, context)
     padded = [t.clone() for t in (cache.mtp_k_cache, cache.mtp_v_cache)]
 
     cache.mtp_k_cache.copy_(before[0])

@@ -74,9 +74,8 @@ class StepOutcome:
 
     @classmethod
     def of(
-        cls, tree: TreeBatch, tokens: torch.Tensor, leaf: torch.Tensor, bonus: torch.Tensor
+        cls, tree: TreeBatch, tokens: torch.Tensor, leaf_global: torch.Tensor, bonus: torch.Tensor
     ) -> StepOutcome:
-        leaf_global = leaf + tree.cu_seqlens[:-1]
         path_tokens = tokens[tree.paths[leaf_global].clamp(min=0)]  # [B, D], -1-padded paths clamped
         b = tree.num_requests
         host = torch.cat([
@@ -258,11 +257,12 @@ class Executor:
             leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
         with phase("commit"):
             model.commit(verify_pending, leaf)
-        outcome = StepOutcome.of(tree, tokens, leaf, bonus)
+        leaf_global = leaf + tree.cu_seqlens[:-1]
+        outcome = StepOutcome.of(tree, tokens, leaf_global, bonus)
         if bole.speculates:
             with phase("mtp_follow"):
-                self._mtp_follow(tree, tokens, hidden, leaf, last_hidden, slots, tables, context_lens)
-        next_hidden = hidden[leaf + tree.cu_seqlens[:-1]]  # a copy: a replayed verify's hidden is reused
+                self._mtp_follow(tree, tokens, hidden, leaf_global, last_hidden, slots, tables, context_lens)
+        next_hidden = hidden[leaf_global]  # a copy: a replayed verify's hidden is reused
         events = []
         for i, r in enumerate(requests):
             accepted = outcome.accepted[i]
@@ -275,20 +275,21 @@ class Executor:
             events.append(self._emit(r, [*accepted, outcome.bonus[i]]))
         return events
 
-    def _mtp_follow(self, tree, tokens, hidden, leaf, last_hidden, slots, tables, context_lens) -> None:
+    def _mtp_follow(
+        self, tree, tokens, hidden, leaf_global, last_hidden, slots, tables, context_lens
+    ) -> None:
         """Write the MTP rows of each accepted path, built from the *target's* hidden states (as in
         prefill): row j pairs the hidden state before path node j with node j's token (row 0: the
         request's ``last_hidden``, the state that predicted its pending token). Every path is padded to
         the deepest a step can accept, a chain of ``max_depth + 1`` rows: the MTP computes the padding
         rows and writes only the path's (no per-request work on the host; the shapes are the batch's,
         replayed from a graph on a GPU)."""
-        batch, width = leaf.numel(), self.bole.max_depth + 1
-        leaf_global = leaf + tree.cu_seqlens[:-1]
+        batch, width = leaf_global.numel(), self.bole.max_depth + 1
         paths = tree.paths[leaf_global]
         rows = torch.nn.functional.pad(paths, (0, width - paths.shape[1])).clamp(min=0)  # [B, width]
         inputs = torch.cat([last_hidden[:, None], hidden[rows[:, :-1]]], dim=1).flatten(0, 1)
         if batch not in self._chains:
-            self._chains[batch] = TreeBatch.chains([width] * batch, device=leaf.device)
+            self._chains[batch] = TreeBatch.chains([width] * batch, device=leaf_global.device)
         ctx = StepContext(slots, tables, context_lens - 1, self._chains[batch])
         mtp_inputs = (inputs, tokens[rows].flatten())
         if self.mtp_graphs is not None:
