@@ -67,14 +67,12 @@ def resources(cfg: inv.InverseConfig, precision: str, batch: int) -> list[dict]:
 
     fn = inv._gdn_tree_verify_inverse_kernel
     _, args, consts = inv.inverse_launch_args(*_inputs(batch), precision, cfg)
-    phases = [(1, {**consts, **inv.PHASE1_CONSTS}, cfg.warps1), (2, consts, cfg.num_warps)]
-    if cfg.launches == 1:
-        phases = [(3, consts, cfg.num_warps)]
     runtime = [name for name in fn.arg_names if name not in consts and name not in ("PHASE", "BLOCKED")]
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     rows = []
-    for phase, constexprs, warps in phases:
-        constexprs = {**constexprs, "PHASE": phase, "BLOCKED": False}
+    for phase in inv.phases(cfg):
+        _, constexprs, warps = inv.phase_launch(phase, cfg, consts, HV, DV, batch)
+        constexprs = {**constexprs, "BLOCKED": False}
         signature = {name: _arg_type(value) for name, value in zip(runtime, args, strict=True)}
         signature.update(dict.fromkeys(constexprs, "constexpr"))
         hints = {

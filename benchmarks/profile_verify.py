@@ -52,12 +52,11 @@ def _launch(x: U.Inputs, cfg, precision: str, phase: int, warps: int, squarings=
     )
     if squarings is not None:
         args = (*args[:-2], squarings, 0)
-    hv, dv, batch = x.v.shape[1], x.v.shape[2], x.tree.num_requests
-    if phase == 1:
-        consts = {**consts, **inv.PHASE1_CONSTS}
-    grid = (1, hv, batch) if phase == 1 else (dv // cfg.bv, hv, batch)
+    grid, constexprs, _ = inv.phase_launch(
+        phase, cfg, consts, x.v.shape[1], x.v.shape[2], x.tree.num_requests
+    )
     kernel = inv._gdn_tree_verify_inverse_kernel[grid](
-        *args, **consts, PHASE=phase, BLOCKED=False, num_warps=warps, num_stages=1, maxnreg=maxnreg
+        *args, **constexprs, BLOCKED=False, num_warps=warps, num_stages=1, maxnreg=maxnreg
     )
     return outputs, kernel
 

@@ -473,6 +473,21 @@ def inverse_launch_args(
     return (o, u, log_p), args, consts
 
 
+def phase_launch(
+    phase: int, cfg: InverseConfig, consts: dict, hv: int, dv: int, batch: int
+) -> tuple[tuple[int, int, int], dict, int]:
+    """The grid, compile-time constants (from :func:`inverse_launch_args`' ``consts``) and warps of one
+    kernel of the path: phase 1 once per (request, value head), phases 2 and 3 per value tile too."""
+    if phase == 1:
+        return (1, hv, batch), {**consts, **PHASE1_CONSTS, "PHASE": 1}, cfg.warps1
+    return (dv // cfg.bv, hv, batch), {**consts, "PHASE": phase}, cfg.num_warps
+
+
+def phases(cfg: InverseConfig) -> tuple[int, ...]:
+    """The kernels ``cfg`` runs: the factor and value-tile kernels, or the one-launch kernel."""
+    return (1, 2) if cfg.launches == 2 else (3,)
+
+
 def launch_inverse(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -495,24 +510,11 @@ def launch_inverse(
         q, k, v, g, beta, state, slots, tree, raw_gates, scale, use_slots, precision, cfg
     )
     hv, dv, batch = v.shape[1], v.shape[2], tree.num_requests
-    phase1 = {**consts, **PHASE1_CONSTS}
-    grid = (dv // cfg.bv, hv, batch)
     for blocked in (False, True) if tree.max_nodes > cfg.bt else (False,):
-        if cfg.launches == 2:
-            _gdn_tree_verify_inverse_kernel[(1, hv, batch)](
-                *args, **phase1, PHASE=1, BLOCKED=blocked, num_warps=cfg.warps1, num_stages=1
-            )
+        for phase in phases(cfg):
+            grid, constexprs, warps = phase_launch(phase, cfg, consts, hv, dv, batch)
             _gdn_tree_verify_inverse_kernel[grid](
-                *args,
-                **consts,
-                PHASE=2,
-                BLOCKED=blocked,
-                num_warps=cfg.num_warps,
-                num_stages=1,
-            )
-        else:
-            _gdn_tree_verify_inverse_kernel[grid](
-                *args, **consts, PHASE=3, BLOCKED=blocked, num_warps=cfg.num_warps, num_stages=1
+                *args, **constexprs, BLOCKED=blocked, num_warps=warps, num_stages=1
             )
     return outputs
 
@@ -523,4 +525,6 @@ __all__ = [
     "bf16_refused",
     "check_inverse_config",
     "launch_inverse",
+    "phase_launch",
+    "phases",
 ]
