@@ -39,3 +39,24 @@ def test_settings_fit_an_engine():
     assert fitted.kv_buckets == (256,)
     assert fitted.capacities == (8, 16, 32, 48, 64, 96)
     assert CalibrationSettings(kv_buckets=(4096,)).fitted(1, 64, 8).kv_buckets == (4096,)  # keeps one
+
+
+@pytest.mark.gpu
+def test_gpu_steps_replay_the_executors_graphs():
+    """On a GPU the timed forward is the one the executor runs: a graph per forest shape (paths padded to
+    the timer's tree depth, one-node forests for plain decoding), captured by the warm-up; with
+    ``cuda_graphs=False`` nothing is captured."""
+    from trtllm_bole.spec.verify_graphs import VerifyGraphs
+
+    model = load_model(DEFAULT_MODEL, dtype=torch.float32, device="cuda", progress=False)
+    settings = TimingSettings(warmup=1, repeats=2)
+    eager = StepTimer(model, max_batch=2, max_kv_len=32, max_tokens=12, settings=settings, cuda_graphs=False)
+    assert eager.verify(2, 16, 12) > 0 and eager.decode(2, 32) > 0
+    trees = VerifyGraphs.of(model, max_depth=9, table_width=eager.blocks_per_request)
+    decodes = VerifyGraphs.of(model, max_depth=1, table_width=eager.blocks_per_request)
+    assert trees.captured == [] and decodes.captured == []
+    timer = StepTimer(model, max_batch=2, max_kv_len=32, max_tokens=12, settings=settings)
+    assert timer.verify(2, 16, 12) > 0 and timer.verify(1, 0, 3, gdn_scheme="serial") > 0
+    assert timer.decode(2, 32) > 0
+    assert trees.captured == [("bole", 2, 12, 6), ("serial", 1, 3, 3)]
+    assert decodes.captured == [("bole", 2, 2, 1)]

@@ -8,6 +8,12 @@ committed along its spine; a decode step is one token per request, verified and 
 model's own work is timed (the forest and its metadata are built beforehand): CUDA events around
 the step after warm-up, the median of the repeats (``time.perf_counter`` on CPU).
 
+On a GPU the forward is replayed from a CUDA graph, as the executor runs it
+(:class:`~trtllm_bole.spec.verify_graphs.VerifyGraphs`: one graph per forest shape, captured by the
+warm-up; the commit launches from Python in both): a budget is a ratio of step times, and a forward
+launched from Python times the host, not the GPU (``cuda_graphs=False`` times it that way). Decode
+steps replay graphs of one-node forests, like the executor's plain decoding.
+
 The cache contents are whatever the previous steps left (zeros at first): timing does not depend
 on them, and committed lengths never advance, so every repeat measures the same step.
 """
@@ -31,6 +37,7 @@ from trtllm_bole.spec.budget import (
     BudgetTable,
     calibrate,
 )
+from trtllm_bole.spec.verify_graphs import VerifyGraphs
 from trtllm_bole.testing import topk_parents
 from trtllm_bole.tree import TreeBatch
 
@@ -60,6 +67,7 @@ class StepTimer:
         max_tokens: int,
         block_size: int = 16,
         settings: TimingSettings | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         for name, value in (("max_batch", max_batch), ("max_kv_len", max_kv_len), ("max_tokens", max_tokens)):
             if value <= 0:
@@ -71,6 +79,7 @@ class StepTimer:
         self.blocks_per_request = -(-(max_kv_len + max_tokens) // block_size)
         self.cache = model.allocate_cache(max_batch, max_batch * self.blocks_per_request, block_size)
         self.generator = torch.Generator().manual_seed(self.settings.seed)
+        self.cuda_graphs = cuda_graphs and model.device.type == "cuda"
 
     # ------------------------------------------------------------------------------------ #
 
@@ -86,19 +95,14 @@ class StepTimer:
         ctx = self._context(batch, kv_len, trees)
         input_ids = self._tokens(tokens)
         spine = torch.tensor([min(n, self.settings.depth) - 1 for n in sizes], device=self.model.device)
-
-        def step() -> None:
-            _, _, pending = self.model.verify(input_ids, ctx, gdn_scheme=gdn_scheme)
-            self.model.commit(pending, spine)
-
-        return self._time(step)
+        return self._time(self._step(input_ids, ctx, gdn_scheme, spine, max_depth=self.settings.depth))
 
     def decode(self, batch: int, kv_len: int) -> float:
         """One plain decode step: one token per request, verified and committed."""
         self._check(batch, kv_len)
         ctx = self._context(batch, kv_len, [[-1]] * batch)
-        input_ids = self._tokens(batch)
-        return self._time(lambda: self.model.decode(input_ids, ctx))
+        leaf = torch.zeros(batch, dtype=torch.long, device=self.model.device)
+        return self._time(self._step(self._tokens(batch), ctx, "bole", leaf, max_depth=1))
 
     # ------------------------------------------------------------------------------------ #
 
@@ -118,6 +122,31 @@ class StepTimer:
         slots = torch.arange(batch, device=device)
         context_lens = torch.full((batch,), kv_len, dtype=torch.long, device=device)
         return StepContext(slots, tables, context_lens, tree)
+
+    def _step(
+        self,
+        input_ids: torch.Tensor,
+        ctx: StepContext,
+        gdn_scheme: str,
+        leaf: torch.Tensor,
+        *,
+        max_depth: int,
+    ) -> Callable[[], None]:
+        """The forward of ``input_ids`` over ``ctx``, then the commit of each request's path to ``leaf``.
+        On a GPU the forward replays the graph the executor would (paths padded to ``max_depth``: its
+        tree depth, 1 for plain decoding)."""
+        graphs = None
+        if self.cuda_graphs:
+            graphs = VerifyGraphs.of(self.model, max_depth=max_depth, table_width=self.blocks_per_request)
+
+        def step() -> None:
+            if graphs is None:
+                _, _, pending = self.model.verify(input_ids, ctx, gdn_scheme=gdn_scheme)
+            else:
+                _, _, pending = graphs((input_ids,), ctx, gdn_scheme)
+            pending.commit(leaf)
+
+        return step
 
     def _tokens(self, n: int) -> torch.Tensor:
         ids = torch.randint(self.model.config.vocab_size, (n,), generator=self.generator)
