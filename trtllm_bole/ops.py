@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_bole.kernels._common import check_conv_shapes, check_state_indices
-from trtllm_bole.reference import conv_tree, gdn_tree
+from trtllm_bole.reference import conv_tree, gdn_tree, norms
 from trtllm_bole.tree import TreeBatch
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "gdn_snapshot_commit",
     "gdn_tree_verify",
     "gdn_tree_verify_serial",
+    "rms_norm",
     "stack_factors",
     "tree_conv1d",
 ]
@@ -81,6 +82,25 @@ def as_tree(parents: torch.Tensor | TreeBatch, cu_seqlens: torch.Tensor | None =
     if cu_seqlens is None:
         raise ValueError("cu_seqlens is required when parents is a tensor")
     return TreeBatch.build(parents, cu_seqlens)
+
+
+# ----------------------------------------------------------------------------------------- #
+# Norms                                                                                      #
+# ----------------------------------------------------------------------------------------- #
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3.5's zero-centred RMSNorm over the last dimension: ``x / rms(x) * (1 + w)`` in float32, in
+    x's dtype. One kernel on CUDA when no gradient is asked for; the torch reference otherwise (CPU, and
+    training, which differentiates it)."""
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"rms_norm weight must be [{x.shape[-1]}], got {list(weight.shape)}")
+    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    if x.is_cuda and not grad:
+        from trtllm_bole.kernels import norms as kernel
+
+        return kernel.rms_norm(x, weight, eps)
+    return norms.rms_norm(x, weight, eps)
 
 
 # ----------------------------------------------------------------------------------------- #

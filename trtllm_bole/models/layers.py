@@ -33,13 +33,6 @@ GDN_MODES = ("bole", "serial", "prefill")
 # ------------------------------------------------------------------------------------------- #
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Zero-centred RMSNorm: ``x / rms(x) * (1 + w)`` in float32, cast back (Qwen3_5RMSNorm)."""
-    x32 = x.float()
-    out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (out * (1.0 + weight.float())).type_as(x)
-
-
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """GDN output norm: plain weight (not zero-centred), then ``* silu(gate)`` (Qwen3_5RMSNormGated)."""
     x32 = x.float()
@@ -304,8 +297,8 @@ class Attention(_Mixer):
         q_gate, k, v = F.linear(x, self.qkv_proj).split(self.splits, dim=-1)
         # q_proj interleaves per head: [query (head_dim), gate (head_dim)] (transformers' layout).
         q, gate = q_gate.unflatten(-1, (self.num_heads, 2 * self.head_dim)).chunk(2, dim=-1)
-        q = apply_rope(rms_norm(q, self.q_norm, self.eps), cos, sin)
-        k = apply_rope(rms_norm(k.unflatten(-1, (-1, self.head_dim)), self.k_norm, self.eps), cos, sin)
+        q = apply_rope(ops.rms_norm(q, self.q_norm, self.eps), cos, sin)
+        k = apply_rope(ops.rms_norm(k.unflatten(-1, (-1, self.head_dim)), self.k_norm, self.eps), cos, sin)
         return q, k, v.unflatten(-1, (-1, self.head_dim)), gate.flatten(-2)
 
     def _output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -359,5 +352,5 @@ class DecoderLayer(EmptyInitModule):
         self.mlp = MLP(config, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor, state: ForwardState | SequenceState) -> torch.Tensor:
-        x = x + self.mixer(rms_norm(x, self.input_norm, self.eps), state)
-        return x + self.mlp(rms_norm(x, self.post_attention_norm, self.eps))
+        x = x + self.mixer(ops.rms_norm(x, self.input_norm, self.eps), state)
+        return x + self.mlp(ops.rms_norm(x, self.post_attention_norm, self.eps))

@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtllm_bole import ops
 from trtllm_bole.models.cache import ModelCache, PendingCommit, StepContext
 from trtllm_bole.models.config import LINEAR_ATTENTION, Qwen35Config
-from trtllm_bole.models.layers import DecoderLayer, EmptyInitModule, ForwardState, SequenceState, rms_norm
+from trtllm_bole.models.layers import DecoderLayer, EmptyInitModule, ForwardState, SequenceState
 from trtllm_bole.models.mtp import MTPHead
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -117,7 +118,7 @@ class Qwen35Model(EmptyInitModule):
         x = F.embedding(input_ids, self.embed_tokens)
         for layer in self.layers:
             x = layer(x, fs)
-        return rms_norm(x, self.norm, self.config.rms_norm_eps), fs.pending()
+        return ops.rms_norm(x, self.norm, self.config.rms_norm_eps), fs.pending()
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,5 +186,5 @@ class Qwen35Model(EmptyInitModule):
         x = F.embedding(input_ids, self.embed_tokens)
         for layer in self.layers:
             x = layer(x, state)
-        hidden = rms_norm(x, self.norm, self.config.rms_norm_eps)
+        hidden = ops.rms_norm(x, self.norm, self.config.rms_norm_eps)
         return hidden, self.logits(hidden)

@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtllm_bole import ops
 from trtllm_bole.models.cache import ModelCache, PendingCommit, StepContext
 from trtllm_bole.models.config import FULL_ATTENTION, Qwen35Config
-from trtllm_bole.models.layers import DecoderLayer, EmptyInitModule, ForwardState, SequenceState, rms_norm
+from trtllm_bole.models.layers import DecoderLayer, EmptyInitModule, ForwardState, SequenceState
 
 
 class MTPHead(EmptyInitModule):
@@ -54,8 +55,9 @@ class MTPHead(EmptyInitModule):
         self.cache: ModelCache | None = None  # set by Qwen35Model.allocate_cache
 
     def _fuse(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        embedded = rms_norm(F.embedding(token_ids, self.embed_tokens), self.pre_fc_norm_embedding, self.eps)
-        hidden = rms_norm(hidden, self.pre_fc_norm_hidden, self.eps)
+        embedded = F.embedding(token_ids, self.embed_tokens)
+        embedded = ops.rms_norm(embedded, self.pre_fc_norm_embedding, self.eps)
+        hidden = ops.rms_norm(hidden, self.pre_fc_norm_hidden, self.eps)
         return F.linear(torch.cat([embedded, hidden], dim=-1), self.fc)
 
     def _forward_tree(
@@ -81,7 +83,7 @@ class MTPHead(EmptyInitModule):
             rows=rows, past_k=past_k, past_v=past_v,
         )  # fmt: skip
         x = self.layer(self._fuse(hidden, token_ids), fs)
-        return rms_norm(x, self.norm, self.eps), fs.pending()
+        return ops.rms_norm(x, self.norm, self.eps), fs.pending()
 
     @torch.no_grad()
     def verify(
@@ -139,7 +141,7 @@ class MTPHead(EmptyInitModule):
                 f"next_ids {tuple(next_ids.shape)} must match hidden's [B, L] {tuple(hidden.shape[:2])}"
             )
         state = SequenceState.build(hidden.shape[1], self.config, self.fc.dtype, hidden.device)
-        x = rms_norm(self.layer(self._fuse(hidden, next_ids), state), self.norm, self.eps)
+        x = ops.rms_norm(self.layer(self._fuse(hidden, next_ids), state), self.norm, self.eps)
         return x, F.linear(x, self.lm_head)
 
 
