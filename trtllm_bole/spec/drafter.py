@@ -140,13 +140,13 @@ def _grow(
     mtp_nodes: torch.Tensor, frontier: torch.Tensor, pool: CandidatePool, num_requests: int, depth: int
 ) -> tuple[torch.Tensor, TreeBatch]:
     """The MTP forest after adding ``frontier`` (its nodes at ``depth``): each request's earlier rows
-    first, then its new ones. Every request holds as many nodes (one per level, then ``beam`` per level),
-    so the offsets and depths are known on the host and the forest is derived on the device: no sync."""
-    grown = torch.cat([mtp_nodes, frontier])
-    per_request, rest = divmod(grown.numel(), num_requests)
-    if rest:
-        raise ValueError(f"{grown.numel()} MTP rows do not split evenly over {num_requests} requests")
-    grown = grown[torch.sort(pool.request[grown], stable=True).indices]
+    first, then its new ones. Both lists are grouped by request with as many nodes per request (one per
+    level, then ``beam`` per level), so merging them is a reshape, and the offsets and depths are known
+    on the host: the forest is derived on the device, no sync."""
+    if mtp_nodes.numel() % num_requests or frontier.numel() % num_requests:
+        raise ValueError(f"MTP rows do not split evenly over {num_requests} requests")
+    grown = torch.cat([mtp_nodes.view(num_requests, -1), frontier.view(num_requests, -1)], dim=1).flatten()
+    per_request = grown.numel() // num_requests
     local_of = torch.full_like(pool.tokens, -1)
     local_of[grown] = torch.arange(grown.numel(), device=grown.device) % per_request
     parents = pool.parents[grown]
