@@ -141,7 +141,8 @@ def test_random_trees_respect_depth(gen):
         [[-1]],
         [topk_parents(33, 4, 9), topk_parents(33, 4, 9)],
         [topk_parents(63, 4, 8), chain_parents(3), star_parents(2), [-1, -1, 0, 1, 2, 0, -1, 6]],
-        [chain_parents(40), [-1, 0]],  # 6 bits x 40 levels: past 62 bits, built on the host
+        [chain_parents(40), [-1, 0]],  # 6 bits x 40 levels: four 62-bit words
+        [topk_parents(64, 4, 9)] * 3,  # 7 bits x 9 levels: two words
     ],
 )
 def test_on_device_equals_build(trees):
@@ -153,6 +154,16 @@ def test_on_device_equals_build(trees):
     for f in dataclasses.fields(TreeBatch):
         a, b = getattr(fast, f.name), getattr(built, f.name)
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
+
+
+def test_on_device_takes_upper_bounds():
+    """Bounds for the depth and the largest request give the same order and sizes, paths padded."""
+    built = forest([topk_parents(40, 4, 7), chain_parents(5)])
+    fast = TreeBatch.on_device(built.parents, built.cu_seqlens, built.depth, max_depth=9, max_nodes=64)
+    assert (fast.max_depth, fast.max_nodes) == (9, 64)
+    assert torch.equal(fast.paths, torch.nn.functional.pad(built.paths, (0, 9 - built.max_depth), value=-1))
+    for name in ("dfs_order", "subtree_size", "global_parents", "request", "depth"):
+        assert torch.equal(getattr(fast, name), getattr(built, name)), name
 
 
 def test_on_device_random_forests(gen):

@@ -151,16 +151,19 @@ class TreeBatch:
     ) -> TreeBatch:
         """The metadata of a forest whose depths the caller already knows, derived where the tensors are:
         no copy to the host and no device sync, so a drafter can grow its forest level by level with the
-        GPU running ahead (and a CUDA graph can capture it). ``max_depth`` and ``max_nodes`` must be the
-        forest's exact deepest path and largest request. No value checks: for forests the caller built
+        GPU running ahead (and a CUDA graph can capture it). No value checks: for forests the caller built
         (:meth:`build` validates a forest from outside).
 
-        Pre-order ranks sort each request's root-to-node paths as one integer key of ``max_depth``
-        fields of ``max_nodes.bit_length()`` bits; forests too deep for 62 bits are built by :meth:`build`
-        on the host instead."""
+        ``max_depth`` and ``max_nodes``: the forest's deepest path and largest request, or upper bounds of
+        them where the caller knows only those (a forest selected on the device): ``paths`` then has
+        ``max_depth`` columns, -1 beyond each node's depth (as ``spec.verify_graphs.pad_depth`` pads
+        them), and the result reports the bounds. Every consumer treats both as sizes of padding: the
+        kernels' extra squarings multiply by ``I + 0`` (Lemma 3), attention masks padded rows.
+
+        Pre-order ranks sort each request's root-to-node paths lexicographically: a path is a key of
+        ``max_depth`` fields of ``max_nodes.bit_length()`` bits, cut into 62-bit words sorted stably from
+        the leaf side up (one word for drafting's trees, two for trees of 64 nodes and depth 9)."""
         bits = max_nodes.bit_length()  # a field holds local index + 1 (0 pads), at most max_nodes
-        if bits * max_depth > 62:
-            return cls.build(parents, cu_seqlens, max_supported_depth=max(max_depth, MAX_TREE_DEPTH))
         device, num_nodes = parents.device, parents.numel()
         parents, cu_seqlens, depth = parents.long(), cu_seqlens.long(), depth.long()
         request = _owners(cu_seqlens[1:] - cu_seqlens[:-1], num_nodes)
@@ -177,8 +180,12 @@ class TreeBatch:
         subtree_size = torch.zeros(num_nodes + 1, dtype=torch.long, device=device)
         subtree_size = subtree_size.scatter_add_(0, on_path, torch.ones_like(on_path))[:num_nodes]
         fields = torch.where(paths >= 0, paths - start[:, None] + 1, 0)
-        key = (fields << (bits * (max_depth - 1 - steps))).sum(1)
-        order = torch.argsort(key, stable=True)
+        per_word = 62 // bits
+        order = torch.arange(num_nodes, device=device)
+        for first in reversed(range(0, max_depth, per_word)):  # the least significant word first
+            word = fields[order, first : first + per_word]
+            shifts = bits * (word.shape[1] - 1 - torch.arange(word.shape[1], device=device))
+            order = order[torch.argsort((word << shifts).sum(1), stable=True)]
         order = order[torch.argsort(request[order], stable=True)]
         dfs_order = torch.empty_like(order).scatter_(0, order, torch.arange(num_nodes, device=device))
         return cls(parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size,
