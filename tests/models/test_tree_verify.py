@@ -350,8 +350,16 @@ def test_draft_derives_its_forests_on_the_device_as_the_host_build_would(tiny_co
     monkeypatch.setattr(TreeBatch, "on_device", on_host)
     slow = draft(*args, top_k=3, depth=4)
     assert len(built) == 4
-    for f in dataclasses.fields(fast):
-        assert torch.equal(getattr(fast, f.name), getattr(slow, f.name)), f.name
+    assert _differing_fields(fast, slow) == []
+
+
+def _differing_fields(a, b) -> list[str]:
+    """Fields of two candidate pools that differ (tensors bit for bit, host values by ==)."""
+
+    def same(x, y):
+        return torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+
+    return [f.name for f in dataclasses.fields(a) if not same(getattr(a, f.name), getattr(b, f.name))]
 
 
 def _cuda_draft_inputs(model, seed: int):
@@ -380,9 +388,10 @@ def _cuda_model(tiny_config, **overrides):
 
 @pytest.mark.gpu
 def test_draft_runs_without_a_device_sync(tiny_config):
-    """Every draft level is queued without waiting for the GPU (torch's sync debug mode raises on a
-    synchronising call): the host can run ahead, and the drafting loop can be captured."""
-    from trtllm_bole.spec.drafter import draft
+    """Every draft level, and the selection of the verify forest, is queued without waiting for the GPU
+    (torch's sync debug mode raises on a synchronising call): the host can run ahead, and the drafting
+    loop can be captured."""
+    from trtllm_bole.spec.drafter import draft, select_tree
 
     model = _cuda_model(tiny_config)
     inputs = _cuda_draft_inputs(model, 0)
@@ -391,9 +400,11 @@ def test_draft_runs_without_a_device_sync(tiny_config):
     torch.cuda.set_sync_debug_mode("error")
     try:
         pool = draft(model.mtp, *inputs, top_k=4, depth=8)
+        tokens, tree, _ = select_tree(pool, 3, per_request=63, total=100)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert pool.tokens.numel() == 3 * (1 + 4 + 7 * 16)
+    assert tokens.numel() == tree.num_nodes == 100 and (tree.max_nodes, tree.max_depth) == (64, 9)
 
 
 @pytest.mark.gpu
@@ -414,8 +425,7 @@ def test_draft_graphs_replay_the_eager_draft(tiny_config):
     for seed in (0, 1):
         inputs = _cuda_draft_inputs(model, seed)
         eager, replayed = padded(inputs), graphs(*inputs)
-        for f in dataclasses.fields(eager):
-            assert torch.equal(getattr(eager, f.name), getattr(replayed, f.name)), (seed, f.name)
+        assert _differing_fields(eager, replayed) == [], seed
     assert graphs.captured == [3] and graphs.capture([1, 3]) == [1] and graphs.captured == [1, 3]
     model.allocate_cache(num_slots=3, num_blocks=20, block_size=BLOCK)  # covered: the same cache
     assert graphs.captured == [1, 3]

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from trtllm_bole.spec.drafter import CandidatePool, _best_per_request
+from trtllm_bole.spec.drafter import CandidatePool, _best_per_request, select_tree
 from trtllm_bole.spec.tree_select import compact_forest, rank_order, select_nodes, topk_children
+from trtllm_bole.testing import topk_parents
 from trtllm_bole.tree import TreeBatch
 
 
@@ -62,6 +63,63 @@ def test_compact_forest_renumbers_parents_locally():
     assert cu.tolist() == [0, 3, 5]
     assert kept.tolist() == [0, 1, 3, 5, 6]
     TreeBatch.build(parents, cu)  # a valid forest
+
+
+def test_compact_forest_with_a_known_count_matches():
+    keep = torch.tensor([1, 1, 0, 1, 0, 1, 1, 0], dtype=torch.bool)
+    expected = compact_forest(PARENTS, REQUEST, 2, keep)
+    fast = compact_forest(PARENTS, REQUEST, 2, keep, num_kept=5, check=False)
+    assert all(torch.equal(got, want) for got, want in zip(fast, expected, strict=True))
+    with pytest.raises(ValueError, match="not prefix-closed"):
+        compact_forest(PARENTS, REQUEST, 2, torch.tensor([1, 0, 0, 1, 0, 1, 1, 0], dtype=torch.bool))
+
+
+def _draft_like_pool(num_requests: int, nodes: int, gen: torch.Generator) -> CandidatePool:
+    """Every request a top-4 tree of ``nodes`` nodes (as drafting makes them: as many per request),
+    log ρ falling along paths, interleaved across requests level by level like a draft's pool."""
+    tree = TreeBatch.build(
+        torch.tensor(topk_parents(nodes, 4, 8) * num_requests),
+        torch.arange(num_requests + 1) * nodes,
+    )
+    drop = -torch.rand(tree.num_nodes, generator=gen)
+    log_rho = torch.where(tree.paths >= 0, drop[tree.paths.clamp(min=0)], 0.0).sum(1) - drop
+    order = torch.argsort(tree.depth * tree.num_nodes + torch.arange(tree.num_nodes))  # level by level
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel())
+    parents = torch.where(tree.global_parents >= 0, position[tree.global_parents.clamp(min=0)], -1)
+    pool = CandidatePool(
+        torch.randint(100, (tree.num_nodes,), generator=gen)[order], parents[order], tree.request[order],
+        tree.depth[order], log_rho[order], int(tree.max_depth),
+    )  # fmt: skip
+    return pool
+
+
+@pytest.mark.parametrize("total", [None, 2, 5, 17, 60, 500])
+@pytest.mark.parametrize("per_request", [4, 16, 100])
+def test_select_tree_on_the_device_equals_the_checked_host_build(total, per_request, gen):
+    """No sync, host-known sizes: the same nodes and forest as counting the kept nodes on the device,
+    checking the selection and building the forest on the host (the paths padded to the pool's depth)."""
+    pool = _draft_like_pool(3, 20, gen)
+    tokens, tree, index = select_tree(pool, 3, per_request=per_request, total=total)
+    grouped = torch.sort(pool.request, stable=True).indices
+    position = torch.empty_like(grouped)
+    position[grouped] = torch.arange(grouped.numel())
+    parents = pool.parents[grouped]
+    parents = torch.where(parents >= 0, position[parents.clamp(min=0)], -1)
+    request, depth = pool.request[grouped], pool.depth[grouped]
+    keep = select_nodes(
+        pool.log_rho[grouped], depth, request, 3, per_request=per_request + 1, total=total, floor=depth == 1
+    )
+    local, cu_seqlens, kept = compact_forest(parents, request, 3, keep)  # counted and checked
+    built = TreeBatch.build(local, cu_seqlens)
+    assert torch.equal(index, grouped[kept]) and torch.equal(tokens, pool.tokens[grouped[kept]])
+    assert tree.max_nodes >= built.max_nodes and tree.max_depth == pool.max_depth >= built.max_depth
+    width = tree.paths.shape[1]
+    assert torch.equal(
+        tree.paths, torch.nn.functional.pad(built.paths, (0, width - built.max_depth), value=-1)
+    )
+    for name in ("parents", "cu_seqlens", "depth", "request", "global_parents", "dfs_order", "subtree_size"):
+        assert torch.equal(getattr(tree, name), getattr(built, name)), name
 
 
 def test_beam_keeps_the_best_of_each_request_grouped_and_best_first():

@@ -30,7 +30,8 @@ from trtllm_bole.tree import TreeBatch
 class CandidatePool:
     """Draft candidates of a batch in creation order (node 0 of each request first).
 
-    ``parents`` are pool indices (-1 for node 0); a node's parent always precedes it.
+    ``parents`` are pool indices (-1 for node 0); a node's parent always precedes it. ``max_depth``
+    (host): the deepest level added so far.
     """
 
     tokens: torch.Tensor  # int64 [M]
@@ -38,15 +39,17 @@ class CandidatePool:
     request: torch.Tensor  # int64 [M]
     depth: torch.Tensor  # int64 [M], 1 = the pending token
     log_rho: torch.Tensor  # float32 [M]
+    max_depth: int = 1
 
-    def extend(self, tokens, parents, request, depth, log_rho) -> torch.Tensor:
-        """Append nodes; returns their pool indices."""
+    def extend(self, tokens, parents, request, depth: int, log_rho) -> torch.Tensor:
+        """Append nodes, all at ``depth``; returns their pool indices."""
         start = self.tokens.numel()
         self.tokens = torch.cat([self.tokens, tokens])
         self.parents = torch.cat([self.parents, parents])
         self.request = torch.cat([self.request, request])
-        self.depth = torch.cat([self.depth, depth])
+        self.depth = torch.cat([self.depth, torch.full_like(tokens, depth)])
         self.log_rho = torch.cat([self.log_rho, log_rho])
+        self.max_depth = max(self.max_depth, depth)
         return torch.arange(start, self.tokens.numel(), device=tokens.device)
 
 
@@ -126,7 +129,7 @@ def draft(
             tokens.flatten(),
             frontier.repeat_interleave(top_k),
             pool.request[frontier].repeat_interleave(top_k),
-            pool.depth[frontier].repeat_interleave(top_k) + 1,
+            level + 2,  # the frontier is at level + 1
             log_rho.flatten(),
         )
         beam = _best_per_request(pool, children, b, top_k)
@@ -175,8 +178,18 @@ def select_tree(
     """The verification forest: each request's pending token plus its best ``per_request`` drafts,
     and at most ``total`` nodes over the batch (the budget; pending tokens always stay).
 
+    Queues no device sync: every request drafted as many nodes, so how many survive is known on the
+    host, and the forest is derived on the device with the host's bounds for its largest request and
+    depth (value-neutral padding, :meth:`TreeBatch.on_device`); the selection is prefix-closed by
+    construction (:func:`select_nodes`), so the compaction skips its check.
+
     Returns the tokens ``[N]``, the forest, and the pool index of each node (for ρ and depth).
     """
+    per_pool = min(per_request + 1, pool.tokens.numel() // num_requests)
+    num_kept = num_requests * per_pool
+    if total is not None:
+        num_kept = max(num_requests, min(num_kept, total))
+    max_nodes = min(per_pool, num_kept - num_requests + 1)  # the others keep their pending tokens
     grouped = torch.sort(pool.request, stable=True).indices  # parents still precede children
     request, depth, log_rho = pool.request[grouped], pool.depth[grouped], pool.log_rho[grouped]
     position = torch.empty_like(grouped)
@@ -187,6 +200,10 @@ def select_tree(
     keep = select_nodes(
         log_rho, depth, request, num_requests, per_request=per_request + 1, total=total, floor=floor
     )
-    local_parents, cu_seqlens, kept = compact_forest(parents, request, num_requests, keep)
-    tree = TreeBatch.build(local_parents, cu_seqlens)
+    local_parents, cu_seqlens, kept = compact_forest(
+        parents, request, num_requests, keep, num_kept=num_kept, check=False
+    )
+    tree = TreeBatch.on_device(
+        local_parents, cu_seqlens, depth[kept], max_depth=pool.max_depth, max_nodes=max_nodes
+    )
     return pool.tokens[grouped[kept]], tree, grouped[kept]

@@ -73,20 +73,35 @@ def select_nodes(
 
 
 def compact_forest(
-    parents: torch.Tensor, request: torch.Tensor, num_requests: int, keep: torch.Tensor
+    parents: torch.Tensor,
+    request: torch.Tensor,
+    num_requests: int,
+    keep: torch.Tensor,
+    *,
+    num_kept: int | None = None,
+    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Drop unkept nodes from a packed forest (kept nodes' parents must be kept).
 
     parents: int ``[N]`` global parent index (-1 = root child). Returns the new *local* parents,
     the new ``cu_seqlens`` and the global indices of the kept nodes (their new order).
+    ``num_kept``: how many nodes ``keep`` holds, where the caller knows it on the host; with
+    ``check=False`` (a selection prefix-closed by construction) nothing waits for the device.
     """
-    kept = torch.nonzero(keep).flatten()
+    if num_kept is None:
+        num_kept = int(keep.sum())
+    # The kept nodes in order without a data-dependent shape: each goes to its rank among them, the
+    # others to a spare slot past the end.
+    slot = torch.where(keep, torch.cumsum(keep, 0) - 1, num_kept)
+    nodes = torch.arange(keep.numel(), device=keep.device)
+    kept = torch.empty(num_kept + 1, dtype=torch.long, device=keep.device).scatter_(0, slot, nodes)[:num_kept]
     new_index = torch.full_like(parents, -1)
-    new_index[kept] = torch.arange(kept.numel(), device=parents.device)
-    counts = torch.bincount(request[kept], minlength=num_requests)
+    new_index[kept] = torch.arange(num_kept, device=parents.device)
+    counts = torch.zeros(num_requests, dtype=torch.long, device=keep.device)
+    counts = counts.scatter_add_(0, request[kept], torch.ones_like(kept))
     cu_seqlens = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     kept_parents = parents[kept]
-    if bool(((kept_parents >= 0) & ~keep[kept_parents.clamp(min=0)]).any()):
+    if check and bool(((kept_parents >= 0) & ~keep[kept_parents.clamp(min=0)]).any()):
         raise ValueError("compact_forest: a kept node's parent was dropped (keep is not prefix-closed)")
     global_parents = torch.where(kept_parents >= 0, new_index[kept_parents.clamp(min=0)], -1)
     bos = cu_seqlens[:-1][request[kept]]
