@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_bole.kernels._common import check_conv_shapes, check_state_indices
-from trtllm_bole.reference import conv_tree, gdn_tree, norms
+from trtllm_bole.reference import conv_tree, gdn_tree, kv_cache, norms
 from trtllm_bole.tree import TreeBatch
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "gdn_snapshot_commit",
     "gdn_tree_verify",
     "gdn_tree_verify_serial",
+    "kv_commit",
     "rms_norm",
     "stack_factors",
     "tree_conv1d",
@@ -148,12 +149,14 @@ def gdn_commit(
     accepted_leaf: torch.Tensor,
     *,
     state_indices: torch.Tensor | None = None,
+    check: bool = True,
 ) -> None:
     """Factored commit ``S_new = P_a S_pre + (D_a K_a)^T U_a`` in place (BOLE.md §3).
 
     ``accepted_leaf`` int ``[B]``: local index of each request's deepest accepted node, -1 = nothing
     accepted (that state stays bit-identical). With stacked factors, ``state`` is ``[L, S, HV, dk, dv]``
-    and all layers commit in one launch on CUDA.
+    and all layers commit in one launch on CUDA. ``check=False`` (every commit below takes it): the
+    caller built the slot indices' values itself, and nothing waits for the device.
     """
     tree = factors.tree
     stacked = factors.num_layers is not None
@@ -164,7 +167,7 @@ def gdn_commit(
         )
     if stacked and state.shape[0] != factors.num_layers:
         raise ValueError(f"state holds {state.shape[0]} layers but the factors {factors.num_layers}")
-    _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device)
+    _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
     if state.is_cuda:
         from trtllm_bole.kernels import gdn_commit as kernel
 
@@ -216,9 +219,10 @@ def gdn_snapshot_commit(
     accepted_leaf: torch.Tensor,
     *,
     state_indices: torch.Tensor | None = None,
+    check: bool = True,
 ) -> None:
     """Copy each request's accepted snapshot into its state slot (the serial schemes' commit)."""
-    _check_slots(state.shape[0], tree.num_requests, state_indices, state.device)
+    _check_slots(state.shape[0], tree.num_requests, state_indices, state.device, values=check)
     if snapshots.shape[0] != tree.num_nodes or snapshots.shape[1:] != state.shape[1:]:
         raise ValueError(
             f"snapshots must be [N={tree.num_nodes}, {', '.join(map(str, state.shape[1:]))}], "
@@ -308,6 +312,7 @@ def conv_state_commit(
     accepted_leaf: torch.Tensor,
     *,
     state_indices: torch.Tensor | None = None,
+    check: bool = True,
 ) -> None:
     """New conv state = the last ``W - 1`` inputs along each accepted path, in place.
 
@@ -319,7 +324,7 @@ def conv_state_commit(
             f"x {tuple(x.shape)} does not match conv_state {tuple(conv_state.shape)} and "
             f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
         )
-    _check_slots(conv_state.shape[-3], tree.num_requests, state_indices, conv_state.device)
+    _check_slots(conv_state.shape[-3], tree.num_requests, state_indices, conv_state.device, values=check)
     if conv_state.is_cuda:
         from trtllm_bole.kernels import gdn_commit as kernel
 
@@ -328,6 +333,49 @@ def conv_state_commit(
     layers = zip(conv_state, x, strict=True) if x.dim() == 3 else [(conv_state, x)]
     for layer_state, layer_x in layers:
         conv_tree.conv_state_commit(layer_state, layer_x, tree, accepted_leaf, state_indices=state_indices)
+
+
+# ----------------------------------------------------------------------------------------- #
+# Paged KV cache                                                                             #
+# ----------------------------------------------------------------------------------------- #
+
+
+def kv_commit(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    check: bool = True,
+) -> None:
+    """KV compaction: each request's accepted path goes to positions ``context_len .. context_len +
+    depth - 1`` of its block table, in place; nodes off the path are dropped, ``accepted_leaf == -1``
+    writes nothing.
+
+    Caches ``[L, num_blocks, block_size, KVH, d]`` and new entries ``[L, N, KVH, d]`` (every layer in
+    one launch on CUDA); ``block_tables`` int ``[B, max_blocks]``. ``check=False``: the caller built the
+    leaves, tables and lengths itself (the executor: blocks for ``context_len`` + the tree's depth are
+    allocated before its verify), and nothing waits for the device.
+    """
+    if new_k.shape != new_v.shape or new_k.shape[1] != tree.num_nodes or new_k.shape[0] != k_cache.shape[0]:
+        raise ValueError(
+            f"new_k/new_v must be [L={k_cache.shape[0]}, N={tree.num_nodes}, KVH, d], got "
+            f"{tuple(new_k.shape)} and {tuple(new_v.shape)}"
+        )
+    if check:
+        _check_kv_commit(k_cache.shape[1], k_cache.shape[2], tree, accepted_leaf, block_tables, context_lens)
+    if k_cache.is_cuda:
+        from trtllm_bole.kernels import kv_commit as kernel
+
+        kernel.kv_commit(k_cache, v_cache, new_k, new_v, tree, accepted_leaf, block_tables, context_lens)
+        return
+    kv_cache.write_accepted_kv(
+        k_cache, v_cache, new_k, new_v, tree, accepted_leaf, block_tables, context_lens
+    )
 
 
 # ----------------------------------------------------------------------------------------- #
@@ -405,8 +453,14 @@ def _passed_before(state_indices: torch.Tensor, version: int | None, num_slots: 
 
 
 def _check_slots(
-    num_slots: int, num_requests: int, state_indices: torch.Tensor | None, device: torch.device
+    num_slots: int,
+    num_requests: int,
+    state_indices: torch.Tensor | None,
+    device: torch.device,
+    *,
+    values: bool = True,
 ) -> None:
+    """Shapes and devices always; the indices' values (three device syncs) unless ``values=False``."""
     global _slots_passed
     if state_indices is None:
         if num_slots != num_requests:
@@ -416,6 +470,8 @@ def _check_slots(
             )
         return
     check_state_indices(state_indices, num_requests, device)
+    if not values:
+        return
     if state_indices.is_cuda and torch.cuda.is_current_stream_capturing():
         return  # a CUDA graph records kernels, not values: the capturing caller owns its slots' values
     version = None if state_indices.is_inference() else state_indices._version
@@ -427,3 +483,32 @@ def _check_slots(
         raise ValueError(f"state_indices must name distinct slots, got {state_indices.tolist()}")
     if version is not None:
         _slots_passed = (weakref.ref(state_indices), version, num_slots)
+
+
+def _check_kv_commit(
+    num_blocks: int,
+    block_size: int,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> None:
+    """The leaves in range, and every written position inside its request's allocated blocks."""
+    tree.accepted_nodes(accepted_leaf)  # raises on a leaf outside [-1, request size)
+    _, keep, pos, column = kv_cache.accepted_positions(tree, accepted_leaf, context_lens, block_size)
+    overflow = keep & (column >= block_tables.shape[1])
+    if bool(overflow.any()):
+        b = int(torch.nonzero(overflow.any(1))[0])
+        raise ValueError(
+            f"request {b}: the accepted path reaches position {int(pos[b][keep[b]].max())} but its block "
+            f"table holds {block_tables.shape[1] * block_size} positions; allocate blocks for "
+            f"context_len + max tree depth before verify"
+        )
+    blocks = block_tables.long().gather(1, column.clamp(max=block_tables.shape[1] - 1))
+    unallocated = keep & ((blocks < 0) | (blocks >= num_blocks))
+    if bool(unallocated.any()):
+        b = int(torch.nonzero(unallocated.any(1))[0])
+        raise ValueError(
+            f"request {b}: its block table points outside the cache's {num_blocks} blocks where the "
+            f"accepted path is written: {block_tables[b].tolist()}"
+        )

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from trtllm_bole import ops
-from trtllm_bole.models.attention import write_accepted_kv
 from trtllm_bole.models.config import Qwen35Config
 from trtllm_bole.tree import TreeBatch
 
@@ -176,21 +175,26 @@ class PendingCommit:
     gdn_factors: ops.GDNTreeFactors | None = None
     gdn_snapshots: tuple[torch.Tensor, ...] | None = None
 
-    def commit(self, accepted_leaf: torch.Tensor) -> None:
-        """Make each request's path to ``accepted_leaf[b]`` (local index, -1 = nothing) the new state."""
+    def commit(self, accepted_leaf: torch.Tensor, *, check: bool = True) -> None:
+        """Make each request's path to ``accepted_leaf[b]`` (local index, -1 = nothing) the new state.
+        ``check=False``: the caller built the leaves, slots, block tables and lengths (the executor), so
+        their values go unchecked and nothing waits for the device."""
         ctx = self.ctx
         accepted_leaf = torch.as_tensor(accepted_leaf, device=ctx.slots.device).long()
+        slots = ctx.slots
         if self.gdn_factors is not None:
-            ops.gdn_commit(self.gdn_state, self.gdn_factors, accepted_leaf, state_indices=ctx.slots)
+            ops.gdn_commit(self.gdn_state, self.gdn_factors, accepted_leaf, state_indices=slots, check=check)
         if self.gdn_snapshots is not None:
             for state, snapshots in zip(self.gdn_state, self.gdn_snapshots, strict=True):
-                ops.gdn_snapshot_commit(state, snapshots, ctx.tree, accepted_leaf, state_indices=ctx.slots)
+                ops.gdn_snapshot_commit(
+                    state, snapshots, ctx.tree, accepted_leaf, state_indices=slots, check=check
+                )
         if self.conv_inputs is not None:
             ops.conv_state_commit(
-                self.conv_state, self.conv_inputs, ctx.tree, accepted_leaf, state_indices=ctx.slots
+                self.conv_state, self.conv_inputs, ctx.tree, accepted_leaf, state_indices=slots, check=check
             )
         if self.new_k is not None:
-            write_accepted_kv(
+            ops.kv_commit(
                 self.k_cache, self.v_cache, self.new_k, self.new_v, ctx.tree, accepted_leaf,
-                ctx.block_tables, ctx.context_lens,
+                ctx.block_tables, ctx.context_lens, check=check,
             )  # fmt: skip

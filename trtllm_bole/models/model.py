@@ -150,14 +150,14 @@ class Qwen35Model(EmptyInitModule):
         return self.logits(hidden), hidden, pending
 
     @torch.no_grad()
-    def commit(self, pending: PendingCommit, accepted_leaf: torch.Tensor) -> None:
+    def commit(self, pending: PendingCommit, accepted_leaf: torch.Tensor, *, check: bool = True) -> None:
         """Keep each request's path to ``accepted_leaf[b]`` (local node index, -1 = nothing).
 
         GDN state (all layers in one call), conv state (one call) and the accepted K/V at positions
         ``context_len .. context_len + depth - 1``. ``ctx`` is not changed: the executor advances
-        ``context_lens`` by the accepted depth.
+        ``context_lens`` by the accepted depth. ``check=False``: see :meth:`PendingCommit.commit`.
         """
-        pending.commit(accepted_leaf)
+        pending.commit(accepted_leaf, check=check)
 
     @torch.no_grad()
     def decode(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:

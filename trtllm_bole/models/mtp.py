@@ -111,9 +111,10 @@ class MTPHead(EmptyInitModule):
         return mtp_hidden, F.linear(mtp_hidden, self.lm_head), pending
 
     @torch.no_grad()
-    def commit(self, pending: PendingCommit, accepted_leaf: torch.Tensor) -> None:
-        """Write the K/V of each request's path to ``accepted_leaf[b]`` into the MTP cache."""
-        pending.commit(accepted_leaf)
+    def commit(self, pending: PendingCommit, accepted_leaf: torch.Tensor, *, check: bool = True) -> None:
+        """Write the K/V of each request's path to ``accepted_leaf[b]`` into the MTP cache
+        (``check=False``: see :meth:`PendingCommit.commit`)."""
+        pending.commit(accepted_leaf, check=check)
 
     @torch.no_grad()
     def prefill(

@@ -1,0 +1,65 @@
+"""The paged KV commit kernel against the torch reference, and the value checks of ``ops.kv_commit``."""
+
+import pytest
+import torch
+
+from tests.kernels.helpers import DEVICE
+from trtllm_bole import ops
+from trtllm_bole.kernels.kv_commit import kv_commit
+from trtllm_bole.reference.kv_cache import write_accepted_kv
+from trtllm_bole.testing import chain_parents, forest, topk_parents
+
+PAGE = 4
+
+
+def case(gen, dtype=torch.float32, layers=3, kvh=2, d=24, num_blocks=24):
+    """Three requests (a top-4 tree, a chain, a single node), scattered blocks, several layers."""
+    tree = forest([topk_parents(20, 4, 6), chain_parents(7), [-1]], device=DEVICE)
+    k_cache = torch.randn(layers, num_blocks, PAGE, kvh, d, generator=gen).to(DEVICE, dtype)
+    v_cache = torch.randn(layers, num_blocks, PAGE, kvh, d, generator=gen).to(DEVICE, dtype)
+    new_k = torch.randn(layers, tree.num_nodes, kvh, d, generator=gen).to(DEVICE, dtype)  # the model's dtype
+    new_v = torch.randn(layers, tree.num_nodes, kvh, d, generator=gen).to(DEVICE, dtype)
+    tables = torch.randperm(num_blocks, generator=gen)[:18].view(3, 6).int().to(DEVICE)
+    context_lens = torch.tensor([5, 9, 0], device=DEVICE)
+    return tree, k_cache, v_cache, new_k, new_v, tables, context_lens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("leaves", [[13, 6, 0], [-1, 3, -1], [0, -1, 0]])
+def test_matches_reference(leaves, dtype, gen):
+    tree, k_cache, v_cache, new_k, new_v, tables, lens = case(gen, dtype)
+    leaf = torch.tensor(leaves, device=DEVICE)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    write_accepted_kv(k_ref, v_ref, new_k, new_v, tree, leaf, tables, lens)
+    kv_commit(k_cache, v_cache, new_k, new_v, tree, leaf, tables, lens)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)  # copies: bit for bit
+
+
+def test_reference_writes_the_path_at_the_context_positions(gen):
+    tree, k_cache, v_cache, new_k, new_v, tables, lens = case(gen)
+    before = k_cache.clone()
+    leaf = torch.tensor([13, -1, -1], device=DEVICE)
+    ops.kv_commit(k_cache, v_cache, new_k, new_v, tree, leaf, tables, lens)
+    path = tree.path(13)  # request 0 starts at node 0
+    for j, node in enumerate(path.tolist()):
+        pos = 5 + j
+        block = int(tables[0, pos // PAGE])
+        assert torch.equal(k_cache[:, block, pos % PAGE], new_k[:, node]), j
+    written = (k_cache != before).any(dim=(0, 3, 4)).sum()
+    assert int(written) == path.numel()  # nothing else moved
+
+
+def test_value_checks(gen):
+    tree, k_cache, v_cache, new_k, new_v, tables, lens = case(gen)
+    args = (k_cache, v_cache, new_k, new_v, tree)
+    chain_leaf = torch.tensor([0, 6, 0], device=DEVICE)  # request 1: its 7-node chain, positions 9-15
+    with pytest.raises(ValueError, match="accepted_leaf 20 is outside"):
+        ops.kv_commit(*args, torch.tensor([20, 0, 0], device=DEVICE), tables, lens)
+    with pytest.raises(ValueError, match="block table holds 24 positions"):
+        ops.kv_commit(*args, chain_leaf, tables, torch.tensor([5, 20, 0], device=DEVICE))
+    bad = tables.clone()
+    bad[1, 2] = -1  # positions 8-11
+    with pytest.raises(ValueError, match="points outside the cache's 24 blocks"):
+        ops.kv_commit(*args, chain_leaf, bad, lens)
+    with pytest.raises(ValueError, match=r"new_k/new_v must be \[L=3"):
+        ops.kv_commit(k_cache, v_cache, new_k[:2], new_v[:2], tree, chain_leaf, tables, lens)

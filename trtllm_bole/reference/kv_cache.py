@@ -1,0 +1,44 @@
+"""The paged KV cache's commit in plain torch: the truth of :func:`trtllm_bole.ops.kv_commit` and its CPU
+path. A request's accepted path (root side first) goes to positions ``context_len .. context_len +
+depth - 1`` of its block table; the other nodes are dropped."""
+
+from __future__ import annotations
+
+import torch
+
+from trtllm_bole.tree import TreeBatch
+
+
+def accepted_positions(
+    tree: TreeBatch, accepted_leaf: torch.Tensor, context_lens: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per request and path slot ``[B, D]``: the node (``paths`` of the accepted leaf), whether it is
+    written (on the path, and something accepted), its position, and its block-table column (one past
+    the table is an error where ``keep`` holds: :func:`trtllm_bole.ops.kv_commit` checks it)."""
+    leaf = accepted_leaf.long()
+    accepted = torch.where(leaf >= 0, leaf + tree.cu_seqlens[:-1], -1)
+    paths = tree.paths[accepted.clamp(min=0)]
+    keep = (paths >= 0) & (accepted >= 0)[:, None]
+    pos = context_lens.long()[:, None] + torch.arange(paths.shape[1], device=paths.device)
+    return paths, keep, pos, pos // block_size
+
+
+def write_accepted_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> None:
+    """Caches ``[L, num_blocks, block_size, KVH, d]``, new entries ``[L, N, KVH, d]`` (every layer in one
+    indexed copy); ``accepted_leaf == -1`` writes nothing."""
+    block_size = k_cache.shape[2]
+    paths, keep, pos, column = accepted_positions(tree, accepted_leaf, context_lens, block_size)
+    blocks = block_tables.long().gather(1, column.clamp(max=block_tables.shape[1] - 1))
+    rows = (blocks * block_size + pos % block_size)[keep]
+    nodes = paths[keep]
+    k_cache.flatten(1, 2)[:, rows] = new_k[:, nodes].to(k_cache.dtype)
+    v_cache.flatten(1, 2)[:, rows] = new_v[:, nodes].to(v_cache.dtype)
