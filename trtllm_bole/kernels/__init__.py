@@ -7,6 +7,8 @@
   conv-state commit (BOLE.md §3–§4);
 - :mod:`.gdn_prefill`: chunked prefill from the verify and commit kernels (a prompt's chunk is a chain);
 - :mod:`.tree_conv1d`: tree-aware causal depthwise conv1d + SiLU (BOLE.md §4);
+- :mod:`.kv_commit`: the paged KV cache's commit of the accepted paths, every attention layer in one
+  launch; :mod:`.norms`: Qwen3.5's zero-centred RMSNorm in one kernel (the serving forward's glue);
 - :mod:`.baselines`: today's scheme (serial per-node recurrence with per-node state snapshots), the
   yardstick of the benchmarks.
 """
