@@ -72,6 +72,8 @@ def test_compact_forest_with_a_known_count_matches():
     assert all(torch.equal(got, want) for got, want in zip(fast, expected, strict=True))
     with pytest.raises(ValueError, match="not prefix-closed"):
         compact_forest(PARENTS, REQUEST, 2, torch.tensor([1, 0, 0, 1, 0, 1, 1, 0], dtype=torch.bool))
+    with pytest.raises(ValueError, match="keep holds 5 nodes, not num_kept=4"):
+        compact_forest(PARENTS, REQUEST, 2, keep, num_kept=4)
 
 
 def _draft_like_pool(num_requests: int, nodes: int, gen: torch.Generator) -> CandidatePool:

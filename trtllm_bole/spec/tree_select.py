@@ -90,6 +90,8 @@ def compact_forest(
     """
     if num_kept is None:
         num_kept = int(keep.sum())
+    elif check and int(keep.sum()) != num_kept:
+        raise ValueError(f"compact_forest: keep holds {int(keep.sum())} nodes, not num_kept={num_kept}")
     # The kept nodes in order without a data-dependent shape: each goes to its rank among them, the
     # others to a spare slot past the end.
     slot = torch.where(keep, torch.cumsum(keep, 0) - 1, num_kept)
