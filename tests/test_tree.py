@@ -141,7 +141,8 @@ def test_random_trees_respect_depth(gen):
         [[-1]],
         [topk_parents(33, 4, 9), topk_parents(33, 4, 9)],
         [topk_parents(63, 4, 8), chain_parents(3), star_parents(2), [-1, -1, 0, 1, 2, 0, -1, 6]],
-        [chain_parents(40), [-1, 0]],  # 6 bits x 40 levels: four 62-bit words
+        [chain_parents(40), [-1, 0]],  # 6 bits x 40 levels: four 62-bit words, the request folded in
+        [chain_parents(40), [-1], [-1], [-1], [-1, 0]],  # 3 request bits: no room, a sort by request
         [topk_parents(64, 4, 9)] * 3,  # 7 bits x 9 levels: two words
     ],
 )

@@ -162,7 +162,8 @@ class TreeBatch:
 
         Pre-order ranks sort each request's root-to-node paths lexicographically: a path is a key of
         ``max_depth`` fields of ``max_nodes.bit_length()`` bits, cut into 62-bit words sorted stably from
-        the leaf side up (one word for drafting's trees, two for trees of 64 nodes and depth 9)."""
+        the leaf side up, the request's index above the root-side word (one sort for drafting's trees,
+        two or three for trees of 64 nodes and depth 9)."""
         bits = max_nodes.bit_length()  # a field holds local index + 1 (0 pads), at most max_nodes
         device, num_nodes = parents.device, parents.numel()
         parents, cu_seqlens, depth = parents.long(), cu_seqlens.long(), depth.long()
@@ -181,12 +182,18 @@ class TreeBatch:
         subtree_size = subtree_size.scatter_add_(0, on_path, torch.ones_like(on_path))[:num_nodes]
         fields = torch.where(paths >= 0, paths - start[:, None] + 1, 0)
         per_word = 62 // bits
+        # The request ranks above every field: folded into the root-side word where it fits.
+        fold = (cu_seqlens.numel() - 2).bit_length() + bits * min(per_word, max_depth) <= 62
         order = torch.arange(num_nodes, device=device)
         for first in reversed(range(0, max_depth, per_word)):  # the least significant word first
             word = fields[order, first : first + per_word]
             shifts = bits * (word.shape[1] - 1 - torch.arange(word.shape[1], device=device))
-            order = order[torch.argsort((word << shifts).sum(1), stable=True)]
-        order = order[torch.argsort(request[order], stable=True)]
+            key = (word << shifts).sum(1)
+            if first == 0 and fold:
+                key = key | (request[order] << (bits * word.shape[1]))
+            order = order[torch.argsort(key, stable=True)]
+        if not fold:
+            order = order[torch.argsort(request[order], stable=True)]
         dfs_order = torch.empty_like(order).scatter_(0, order, torch.arange(num_nodes, device=device))
         return cls(parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size,
                    max_depth, max_nodes)  # fmt: skip

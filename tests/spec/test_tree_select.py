@@ -20,6 +20,12 @@ def test_rank_order_breaks_ties_by_depth_then_index():
     assert rank_order(log_rho, depth).tolist() == [2, 0, 1, 3]
 
 
+def test_rank_order_ranks_each_row_of_a_grid():
+    log_rho = torch.tensor([[0.0, -1.0, 0.0], [-2.0, -1.0, -1.0]])
+    depth = torch.tensor([[2, 1, 1], [1, 3, 2]])
+    assert rank_order(log_rho, depth).tolist() == [[2, 0, 1], [2, 1, 0]]
+
+
 # Two requests. Request 0: nodes 0..4, request 1: nodes 5..7 (node 0 / 5 pending, log rho 0).
 LOG_RHO = torch.tensor([0.0, -0.1, -0.5, -0.2, -0.3, 0.0, 0.0, -2.0])
 DEPTH = torch.tensor([1, 2, 2, 3, 3, 1, 2, 3])
@@ -125,12 +131,13 @@ def test_select_tree_on_the_device_equals_the_checked_host_build(total, per_requ
 
 
 def test_beam_keeps_the_best_of_each_request_grouped_and_best_first():
-    # Two requests (pool nodes 0, 1), then six children each, interleaved across requests.
+    # Two requests (pool nodes 0, 1), then six children each, interleaved across requests in the pool
+    # and handed over grouped by request, each request's in creation order (as drafting does).
     request = torch.tensor([0, 1] + [0, 1] * 6)
     log_rho = torch.tensor([0.0, 0.0, -3, -1, -2, -6, -1, -2, -5, -3, -4, -4, -6, -5])
     parents, depth = torch.tensor([-1, -1] + [0, 1] * 6), torch.tensor([1, 1] + [2] * 12)
     pool = CandidatePool(torch.arange(14), parents, request, depth, log_rho)
-    children = torch.arange(2, 14)
+    children = torch.tensor([2, 4, 6, 8, 10, 12, 3, 5, 7, 9, 11, 13])
     assert _best_per_request(pool, children, 2, 3).tolist() == [6, 4, 2, 3, 7, 9]
     with pytest.raises(ValueError, match="do not give 2 requests 7 each"):
         _best_per_request(pool, children, 2, 7)

@@ -162,14 +162,15 @@ def _grow(
 def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, num_requests: int, beam: int) -> torch.Tensor:
     """The ``beam`` best of ``nodes`` by ρ in each request, grouped by request (best first).
 
-    Every request brings the same number of ``nodes`` (its frontier, 1 or ``beam`` nodes, times
-    ``top_k >= beam`` children), so the nodes sorted by request form a ``[B, children]`` grid whose rows
-    start with their best: a reshape, where a boolean mask would wait for the device."""
+    ``nodes`` come grouped by request, each request's in creation order, as many per request (its
+    frontier, 1 or ``beam`` nodes, times ``top_k >= beam`` children): a ``[B, children]`` grid, ranked
+    row by row (small sorts along the rows instead of sorts over the batch; a boolean mask would wait for
+    the device)."""
     if nodes.numel() % num_requests or nodes.numel() // num_requests < beam:
         raise ValueError(f"{nodes.numel()} candidates do not give {num_requests} requests {beam} each")
-    order = nodes[rank_order(pool.log_rho[nodes], pool.depth[nodes])]
-    order = order[torch.sort(pool.request[order], stable=True).indices]
-    return order.view(num_requests, -1)[:, :beam].flatten()
+    grid = nodes.view(num_requests, -1)
+    best = rank_order(pool.log_rho[grid], pool.depth[grid])[:, :beam]
+    return grid.gather(1, best).flatten()
 
 
 def select_tree(

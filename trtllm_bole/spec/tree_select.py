@@ -24,11 +24,11 @@ def topk_children(log_rho: torch.Tensor, log_q: torch.Tensor, k: int) -> tuple[t
 
 
 def rank_order(log_rho: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
-    """Indices sorted best first: higher log ρ, then smaller depth, then smaller index."""
-    n = log_rho.numel()
-    by_index = torch.arange(n, device=log_rho.device)
-    by_depth = by_index[torch.sort(depth, stable=True).indices]
-    return by_depth[torch.sort(log_rho[by_depth], descending=True, stable=True).indices]
+    """Indices along the last dimension sorted best first: higher log ρ, then smaller depth, then smaller
+    index (each row of a 2-D input on its own)."""
+    by_depth = torch.sort(depth, dim=-1, stable=True).indices
+    by_rho = torch.sort(log_rho.gather(-1, by_depth), dim=-1, descending=True, stable=True).indices
+    return by_depth.gather(-1, by_rho)
 
 
 def select_nodes(
