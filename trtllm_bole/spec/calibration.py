@@ -10,9 +10,10 @@ the step after warm-up, the median of the repeats (``time.perf_counter`` on CPU)
 
 On a GPU the forward is replayed from a CUDA graph, as the executor runs it
 (:class:`~trtllm_bole.spec.verify_graphs.VerifyGraphs`: one graph per forest shape, captured by the
-warm-up; the commit launches from Python in both): a budget is a ratio of step times, and a forward
-launched from Python times the host, not the GPU (``cuda_graphs=False`` times it that way). Decode
-steps replay graphs of one-node forests, like the executor's plain decoding.
+warm-up), and in both the commit launches from Python without value checks (``check=False``: nothing
+waits for the device): a budget is a ratio of step times, and a forward launched from Python times
+the host, not the GPU (``cuda_graphs=False`` times it that way). Decode steps replay graphs of
+one-node forests, like the executor's plain decoding.
 
 The cache contents are whatever the previous steps left (zeros at first): timing does not depend
 on them, and committed lengths never advance, so every repeat measures the same step.
@@ -144,7 +145,7 @@ class StepTimer:
                 _, _, pending = self.model.verify(input_ids, ctx, gdn_scheme=gdn_scheme)
             else:
                 _, _, pending = graphs((input_ids,), ctx, gdn_scheme)
-            pending.commit(leaf)
+            pending.commit(leaf, check=False)  # as the executor commits: the timer built the values
 
         return step
 
