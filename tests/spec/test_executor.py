@@ -220,6 +220,44 @@ def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
     assert [g.captured for g in (spec.verify_graphs, spec.mtp_graphs)] == shapes
 
 
+@pytest.mark.gpu
+def test_a_step_whose_capture_fails_fails_alone(gpu_config, monkeypatch):
+    """A host sync planted in the forward (until it first raises) makes the first graph capture fail: that
+    step raises; once its requests are finished (as the serving engine does), later requests are served
+    from graphs exactly as launches serve them."""
+    from trtllm_bole import ops
+
+    rms_norm, armed = ops.rms_norm, [True]
+
+    def planted(x, weight, eps):
+        if armed[0]:
+            try:
+                x.sum().item()
+            except RuntimeError:  # refused before the capture (graphs.capture)
+                armed[0] = False
+                raise
+        return rms_norm(x, weight, eps)
+
+    monkeypatch.setattr(ops, "rms_norm", planted)
+    params, bole = SamplingParams(max_tokens=12), BoleConfig(max_depth=4, max_nodes=10, top_k=3)
+
+    def executor(graphs: bool) -> Executor:
+        model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+        return Executor(model, bole, max_batch_size=3, cuda_graphs=graphs)
+
+    spec = executor(True)
+    failed = [spec.submit(p, params) for p in PROMPTS[:3]]
+    with pytest.raises(RuntimeError):
+        while spec.has_unfinished:
+            spec.step()
+    assert not armed[0]
+    for request in failed:
+        spec.scheduler.finish(request, "error", "the step failed")
+    served, launched = run(spec, PROMPTS, params), run(executor(False), PROMPTS, params)
+    assert [r.output_ids for r in served] == [r.output_ids for r in launched]
+    assert spec.verify_graphs.captured
+
+
 def test_mtp_follow_up_writes_each_accepted_path_as_a_prefill_would(config):
     """The follow-up pads every accepted path to one chain length; it writes the MTP cache rows that a
     prefill of the exact paths writes, and nothing past them."""

@@ -14,8 +14,10 @@ keeps longer).
 
 from __future__ import annotations
 
+import warnings
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import torch
@@ -26,18 +28,42 @@ Owner = TypeVar("Owner")
 
 def capture(run: Callable[[], T], pool: Any = None) -> tuple[torch.cuda.CUDAGraph, T]:
     """``run()`` captured into a CUDA graph (memory from ``pool``, a ``torch.cuda.graph_pool_handle()``
-    shared by graphs that never replay at the same time, or a private pool). One run on a side stream
-    comes first, outside the capture: lazy initialisations, compiles and autotuning must not be
-    recorded. Returns the graph and the captured call's outputs."""
+    shared by graphs that never replay at the same time, or a private pool). Returns the graph and the
+    captured call's outputs.
+
+    Two runs on a side stream come first, outside the capture: the first does the lazy initialisations,
+    compiles and autotuning, which must not be recorded; the second runs with torch's sync debug mode set
+    to ``"error"``, so that a call which syncs with the host raises before any capture begins. A sync
+    inside a capture invalidates it, and ending an invalidated capture leaves torch unusable in the
+    process (measured with torch 2.11 on the H200: the current stream stays the capture stream, the
+    memory pool refuses the next capture, "already recording to mempool_id", and every later CUDA random
+    draw fails, "Offset increment outside graph capture"). A call that raises while captured, without
+    syncing, leaves nothing behind: torch's graph context ends that capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         run()
+        with _host_syncs_refused():
+            run()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         outputs = run()
     return graph, outputs
+
+
+@contextmanager
+def _host_syncs_refused() -> Iterator[None]:
+    """Torch's sync debug mode at ``"error"`` (its warning that the mode is a prototype which may miss
+    some syncs silenced: a sync it misses still fails the capture, as before)."""
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 class CacheGraphs(Generic[Owner]):
