@@ -11,6 +11,7 @@
 #   bash benchmarks/h200.sh train     # re-train the embedded model with its seed; compare with the committed log
 #   bash benchmarks/h200.sh configs   # every verify config at the embedded model's and 9B's heads, fp32 and bf16
 #   bash benchmarks/h200.sh ratios    # the launcher's default vs SGLang, B = 1 and 16, five fresh-input rounds
+#   bash benchmarks/h200.sh ncu       # Nsight Compute on the verify's two kernels at batch 16 (what limits them)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -75,7 +76,16 @@ ratios)
     timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "ratios rc=$?"
     tail -4 "$OUT/log.txt"
     ;;
+ncu)
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    timeout 300 "$NCU" --clock-control none -k regex:inverse --launch-skip 2 --launch-count 2 --set full \
+        --import-source yes -o /tmp/phases -f python benchmarks/ncu_verify_phases.py launch > "$OUT/ncu_log.txt" 2>&1
+    echo "ncu rc=$?"
+    "$NCU" -i /tmp/phases.ncu-rep --page details --csv > /tmp/details.csv
+    "$NCU" -i /tmp/phases.ncu-rep --page source --csv --print-source sass > /tmp/source.csv
+    python benchmarks/ncu_verify_phases.py summarize /tmp/details.csv /tmp/source.csv --out "$OUT"
+    ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu" >&2
     exit 2 ;;
 esac

@@ -13,6 +13,8 @@ replays with the L2 flushed (the timer of bench_gdn_verify.py):
   buffer (a time only);
 - ``no_squarings``: the one-launch kernel with the inverse's squarings skipped (wrong values: a time only,
   to size the squarings' share);
+- ``*_warm``: the verify and, for two launches, each kernel, replayed back to back on one input set with
+  the L2 not flushed (:func:`_bench_util.warm_graph_timer`): how much of each time is DRAM traffic;
 
 and the time to copy the batch's states (the state read's floor), with every kernel's registers and spills.
 Writes ``<out>/profile_verify_h200.json``. Diagnostic only: it reports times, not speed-ups.
@@ -40,6 +42,7 @@ CONFIGS = (
     (inv.InverseConfig(64, 64, 128, 8, 1, 8), "bf16"),
     (inv.InverseConfig(64, 128, 128, 8, 1, 8), "bf16"),
     (inv.InverseConfig(64, 64, 64, 4, 2, 8), "bf16"),
+    (inv.InverseConfig(64, 64, 64, 4, 2, 4), "bf16"),  # the launcher's default past one wave
     (inv.InverseConfig(64, 128, 128, 8, 2, 4), "bf16"),
 )
 
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import triton
 
-    measure = U.graph_timer(args.rep_ms)
+    measure, warm = U.graph_timer(args.rep_ms), U.warm_graph_timer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
@@ -123,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
                     U.Rotating(sets, lambda x, c=cfg, p=precision, a=phase, w=warps, r=maxnreg: _launch(
                         x, c, p, a, w, maxnreg=r))
                 )  # fmt: skip
+            entry["verify_warm_us"] = warm(lambda x=sets[0], c=cfg, p=precision: _verify(x, c, p))
+            if cfg.launches == 2:
+                for phase, warps in ((1, cfg.warps1), (2, cfg.num_warps)):
+                    entry[f"phase{phase}_w{warps}_warm_us"] = warm(
+                        lambda x=sets[0], c=cfg, p=precision, a=phase, w=warps: _launch(x, c, p, a, w)
+                    )
             if cfg.launches == 1:
                 entry["no_squarings_us"] = measure(
                     U.Rotating(sets, lambda x, c=cfg, p=precision: _launch(x, c, p, 3, c.num_warps, 0))
