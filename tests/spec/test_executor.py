@@ -177,7 +177,7 @@ def test_step_outcome_reads_each_accepted_path():
     tree = forest([[-1, 0, 0, 2], [-1], [-1, 0, 1]])
     tokens = torch.tensor([10, 11, 12, 13, 20, 30, 31, 32])
     leaf_global = torch.tensor([3, 0, 2]) + tree.cu_seqlens[:-1]
-    out = StepOutcome.of(tree, tokens, leaf_global, bonus=torch.tensor([99, 98, 97]))
+    out = StepOutcome.queue(tree, tokens, leaf_global, bonus=torch.tensor([99, 98, 97])).wait()
     assert out.leaf_global == [3, 4, 7]
     assert out.accepted == [[12, 13], [], [31, 32]]
     assert out.drafted == [3, 0, 2]

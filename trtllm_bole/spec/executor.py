@@ -14,8 +14,8 @@ One :meth:`Executor.step`:
 Drafting and the target's verify queue no device sync: on a GPU a greedy batch replays its draft as a
 CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`) and every batch replays its verify as
 a graph per forest shape (:mod:`trtllm_bole.spec.verify_graphs`); ``cuda_graphs=False`` launches both
-from Python. A step still waits for the device where it derives the selected forest's metadata on the
-host, reads what it accepted, and checks the accepted entries' places in the KV cache. Each phase of a
+from Python. A step waits for the device once, for the copy of what it accepted; the MTP follow-up is
+queued behind that copy first, so the GPU runs it while the host books the step. Each phase of a
 step is a profiler range (``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``),
 free when no profiler runs.
 """
@@ -37,7 +37,7 @@ from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool
 from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs
-from trtllm_bole.transfer import device_tensor, to_device
+from trtllm_bole.transfer import HostCopy, device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
 
 
@@ -73,19 +73,31 @@ class StepOutcome:
     bonus: list[int]  # the token sampled after the accepted path
 
     @classmethod
-    def of(
+    def queue(
         cls, tree: TreeBatch, tokens: torch.Tensor, leaf_global: torch.Tensor, bonus: torch.Tensor
-    ) -> StepOutcome:
+    ) -> QueuedOutcome:
+        """The outcome's copy to the host, queued behind the step's kernels; nothing waits yet."""
         path_tokens = tokens[tree.paths[leaf_global].clamp(min=0)]  # [B, D], -1-padded paths clamped
-        b = tree.num_requests
-        host = torch.cat([
+        values = torch.cat([
             leaf_global, tree.depth[leaf_global], tree.cu_seqlens[1:] - tree.cu_seqlens[:-1] - 1,
             bonus, path_tokens.flatten(),
-        ]).tolist()  # fmt: skip
-        width = path_tokens.shape[1]
+        ])  # fmt: skip
+        return QueuedOutcome(HostCopy(values), tree.num_requests, path_tokens.shape[1])
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedOutcome:
+    """A :class:`StepOutcome` on its way to the host."""
+
+    values: HostCopy
+    num_requests: int
+    width: int  # path tokens per request
+
+    def wait(self) -> StepOutcome:
+        host, b, width = self.values.tolist(), self.num_requests, self.width
         rows = [host[4 * b + i * width : 4 * b + (i + 1) * width] for i in range(b)]
         depth = host[b : 2 * b]
-        return cls(
+        return StepOutcome(
             host[:b],
             [row[1 : depth[i]] for i, row in enumerate(rows)],
             host[2 * b : 3 * b],
@@ -258,11 +270,12 @@ class Executor:
         with phase("commit"):  # the executor built the leaves, slots and tables: nothing to wait for
             model.commit(verify_pending, leaf, check=False)
         leaf_global = leaf + tree.cu_seqlens[:-1]
-        outcome = StepOutcome.of(tree, tokens, leaf_global, bonus)
-        if bole.speculates:
+        queued = StepOutcome.queue(tree, tokens, leaf_global, bonus)
+        if bole.speculates:  # queued before the host waits: the GPU runs it while the host books the step
             with phase("mtp_follow"):
                 self._mtp_follow(tree, tokens, hidden, leaf_global, last_hidden, slots, tables, context_lens)
         next_hidden = hidden[leaf_global]  # a copy: a replayed verify's hidden is reused
+        outcome = queued.wait()
         events = []
         for i, r in enumerate(requests):
             accepted = outcome.accepted[i]
