@@ -30,6 +30,7 @@ __all__ = [
     "GDNTreeFactors",
     "as_tree",
     "conv_state_commit",
+    "forest",
     "gdn_commit",
     "gdn_prefill",
     "gdn_snapshot_commit",
@@ -88,6 +89,23 @@ def as_tree(parents: torch.Tensor | TreeBatch, cu_seqlens: torch.Tensor | None =
 # ----------------------------------------------------------------------------------------- #
 # Norms                                                                                      #
 # ----------------------------------------------------------------------------------------- #
+
+
+def forest(
+    parents: torch.Tensor, cu_seqlens: torch.Tensor, depth: torch.Tensor, *, max_depth: int, max_nodes: int
+) -> TreeBatch:
+    """:meth:`TreeBatch.on_device`'s forest (no device sync, no value checks: for forests the caller built,
+    ``max_depth`` and ``max_nodes`` bounds): on CUDA its metadata in one Triton launch
+    (:mod:`trtllm_bole.kernels.forest`, requests of up to 128 nodes) instead of ~65 small torch
+    kernels; the torch derivation elsewhere."""
+    from trtllm_bole.kernels import forest as kernel
+
+    if not parents.is_cuda or max_nodes > kernel.MAX_NODES:
+        return TreeBatch.on_device(parents, cu_seqlens, depth, max_depth=max_depth, max_nodes=max_nodes)
+    derived = kernel.forest_metadata(parents, cu_seqlens, depth, max_depth=max_depth, max_nodes=max_nodes)
+    request, global_parents, paths, dfs_order, subtree_size = derived
+    return TreeBatch(parents.long(), cu_seqlens.long(), depth.long(), request, global_parents, paths,
+                     dfs_order, subtree_size, max_depth, max_nodes)  # fmt: skip
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -9,6 +9,7 @@
 - :mod:`.tree_conv1d`: tree-aware causal depthwise conv1d + SiLU (BOLE.md §4);
 - :mod:`.kv_commit`: the paged KV cache's commit of the accepted paths, every attention layer in one
   launch; :mod:`.norms`: Qwen3.5's zero-centred RMSNorm in one kernel (the serving forward's glue);
+- :mod:`.forest`: a drafted forest's metadata (paths, pre-order, subtree sizes) in one launch;
 - :mod:`.baselines`: today's scheme (serial per-node recurrence with per-node state snapshots), the
   yardstick of the benchmarks.
 """

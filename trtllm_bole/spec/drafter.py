@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trtllm_bole import ops
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.mtp import MTPHead
 from trtllm_bole.spec.sampling import process_logits
@@ -155,7 +156,7 @@ def _grow(
     parents = pool.parents[grown]
     local_parents = torch.where(parents >= 0, local_of[parents.clamp(min=0)], -1)
     cu = torch.arange(0, grown.numel() + 1, per_request, device=grown.device)
-    tree = TreeBatch.on_device(local_parents, cu, pool.depth[grown], max_depth=depth, max_nodes=per_request)
+    tree = ops.forest(local_parents, cu, pool.depth[grown], max_depth=depth, max_nodes=per_request)
     return grown, tree
 
 
@@ -181,7 +182,7 @@ def select_tree(
 
     Queues no device sync: every request drafted as many nodes, so how many survive is known on the
     host, and the forest is derived on the device with the host's bounds for its largest request and
-    depth (value-neutral padding, :meth:`TreeBatch.on_device`); the selection is prefix-closed by
+    depth (value-neutral padding, :func:`ops.forest`); the selection is prefix-closed by
     construction (:func:`select_nodes`), so the compaction skips its check.
 
     Returns the tokens ``[N]``, the forest, and the pool index of each node (for ρ and depth).
@@ -204,7 +205,5 @@ def select_tree(
     local_parents, cu_seqlens, kept = compact_forest(
         parents, request, num_requests, keep, num_kept=num_kept, check=False
     )
-    tree = TreeBatch.on_device(
-        local_parents, cu_seqlens, depth[kept], max_depth=pool.max_depth, max_nodes=max_nodes
-    )
+    tree = ops.forest(local_parents, cu_seqlens, depth[kept], max_depth=pool.max_depth, max_nodes=max_nodes)
     return pool.tokens[grouped[kept]], tree, grouped[kept]

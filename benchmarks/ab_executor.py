@@ -1,0 +1,107 @@
+"""A/B of one executor change in one process: the change against the code it replaced.
+
+    python benchmarks/ab_executor.py outcome-queue    # H200: ~30 s; OUT=DIR for the JSON
+    python benchmarks/ab_executor.py forest-kernel
+
+``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
+
+- ``outcome-queue``: a step waits for its outcome before queueing the MTP follow-up (the order before
+  2026-11-30; now the follow-up is queued first and the GPU runs it while the host books the step),
+  reproduced by waiting inside :meth:`StepOutcome.queue`;
+- ``forest-kernel``: drafting and tree selection derive their forests with :meth:`TreeBatch.on_device`'s
+  ~65 torch kernels instead of :mod:`trtllm_bole.kernels.forest`'s one launch, reproduced by setting
+  the kernel's node limit to 0 (``ops.forest`` then falls back).
+
+The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
+request, at batch 8, 16 and 32 (``BATCHES``), a model for each side (warmed up and its graphs captured
+under its variant), ``TRIALS`` interleaved pairs (order alternating); every run's tokens must equal the
+first run's. Writes ``$OUT/ab_<change>.json`` (tokens/s of every run and
+the medians). ``DEV=cpu`` smoke-runs it (on the CPU both forest variants are the torch derivation).
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.kernels import forest
+from trtllm_bole.llm import LLM
+from trtllm_bole.spec import executor as ex
+
+PROMPTS = Path("benchmarks/data/heldout_code_prompts.jsonl")
+QUEUE = ex.StepOutcome.queue
+
+
+class _Done:
+    def __init__(self, outcome):
+        self.outcome = outcome
+
+    def wait(self):
+        return self.outcome
+
+
+@contextmanager
+def outcome_waited_first():
+    ex.StepOutcome.queue = staticmethod(lambda *args: _Done(QUEUE(*args).wait()))
+    try:
+        yield
+    finally:
+        ex.StepOutcome.queue = staticmethod(QUEUE)
+
+
+@contextmanager
+def forest_in_torch():
+    limit, forest.MAX_NODES = forest.MAX_NODES, 0
+    try:
+        yield
+    finally:
+        forest.MAX_NODES = limit
+
+
+OLD = {"outcome-queue": outcome_waited_first, "forest-kernel": forest_in_torch}
+
+
+def main() -> None:
+    change = sys.argv[1]
+    old = OLD[change]
+    prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()]
+    dev = os.environ.get("DEV", "cuda")
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    out = {}
+    for batch in [int(b) for b in os.environ.get("BATCHES", "8,16,32").split(",")]:
+        variants, llms = {"old": old, "new": nullcontext}, {}
+        for name, variant in variants.items():  # one model each: a captured graph keeps its variant's kernels
+            with variant():
+                llms[name] = LLM(
+                    speculative_config=BoleConfig(), device=dev, dtype="float32", max_batch_size=batch
+                )
+                llms[name].warm_up(use_tqdm=False)
+        params, res, ref = SamplingParams(max_tokens=96), {"old": [], "new": []}, None
+        for trial in range(int(os.environ.get("TRIALS", "6"))):
+            for name in ("old", "new") if trial % 2 == 0 else ("new", "old"):
+                with variants[name]():
+                    sync()
+                    t0 = time.perf_counter()
+                    outs = llms[name].generate((prompts * 8)[:batch], params, use_tqdm=False)
+                    sync()
+                    dt = time.perf_counter() - t0
+                toks = [o.outputs[0].token_ids for o in outs]
+                ref = ref or toks
+                assert toks == ref, "outputs differ"
+                res[name].append(sum(map(len, toks)) / dt)
+        out[batch] = {k: {"median": statistics.median(v), "runs": v} for k, v in res.items()}
+        ratio = out[batch]["new"]["median"] / out[batch]["old"]["median"]
+        print(batch, {k: round(v["median"]) for k, v in out[batch].items()}, round(ratio, 3), flush=True)
+    device = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu"
+    result = {"change": change, "device": device, "torch": torch.__version__, "ab": out}
+    (Path(os.environ.get("OUT", "/tmp")) / f"ab_{change}.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
