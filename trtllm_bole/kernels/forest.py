@@ -45,13 +45,15 @@ def _forest_kernel(
     cur = local.to(tl.int64)
     for k in range(0, max_depth):
         col = dep - 1 - k
-        tl.store(row + col, bos + cur, mask=m & (col >= 0))
+        tl.store(row + col, bos + cur, mask=m & (col >= 0) & (col < max_depth))
         tl.store(row + dep + k, tl.full([BLOCK], -1, tl.int64), mask=m & (dep + k < max_depth))
-        cur = tl.load(parents + bos + cur, mask=m & (col > 0), other=0)
+        # Guarded against depths that disagree with the parents (garbage out, never out of bounds).
+        cur = tl.load(parents + bos + cur, mask=m & (col > 0) & (cur >= 0), other=-1)
     tl.debug_barrier()  # every path is written before any thread reads another node's
 
     m2 = m[:, None] & m[None, :]
-    deeper = m2 & (dep[None, :] >= dep[:, None])  # [i, j]: j is as deep as i or deeper
+    # [i, j]: j at i's depth or deeper (and i's depth within the paths' columns)
+    deeper = m2 & (dep[None, :] >= dep[:, None]) & (dep <= max_depth)[:, None]
     at_depth = tl.load(paths + node[None, :] * max_depth + (dep - 1)[:, None], mask=deeper, other=-1)
     size = tl.sum((deeper & (at_depth == node[:, None])).to(tl.int64), axis=1)
     before = tl.zeros([BLOCK, BLOCK], dtype=tl.int1)
@@ -73,12 +75,12 @@ def forest_metadata(
     of local ``parents`` (-1: child of the committed root), ``cu_seqlens`` and node ``depth`` (>= 1), as
     :meth:`TreeBatch.on_device` derives them; ``max_depth`` / ``max_nodes`` bound the deepest path and the
     largest request (no value checks: for forests the caller built)."""
+    if max_nodes > MAX_NODES:
+        raise ValueError(f"forest_metadata serves requests of up to {MAX_NODES} nodes, got {max_nodes}")
     n, batch = parents.numel(), cu_seqlens.numel() - 1
     out = [torch.empty(n, dtype=torch.long, device=parents.device) for _ in range(4)]
     request, global_parents, dfs_order, subtree_size = out
     paths = torch.empty((n, max_depth), dtype=torch.long, device=parents.device)
-    if max_nodes > MAX_NODES:
-        raise ValueError(f"forest_metadata serves requests of up to {MAX_NODES} nodes, got {max_nodes}")
     if n and batch:
         block = max(16, triton.next_power_of_2(max_nodes))
         _forest_kernel[(batch,)](
