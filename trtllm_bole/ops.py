@@ -86,11 +86,6 @@ def as_tree(parents: torch.Tensor | TreeBatch, cu_seqlens: torch.Tensor | None =
     return TreeBatch.build(parents, cu_seqlens)
 
 
-# ----------------------------------------------------------------------------------------- #
-# Norms                                                                                      #
-# ----------------------------------------------------------------------------------------- #
-
-
 def forest(
     parents: torch.Tensor, cu_seqlens: torch.Tensor, depth: torch.Tensor, *, max_depth: int, max_nodes: int
 ) -> TreeBatch:
@@ -106,6 +101,11 @@ def forest(
     request, global_parents, paths, dfs_order, subtree_size = derived
     return TreeBatch(parents.long(), cu_seqlens.long(), depth.long(), request, global_parents, paths,
                      dfs_order, subtree_size, max_depth, max_nodes)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------- #
+# Norms                                                                                      #
+# ----------------------------------------------------------------------------------------- #
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
