@@ -99,7 +99,13 @@ def main() -> None:
         ratio = out[batch]["new"]["median"] / out[batch]["old"]["median"]
         print(batch, {k: round(v["median"]) for k, v in out[batch].items()}, round(ratio, 3), flush=True)
     device = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu"
-    result = {"change": change, "device": device, "torch": torch.__version__, "ab": out}
+    import triton
+
+    command = " ".join(["python", *sys.argv])
+    result = {
+        "change": change, "device": device, "torch": torch.__version__, "triton": triton.__version__,
+        "command": command, "ab": out,
+    }  # fmt: skip
     (Path(os.environ.get("OUT", "/tmp")) / f"ab_{change}.json").write_text(json.dumps(result, indent=1))
 
 

@@ -131,7 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "launch":
         launch(args.batch)
         return 0
-    summary = {"phases": summarize(args.details, args.source)}
+    import platform
+
+    import torch
+    import triton
+
+    meta = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+        "command": "bash benchmarks/h200.sh ncu (ncu --set full on `launch`, then this summary)",
+    }  # fmt: skip
+    summary = {"meta": meta, "phases": summarize(args.details, args.source)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ncu_verify_phases_h200.json").write_text(json.dumps(summary, indent=1))
     for entry in summary["phases"]:
