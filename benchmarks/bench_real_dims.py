@@ -44,7 +44,12 @@ from trtllm_bole.spec.calibration import StepTimer, TimingSettings
 from trtllm_bole.testing import topk_parents
 
 HERE = Path(__file__).resolve().parent
-GDN_VERIFY_KERNELS = ("_gdn_tree_verify_kernel", "_gdn_tree_verify_inverse_kernel", "_tree_serial_kernel")
+GDN_VERIFY_KERNELS = (
+    "_gdn_tree_verify_kernel",
+    "_gdn_tree_verify_inverse_kernel",
+    "_path_factors_kernel",
+    "_tree_serial_kernel",
+)
 GDN_COMMIT_KERNELS = ("_gdn_commit_kernel", "_snapshot_commit_kernel")
 SWEEP_BATCH = 16  # the budget sweep's batch (the largest measured one below it when it was not run)
 CHECK_TOL = 1e-2  # relative RMS against float64 in the serving precision (bf16 q/k/v, fp32 state)

@@ -78,7 +78,7 @@ ratios)
     ;;
 ncu)
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    timeout 300 "$NCU" --clock-control none -k regex:inverse --launch-skip 2 --launch-count 2 --set full \
+    timeout 300 "$NCU" --clock-control none -k "regex:inverse|path_factors" --launch-skip 2 --launch-count 2 --set full \
         --import-source yes -o /tmp/phases -f python benchmarks/ncu_verify_phases.py launch > "$OUT/ncu_log.txt" 2>&1
     echo "ncu rc=$?"
     "$NCU" -i /tmp/phases.ncu-rep --page details --csv > /tmp/details.csv

@@ -65,14 +65,12 @@ def resources(cfg: inv.InverseConfig, precision: str, batch: int) -> list[dict]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = inv._gdn_tree_verify_inverse_kernel
     _, args, consts = inv.inverse_launch_args(*_inputs(batch), precision, cfg)
-    runtime = [name for name in fn.arg_names if name not in consts and name not in ("PHASE", "BLOCKED")]
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     rows = []
     for phase in inv.phases(cfg):
-        _, constexprs, warps = inv.phase_launch(phase, cfg, consts, HV, DV, batch)
-        constexprs = {**constexprs, "BLOCKED": False}
+        fn, _, constexprs, warps = inv.phase_launch(phase, cfg, consts, HV, DV, batch)
+        runtime = [name for name in fn.arg_names if name not in constexprs]
         signature = {name: _arg_type(value) for name, value in zip(runtime, args, strict=True)}
         signature.update(dict.fromkeys(constexprs, "constexpr"))
         hints = {

@@ -1,6 +1,6 @@
 """What limits the two kernels of the verify's launcher default past one wave: Nsight Compute's reading.
 
-    ncu --clock-control none -k regex:inverse --launch-skip 2 --launch-count 2 --set full \\
+    ncu --clock-control none -k "regex:inverse|path_factors" --launch-skip 2 --launch-count 2 --set full \\
         --import-source yes -o DIR/phases python benchmarks/ncu_verify_phases.py launch
     ncu -i DIR/phases.ncu-rep --page details --csv > DIR/details.csv
     ncu -i DIR/phases.ncu-rep --page source --csv --print-source sass > DIR/source.csv
@@ -65,10 +65,8 @@ def launch(batch: int) -> None:
     )
     for _ in range(2):
         for phase in inv.phases(cfg):
-            grid, constexprs, warps = inv.phase_launch(phase, cfg, consts, hv, U.DV, batch)
-            inv._gdn_tree_verify_inverse_kernel[grid](
-                *args, **constexprs, BLOCKED=False, num_warps=warps, num_stages=1
-            )
+            kernel, grid, constexprs, warps = inv.phase_launch(phase, cfg, consts, hv, U.DV, batch)
+            kernel[grid](*args, **constexprs, num_warps=warps, num_stages=1)
         torch.cuda.synchronize()
     print(f"launched {cfg} {precision} at batch {batch}")
 

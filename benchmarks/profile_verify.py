@@ -55,13 +55,11 @@ def _launch(x: U.Inputs, cfg, precision: str, phase: int, warps: int, squarings=
     )
     if squarings is not None:
         args = (*args[:-2], squarings, 0)
-    grid, constexprs, _ = inv.phase_launch(
+    kernel, grid, constexprs, _ = inv.phase_launch(
         phase, cfg, consts, x.v.shape[1], x.v.shape[2], x.tree.num_requests
     )
-    kernel = inv._gdn_tree_verify_inverse_kernel[grid](
-        *args, **constexprs, BLOCKED=False, num_warps=warps, num_stages=1, maxnreg=maxnreg
-    )
-    return outputs, kernel
+    compiled = kernel[grid](*args, **constexprs, num_warps=warps, num_stages=1, maxnreg=maxnreg)
+    return outputs, compiled
 
 
 def _regs(kernel) -> dict:

@@ -343,16 +343,14 @@ def test_exact_config_is_the_measured_fastest_in_fp32():
 
 
 def test_default_config_counts_waves():
-    """One launch while the programs fit one wave (value tiles as narrow as that allows), two beyond;
-    on a GPU of another size the same shape can switch."""
-    quarter, half = InverseConfig(64, 64, 32, 4, 1, 4), InverseConfig(64, 128, 64, 8, 1, 8)
-    one, two = InverseConfig(64, 64, 128, 8, 1, 8), InverseConfig(64, 64, 64, 4, 2, 4)
+    """One launch while four value tiles a (request, value head) pair fit one wave, two beyond; on a GPU
+    of another size the same shape can switch."""
+    quarter, two = InverseConfig(64, 64, 32, 4, 1, 4), InverseConfig(64, 64, 64, 4, 2, 8)
     assert default_config(64, 1, 32, 128, 128) == quarter  # 32 pairs x 4 tiles: 128 programs
-    assert default_config(64, 1, 48, 128, 128) == half  # 48 pairs
-    assert default_config(2 * 64, 2, 48, 128, 128) == one  # 96 pairs: one wave
-    assert default_config(8 * 64, 8, 32, 128, 128) == two  # 256 pairs: 1.94 waves of 132
-    assert default_config(4 * 64, 4, 48, 128, 128) == two  # 192 pairs: 1.45 waves
-    assert default_config(4 * 64, 4, 48, 128, 128, num_sms=192) == one  # 192 pairs: one wave
+    assert default_config(64, 1, 48, 128, 128) == two  # 48 pairs x 4 tiles: 192
+    assert default_config(64, 1, 48, 128, 128, num_sms=192) == quarter
+    assert default_config(8 * 64, 8, 32, 128, 128) == two
+    assert default_config(64, 1, 32, 128, 128, precision="bf16") == two  # refused with tiles of 32
 
 
 def test_default_speculation_fills_one_inverse_tile():

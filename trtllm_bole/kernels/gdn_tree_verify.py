@@ -359,13 +359,13 @@ def default_config(
     """The launcher's config from the shape alone (no device sync), by the H200 measurement of
     benchmarks/results/gdn_verify_h200_focus.json (CUDA-graph times, Qwen3.5-9B/27B heads, B = 1 … 32):
 
-    - requests of 33 to 64 nodes (the average): the explicit-inverse path in one tile of 64, in one
-      launch while the (request, value head) pairs fit one wave of programs: value tiles of 32 while
-      four per pair still do (fp32 state products: bf16 is refused there, so not when ``precision``
-      asks for bf16; 9B, B = 1: 17.8 against 18.2 µs), of 64 up to 64 pairs, full tiles up to one
-      program per SM; beyond, two launches (the factor kernel at two programs per SM, then value tiles
-      of 64 at three), which won every point past one wave (9B, B = 8: 41.7 against 45.4 µs for full
-      tiles in one launch);
+    - requests of 33 to 64 nodes (the average): the explicit-inverse path in one tile of 64. One launch
+      with value tiles of 32 while four of them per (request, value head) pair fit one wave of programs
+      (fp32 state products: bf16 is refused there, so not when ``precision`` asks for bf16; 9B, B = 1:
+      17.2 against 17.4 µs for the next best); else two launches: the factor kernel (compact path
+      tiles, 8 warps) once per pair, then value tiles of 64 at 4 warps, which won every other point of
+      both models (9B, B = 2: 18.7 against 18.8 µs for one launch; B = 16: 53.3 against 63.9 µs for
+      full tiles);
     - requests of 17 to 32 nodes: tiles of 32 in two launches;
     - smaller or larger trees: the blocked kernel (:func:`blocked_default_config`), faster there (T = 8,
       16: 30 µs against 36-39 µs; T = 128, 256: 1.3-1.5x at B = 16)."""
@@ -377,12 +377,8 @@ def default_config(
         picked = (32, 64, 64, 4, 2, 2)
     elif 4 * pairs <= num_sms and precision != "bf16":
         picked = (64, 64, 32, 4, 1, 4)
-    elif pairs <= 64:
-        picked = (64, 128, 64, 8, 1, 8)
-    elif pairs <= num_sms:
-        picked = (64, 64, 128, 8, 1, 8)
     else:
-        picked = (64, 64, 64, 4, 2, 4)
+        picked = (64, 64, 64, 4, 2, 8)
     cfg = InverseConfig(*picked)
     return replace(cfg, bk=tile_dividing(dk, cfg.bk), bv=tile_dividing(dv, cfg.bv))
 

@@ -10,13 +10,19 @@ transitive, so every power of G keeps G's pattern. A row therefore holds at most
 nonzeros, which we store compactly as ``[HV, N, d]`` indexed by the column node's depth: 2·d floats per
 node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
 
-- Phase 1, once per (request, value head): ancestor masks from the pre-order interval test; ``logP`` as a
-  masked row sum of g in registers; ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2 d⌉
-  squarings, ``G^d = 0`` by Lemma 3), after ``C'`` from ``Q Kᵀ`` (stored first, so that Q and
-  ``Q Kᵀ`` are not live during the inverse: 80 bytes of stack instead of 104 at 255 registers,
-  benchmarks/kernel_resources.py with triton 3.6; 4-9 % faster at B = 8-32 on the H200). Trees larger
-  than the tile ``BT`` are blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows
-  read back (their ``C'`` is formed in phase 2, block by block).
+- Phase 1, once per (request, value head). Trees of at most ``BT`` nodes, in the two-launch path
+  (:func:`_path_factors_kernel`): on compact ``[depth, node]`` tiles read off ``tree.paths``, never on
+  dense ``[T, T]`` ones: ``logP`` and its ratios are prefix sums along each node's path, ``Q Kᵀ`` and
+  ``K Kᵀ`` are gathered at the ancestors, and row i of W is the last row of the inverse of i's own path
+  matrix, by back substitution over the depth. Against the dense form (below; 255 registers, ~4,300
+  SASS instructions a warp, two programs per SM) it takes 96 registers and ~1,200 instructions at
+  depth 8 (benchmarks/kernel_resources.py, triton 3.6): on the H200 the factor kernel went from 31.6 to
+  17.0 µs at B = 16 (9B heads, T = 64), the verify from 67.4 to 53.3 µs. The one-launch kernel and
+  trees larger than the tile keep the dense form: ancestor masks from the pre-order interval test;
+  ``logP`` as a masked row sum of g; ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2 d⌉
+  squarings, ``G^d = 0`` by Lemma 3) on the tensor cores. Trees larger than the tile ``BT`` are blocked:
+  ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back (their ``C'`` is formed
+  in phase 2, block by block).
 - Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
   each state chunk for both), X, ``U = W' X``, ``O`` from ``C' U``. For trees larger than ``BT``, X goes
   through the ``u`` output, row blocks of U are finished last-first (``U_r`` only needs ``X_c``, c ≤ r),
@@ -44,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from trtllm_bole.kernels._common import pow2_at_least
 from trtllm_bole.kernels._verify_tiles import (
     _UPCAST,
     _gram,
@@ -329,16 +336,17 @@ def _blocked_apply(
 
 @triton.jit(do_not_specialize=["n_squarings", "plain_last", "d", "n_total"])
 def _gdn_tree_verify_inverse_kernel(
-    q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth,
-    o, u, log_p, factors, a_log, dt_bias,
+    q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth, paths,
+    o, u, log_p, factors, scratch, a_log, dt_bias,
     scale, hv, n_total, d, n_squarings, plain_last,
     H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PHASE: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr,
     S_BF16: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, BLOCKED: tl.constexpr,
 ):  # fmt: skip
-    """``PHASE`` 1: factors only (grid ``(1, HV, B)``); 2: outputs from stored factors; 3: both.
-    ``BLOCKED``: serve only the requests of more than ``BT`` nodes (else only the others): the blocked
-    code needs more registers, and the allocation is per kernel."""
+    """``PHASE`` 1: factors only (grid ``(1, HV, B)``; blocked trees: smaller ones have
+    :func:`_path_factors_kernel`); 2: outputs from stored factors; 3: both. ``BLOCKED``: serve only the
+    requests of more than ``BT`` nodes (else only the others): the blocked code needs more registers, and
+    the allocation is per kernel. ``paths`` and ``scratch`` are the factor kernel's (unused here)."""
     i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (hv // H)
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
@@ -373,65 +381,124 @@ def _gdn_tree_verify_inverse_kernel(
                 _blocked_apply(q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req,
                                w_req, n_t, hv, d, scale, o_v, H, DK, DV, BT, BK, BV, PREC, S_BF16,
                                UPCAST)  # fmt: skip
-    elif n_t <= BT:
+    elif n_t <= BT:  # phases 2 and 3 (phase 1 of these trees is _path_factors_kernel)
         # Every load is issued before the first use (one round trip after the request's offsets): the
         # state tile first when it is one chunk (BK == DK), then the tree, the gates, K, Q and V.
         o_t = tl.arange(0, BT)
         o_d = tl.arange(0, DK)
         m_t = o_t < n_t
-        if PHASE != 1 and BK == DK:
+        if BK == DK:
             s_t = tl.load(s_req + (o_d[:, None] * DV + o_v[None, :]))
         ord_t = tl.load(dfs_req + o_t, mask=m_t, other=0).to(tl.int32)
         end_t = ord_t + tl.load(size_req + o_t, mask=m_t, other=0).to(tl.int32)
-        if PHASE != 3:
+        if PHASE == 2:
             offs = _path_offsets(o_t, tl.load(dep_req + o_t, mask=m_t, other=1).to(tl.int32), d)
-        if PHASE != 2:
+        else:
             g_t, b_t = _gates(g_req, b_req, o_t, m_t, hv, a_exp_h, dt_bias_h, RAW_GATES)
-        if PHASE != 2 or BK == DK:
+        if PHASE == 3 or BK == DK:
             k_t = _rows(k_req, o_t, m_t, H * DK, o_d)
             q_t = _rows(q_req, o_t, m_t, H * DK, o_d)
-        if PHASE != 1:
-            v_t = _rows(v_req, o_t, m_t, hv * DV, o_v)
-        if PHASE != 2:
+        v_t = _rows(v_req, o_t, m_t, hv * DV, o_v)
+        if PHASE == 3:
             k_op = _operand(k_t, UPCAST)
             lp = _log_decay(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), g_t)
             tl.store(lp_req + o_t * hv, lp, mask=m_t)
-            if PHASE == 1:  # C' before the inverse: Q and Q Kᵀ are dead while it runs
-                anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
-                qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
-                tl.store(c_req + offs, _path_ratio(anc, lp, lp) * qk * scale, mask=anc)
             kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
             w = _w_prime(kk, lp, ord_t, end_t, m_t, b_t, n_squarings, plain_last, BT, PREC)
-            if PHASE == 1:
-                tl.store(w_req + offs, w, mask=_is_ancestor(ord_t, ord_t, end_t, m_t, m_t))
         else:
             anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
             lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)
             w = tl.load(w_req + offs, mask=anc, other=0.0)
             c_t = tl.load(c_req + offs, mask=anc, other=0.0)
-        if PHASE != 1:
-            decay = tl.exp(lp)
-            if BK == DK:
-                acc = tl.zeros([BT, BV], dtype=tl.float32)
-                ks = _state_product(k_t, s_t, acc, PREC, S_BF16, UPCAST)
-                qs = _state_product(q_t, s_t, acc, PREC, S_BF16, UPCAST)
-            else:
-                ks, qs = _state_dots(k_req, q_req, s_req, o_t, m_t, o_v, H * DK, DK, DV, BT, BK, BV, PREC,
-                                     S_BF16, UPCAST)  # fmt: skip
-            if PHASE == 3:  # C' formed after the state products: fewer tiles live than next to the inverse
-                qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
-                c_t = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp) * qk * scale
-            x = v_t.to(tl.float32) - decay[:, None] * ks
-            out = o_t[:, None] * (hv * DV) + o_v[None, :]
-            u_t = tl.dot(w, x, input_precision=PREC)
-            tl.store(u_req + out, u_t, mask=m_t[:, None])
-            o_out = tl.dot(c_t, u_t, scale * decay[:, None] * qs, input_precision=PREC)
-            tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
+        decay = tl.exp(lp)
+        if BK == DK:
+            acc = tl.zeros([BT, BV], dtype=tl.float32)
+            ks = _state_product(k_t, s_t, acc, PREC, S_BF16, UPCAST)
+            qs = _state_product(q_t, s_t, acc, PREC, S_BF16, UPCAST)
+        else:
+            ks, qs = _state_dots(k_req, q_req, s_req, o_t, m_t, o_v, H * DK, DK, DV, BT, BK, BV, PREC,
+                                 S_BF16, UPCAST)  # fmt: skip
+        if PHASE == 3:  # C' formed after the state products: fewer tiles live than next to the inverse
+            qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
+            c_t = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp) * qk * scale
+        x = v_t.to(tl.float32) - decay[:, None] * ks
+        out = o_t[:, None] * (hv * DV) + o_v[None, :]
+        u_t = tl.dot(w, x, input_precision=PREC)
+        tl.store(u_req + out, u_t, mask=m_t[:, None])
+        o_out = tl.dot(c_t, u_t, scale * decay[:, None] * qs, input_precision=PREC)
+        tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
+
+
+@triton.jit(do_not_specialize=["d", "n_total"])
+def _path_factors_kernel(
+    q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth, paths,
+    o, u, log_p, factors, scratch, a_log, dt_bias,
+    scale, hv, n_total, d, n_squarings, plain_last,
+    H: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, DP: tl.constexpr, SW: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """Phase 1 of the two-launch path for trees of at most ``BT`` nodes (grid ``(HV, B)``; the arguments
+    are the value-tile kernel's, most unused): ``logP``, ``C'`` and ``W'`` on compact path tiles
+    ``[DP, BT]`` (row ``e``: each node's ancestor at depth ``e + 1``, from ``paths``), never on dense
+    ``[BT, BT]`` ones. ``logP`` is the path's sum of g, ``exp(logP_i - logP_anc)`` a prefix sum away;
+    ``Q Kᵀ`` and ``K Kᵀ`` are the two tensor-core products, which go through ``scratch`` (this head's
+    rows, ``SW`` wide: the ``u`` output, which phase 2 overwrites, when ``dv >= 2 BT``) and come back
+    gathered at the ancestors; ``W = (I + G)⁻¹`` is solved per node along its own path: row ``i`` of W
+    is the last row of ``(I + M)⁻¹`` for the path matrix ``M[a, b] = G[p_a, p_b]``, by back
+    substitution over the depth (``d - 1`` steps), reading the ancestors' rows of G back from the
+    ``W'`` output, which holds G until the solve ends."""
+    i_hv, i_b = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (hv // H)
+    bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+    n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
+    if n_t <= BT:
+        o_t = tl.arange(0, BT)
+        o_e = tl.arange(0, DP)
+        o_d = tl.arange(0, DK)
+        m_t = o_t < n_t
+        k_t = _operand(_rows(k + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
+        q_t = _operand(_rows(q + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
+        dep = tl.load(depth + bos + o_t, mask=m_t, other=1).to(tl.int32)
+        on_path = m_t[None, :] & (o_e[:, None] < dep[None, :])
+        self_row = o_e[:, None] == (dep - 1)[None, :]
+        strict = on_path & ~self_row
+        anc = tl.load(paths + (bos + o_t)[None, :] * d + o_e[:, None], mask=on_path, other=bos)
+        anc = (anc - bos).to(tl.int32)  # local node indices
+        a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32)) if RAW_GATES else 1.0
+        dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32) if RAW_GATES else 0.0
+        g_p, b_p = _gates(g + bos * hv + i_hv, beta + bos * hv + i_hv, anc, on_path, hv, a_exp_h, dt_bias_h,
+                          RAW_GATES)  # fmt: skip
+        lp = tl.sum(g_p, axis=0)
+        tl.store(log_p + (bos * hv + i_hv) + o_t * hv, lp, mask=m_t)
+        ratio = tl.exp(tl.where(on_path, lp[None, :] - tl.cumsum(g_p, axis=0), float("-inf")))
+        sc_req = scratch + (bos * hv + i_hv) * SW
+        dense = o_t[:, None] * (hv * SW) + o_t[None, :]
+        tl.store(sc_req + dense, tl.dot(q_t, tl.trans(k_t), input_precision=PREC), mask=m_t[:, None])
+        tl.store(sc_req + BT + dense, tl.dot(k_t, tl.trans(k_t), input_precision=PREC), mask=m_t[:, None])
+        tl.debug_barrier()
+        at_anc = sc_req + o_t[None, :] * (hv * SW) + anc  # [Q Kᵀ]_{i, anc}; + BT: [K Kᵀ]_{i, anc}
+        w_req = factors + (i_hv * n_total + bos) * d
+        offs = o_t[None, :] * d + o_e[:, None]
+        qk_p = tl.load(at_anc, mask=on_path, other=0.0)
+        tl.store(w_req + hv * n_total * d + offs, ratio * qk_p * scale, mask=on_path)  # C'
+        b_own = tl.sum(tl.where(self_row, b_p, 0.0), axis=0)
+        kk_p = tl.load(at_anc + BT, mask=strict, other=0.0)
+        tl.store(w_req + offs, b_own[None, :] * ratio * kk_p, mask=strict)  # G, until the solve ends
+        tl.debug_barrier()
+        x = tl.where(self_row, 1.0, 0.0)  # x (I + M) = e_last, column by column from the deepest
+        g_rows = w_req + anc * d
+        for i in range(0, d - 1):
+            col = d - 2 - i
+            m_col = tl.load(g_rows + col, mask=on_path & (o_e[:, None] > col), other=0.0)
+            x_col = -tl.sum(x * m_col, axis=0)
+            x = tl.where((o_e[:, None] == col) & (col < dep - 1)[None, :], x_col[None, :], x)
+        tl.debug_barrier()  # every row of G read before W' overwrites it
+        tl.store(w_req + offs, x * b_p, mask=on_path)
 
 
 PHASE1_CONSTS = {"BV": 16, "USE_SLOTS": False, "S_BF16": False}
-"""The factor kernel's overrides of :func:`inverse_launch_args`' constants: one phase-1 kernel serves
-every value tile and precision (it touches neither the state nor V)."""
+"""The blocked factor kernel's overrides of :func:`inverse_launch_args`' constants: one phase-1 kernel
+serves every value tile and precision (it touches neither the state nor V)."""
 
 
 def inverse_launch_args(
@@ -450,7 +517,9 @@ def inverse_launch_args(
     cfg: InverseConfig,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple, dict]:
     """Allocates the outputs ``(o, u, log_p)`` and the compact factors ``[2, HV, N, depth]``; returns the
-    outputs, the kernel's positional arguments and its compile-time constants (phase 2 / one launch)."""
+    outputs, the kernels' positional arguments (one list for every kernel of the path) and the compile-time
+    constants (each kernel takes those it declares, :func:`phase_launch`). The factor kernel's scratch is
+    ``u`` when its rows hold ``Q Kᵀ`` and ``K Kᵀ`` side by side (``dv >= 2 bt``), else its own buffer."""
     n, h, dk = q.shape
     hv, dv = v.shape[1:]
     o = torch.empty_like(v)
@@ -458,29 +527,41 @@ def inverse_launch_args(
     log_p = torch.empty((n, hv), dtype=torch.float32, device=v.device)
     d = tree.max_depth
     factors = torch.empty((2, hv, n, d), dtype=torch.float32, device=v.device)
+    scratch = u
+    if cfg.launches == 2 and dv < 2 * cfg.bt:
+        scratch = torch.empty((n, hv, 2 * cfg.bt), dtype=torch.float32, device=v.device)
     chain = min(d, cfg.bt)  # longest chain inside one tile
     squarings = (chain - 1).bit_length()
     plain_last = int(squarings >= 2 and chain - 1 == 1 << (squarings - 1))
     args = (
         q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size, tree.depth,
-        o, u, log_p, factors, *(raw_gates or (g, g)), scale, hv, n, d, squarings, plain_last,
+        tree.paths, o, u, log_p, factors, scratch, *(raw_gates or (g, g)), scale, hv, n, d, squarings,
+        plain_last,
     )  # fmt: skip
     consts = dict(
         H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=use_slots,
         PREC="ieee" if precision == "ieee" else "tf32", S_BF16=precision == "bf16", UPCAST=_UPCAST,
-        RAW_GATES=raw_gates is not None,
+        RAW_GATES=raw_gates is not None, DP=pow2_at_least(d), SW=scratch.shape[2],
     )  # fmt: skip
     return (o, u, log_p), args, consts
 
 
 def phase_launch(
-    phase: int, cfg: InverseConfig, consts: dict, hv: int, dv: int, batch: int
-) -> tuple[tuple[int, int, int], dict, int]:
-    """The grid, compile-time constants (from :func:`inverse_launch_args`' ``consts``) and warps of one
-    kernel of the path: phase 1 once per (request, value head), phases 2 and 3 per value tile too."""
-    if phase == 1:
-        return (1, hv, batch), {**consts, **PHASE1_CONSTS, "PHASE": 1}, cfg.warps1
-    return (dv // cfg.bv, hv, batch), {**consts, "PHASE": phase}, cfg.num_warps
+    phase: int, cfg: InverseConfig, consts: dict, hv: int, dv: int, batch: int, blocked: bool = False
+) -> tuple[triton.runtime.JITFunction, tuple[int, ...], dict, int]:
+    """The kernel, grid, compile-time constants (those of :func:`inverse_launch_args`' ``consts`` it
+    declares) and warps of one kernel of the path: phase 1 once per (request, value head), phases 2 and
+    3 per value tile too; ``blocked``: the variant for requests of more than ``bt`` nodes."""
+    if phase == 1 and not blocked:
+        kernel, grid, extra, warps = _path_factors_kernel, (hv, batch), {}, cfg.warps1
+    else:
+        kernel, extra = _gdn_tree_verify_inverse_kernel, {"PHASE": phase, "BLOCKED": blocked}
+        if phase == 1:
+            grid, extra, warps = (1, hv, batch), {**extra, **PHASE1_CONSTS}, cfg.warps1
+        else:
+            grid, warps = (dv // cfg.bv, hv, batch), cfg.num_warps
+    declared = {name: value for name, value in consts.items() if name in kernel.arg_names}
+    return kernel, grid, {**declared, **extra}, warps
 
 
 def phases(cfg: InverseConfig) -> tuple[int, ...]:
@@ -512,10 +593,8 @@ def launch_inverse(
     hv, dv, batch = v.shape[1], v.shape[2], tree.num_requests
     for blocked in (False, True) if tree.max_nodes > cfg.bt else (False,):
         for phase in phases(cfg):
-            grid, constexprs, warps = phase_launch(phase, cfg, consts, hv, dv, batch)
-            _gdn_tree_verify_inverse_kernel[grid](
-                *args, **constexprs, BLOCKED=blocked, num_warps=warps, num_stages=1
-            )
+            kernel, grid, constexprs, warps = phase_launch(phase, cfg, consts, hv, dv, batch, blocked)
+            kernel[grid](*args, **constexprs, num_warps=warps, num_stages=1)
     return outputs
 
 
