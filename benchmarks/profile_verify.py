@@ -8,7 +8,7 @@ replays with the L2 flushed (the timer of bench_gdn_verify.py):
 
 - ``verify``: the launcher's call, checked first against the float64 serial recurrence (a config that
   fails is not timed at all);
-- ``phase1``: the factor kernel alone (grid ``(1, HV, B)``), at 4 and 8 warps;
+- ``phase1``: the factor kernel alone (one program per (request, value head)), at 4 and 8 warps;
 - ``phase2``: the value-tile kernel alone (state products, two factor products) on an unfilled factor
   buffer (a time only);
 - ``no_squarings``: the one-launch kernel with the inverse's squarings skipped (wrong values: a time only,

@@ -31,8 +31,9 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
 O from ``C' U`` rather than from ``(C' W') X`` saves phase 1 a ``[T, T]`` product (H200, Qwen3.5-9B
 heads, T = 64: 3-7 % of the verify at B = 1 … 32).
 
-Both phases are latency-bound (benchmarks/profile_verify.py: at batch 1 the phase-1 kernel alone took
-16 µs, the value-tile kernel 11-13 µs, a state copy 6 µs), so a single-tile program issues every load
+Both phases are latency-bound (benchmarks/profile_verify.py: at batch 1 the compact phase-1 kernel alone
+takes 10-11 µs, the dense one took 16; the value-tile kernel 11-13 µs, a state copy 6 µs), so a
+single-tile program issues every load
 before its first use: the state tile first (one chunk, ``BK = dk``), then the tree, the gates and the
 rows of K, Q and V, each loaded once (one round trip after the request's offsets instead of one per use).
 
@@ -92,12 +93,12 @@ INVERSE_CONFIGS = tuple(
     )
 )
 """Candidates the benchmark sweeps next to :data:`~trtllm_bole.kernels.gdn_tree_verify.CONFIGS`. On the
-H200 (triton 3.6; benchmarks/results/profile_verify_h200.json) the single-tile phase-1 kernel takes 255
-registers (24 bytes spilled at 4 warps, none at 8: two programs per SM at 4 warps, one at 8) and the
-value-tile kernel 107-200 without spills; capping either at 128 registers spills hundreds of bytes and
-runs 1.1-2x slower. The blocked variants (trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact
-variants (FMA dots) spill more. Two configs failed the H200 check (triton 3.6) and were dropped:
-``(64, 128, 16, 8, 1, 8)`` and ``(16, 64, 64, 2, 2, 1)`` (one phase-1 warp, blocked trees)."""
+H200 (triton 3.6; benchmarks/results/profile_verify_h200.json) the compact phase-1 kernel takes 96
+registers at 4 warps and 54 at 8 (depth 8), the dense one (the one-launch kernel's) took 255 with 24
+bytes spilled at 4 warps; the value-tile kernel takes 107-200 without spills. The blocked variants
+(trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact variants (FMA dots) spill more. Two
+configs failed the H200 check (triton 3.6) and were dropped: ``(64, 128, 16, 8, 1, 8)`` and
+``(16, 64, 64, 2, 2, 1)`` (one phase-1 warp, blocked trees)."""
 
 
 def bf16_refused(cfg: InverseConfig) -> bool:
