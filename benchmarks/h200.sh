@@ -12,6 +12,7 @@
 #   bash benchmarks/h200.sh configs   # every verify config at the embedded model's and 9B's heads, fp32 and bf16
 #   bash benchmarks/h200.sh ratios    # the launcher's default vs SGLang, B = 1 and 16, five fresh-input rounds
 #   bash benchmarks/h200.sh ncu       # Nsight Compute on the verify's two kernels at batch 16 (what limits them)
+#   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -71,6 +72,10 @@ train)
     ;;
 configs)
     timeout 580 python benchmarks/sweep_verify_configs.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "sweep rc=$?"
+    ;;
+depth)
+    timeout 280 python benchmarks/factor_depth.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "depth rc=$?"
+    tail -9 "$OUT/log.txt"
     ;;
 ratios)
     timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "ratios rc=$?"

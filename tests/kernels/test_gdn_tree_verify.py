@@ -22,6 +22,7 @@ from trtllm_bole.kernels.gdn_tree_verify import (
     exact_config,
     gdn_tree_verify,
 )
+from trtllm_bole.kernels.gdn_tree_verify_inverse import compact_factors
 from trtllm_bole.reference import gdn_tree
 from trtllm_bole.testing import (
     chain_parents,
@@ -261,6 +262,14 @@ def test_inverse_chains_one_past_a_power_of_two(depth, launches, gen, nan_output
     assert tree.max_depth == depth
     for cfg in (InverseConfig(32, 16, 16, 2, launches), InverseConfig(16, 16, 16, 1, launches)):
         check(run(x, tree, torch.float32, config=cfg), truth(x, tree), EXACT)
+
+
+def test_compact_factor_kernel_serves_trees_up_to_depth_16():
+    """Two launches form the factors of shallow trees on compact path tiles, of deeper ones (the prefill's
+    chains) by the dense squarings; both kinds run in the tests above (depths 3, 5, 9 and 17, 64)."""
+    two, one = InverseConfig(64, 64, 64, 4, 2, 8), InverseConfig(64, 64, 32, 4, 1, 4)
+    assert [compact_factors(two, d) for d in (1, 8, 9, 16, 17, 64)] == [True] * 4 + [False] * 2
+    assert not compact_factors(one, 8)
 
 
 def test_inverse_depth_one_and_compiled_maximum(gen):

@@ -344,10 +344,11 @@ def _gdn_tree_verify_inverse_kernel(
     BV: tl.constexpr, PHASE: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr,
     S_BF16: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, BLOCKED: tl.constexpr,
 ):  # fmt: skip
-    """``PHASE`` 1: factors only (grid ``(1, HV, B)``; blocked trees: smaller ones have
-    :func:`_path_factors_kernel`); 2: outputs from stored factors; 3: both. ``BLOCKED``: serve only the
-    requests of more than ``BT`` nodes (else only the others): the blocked code needs more registers, and
-    the allocation is per kernel. ``paths`` and ``scratch`` are the factor kernel's (unused here)."""
+    """``PHASE`` 1: factors only (grid ``(1, HV, B)``; dense tiles: for blocked trees and deep ones, the
+    others have :func:`_path_factors_kernel`); 2: outputs from stored factors; 3: both. ``BLOCKED``: serve
+    only the requests of more than ``BT`` nodes (else only the others): the blocked code needs more
+    registers, and the allocation is per kernel. ``paths`` and ``scratch`` are the compact factor
+    kernel's (unused here)."""
     i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (hv // H)
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
@@ -382,52 +383,60 @@ def _gdn_tree_verify_inverse_kernel(
                 _blocked_apply(q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req,
                                w_req, n_t, hv, d, scale, o_v, H, DK, DV, BT, BK, BV, PREC, S_BF16,
                                UPCAST)  # fmt: skip
-    elif n_t <= BT:  # phases 2 and 3 (phase 1 of these trees is _path_factors_kernel)
+    elif n_t <= BT:
         # Every load is issued before the first use (one round trip after the request's offsets): the
         # state tile first when it is one chunk (BK == DK), then the tree, the gates, K, Q and V.
         o_t = tl.arange(0, BT)
         o_d = tl.arange(0, DK)
         m_t = o_t < n_t
-        if BK == DK:
+        if PHASE != 1 and BK == DK:
             s_t = tl.load(s_req + (o_d[:, None] * DV + o_v[None, :]))
         ord_t = tl.load(dfs_req + o_t, mask=m_t, other=0).to(tl.int32)
         end_t = ord_t + tl.load(size_req + o_t, mask=m_t, other=0).to(tl.int32)
-        if PHASE == 2:
+        if PHASE != 3:
             offs = _path_offsets(o_t, tl.load(dep_req + o_t, mask=m_t, other=1).to(tl.int32), d)
-        else:
+        if PHASE != 2:
             g_t, b_t = _gates(g_req, b_req, o_t, m_t, hv, a_exp_h, dt_bias_h, RAW_GATES)
-        if PHASE == 3 or BK == DK:
+        if PHASE != 2 or BK == DK:
             k_t = _rows(k_req, o_t, m_t, H * DK, o_d)
             q_t = _rows(q_req, o_t, m_t, H * DK, o_d)
-        v_t = _rows(v_req, o_t, m_t, hv * DV, o_v)
-        if PHASE == 3:
+        if PHASE != 1:
+            v_t = _rows(v_req, o_t, m_t, hv * DV, o_v)
+        if PHASE != 2:
             k_op = _operand(k_t, UPCAST)
             lp = _log_decay(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), g_t)
             tl.store(lp_req + o_t * hv, lp, mask=m_t)
+            if PHASE == 1:  # C' before the inverse: Q and Q Kᵀ are dead while it runs
+                anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
+                qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
+                tl.store(c_req + offs, _path_ratio(anc, lp, lp) * qk * scale, mask=anc)
             kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
             w = _w_prime(kk, lp, ord_t, end_t, m_t, b_t, n_squarings, plain_last, BT, PREC)
+            if PHASE == 1:
+                tl.store(w_req + offs, w, mask=_is_ancestor(ord_t, ord_t, end_t, m_t, m_t))
         else:
             anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
             lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)
             w = tl.load(w_req + offs, mask=anc, other=0.0)
             c_t = tl.load(c_req + offs, mask=anc, other=0.0)
-        decay = tl.exp(lp)
-        if BK == DK:
-            acc = tl.zeros([BT, BV], dtype=tl.float32)
-            ks = _state_product(k_t, s_t, acc, PREC, S_BF16, UPCAST)
-            qs = _state_product(q_t, s_t, acc, PREC, S_BF16, UPCAST)
-        else:
-            ks, qs = _state_dots(k_req, q_req, s_req, o_t, m_t, o_v, H * DK, DK, DV, BT, BK, BV, PREC,
-                                 S_BF16, UPCAST)  # fmt: skip
-        if PHASE == 3:  # C' formed after the state products: fewer tiles live than next to the inverse
-            qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
-            c_t = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp) * qk * scale
-        x = v_t.to(tl.float32) - decay[:, None] * ks
-        out = o_t[:, None] * (hv * DV) + o_v[None, :]
-        u_t = tl.dot(w, x, input_precision=PREC)
-        tl.store(u_req + out, u_t, mask=m_t[:, None])
-        o_out = tl.dot(c_t, u_t, scale * decay[:, None] * qs, input_precision=PREC)
-        tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
+        if PHASE != 1:
+            decay = tl.exp(lp)
+            if BK == DK:
+                acc = tl.zeros([BT, BV], dtype=tl.float32)
+                ks = _state_product(k_t, s_t, acc, PREC, S_BF16, UPCAST)
+                qs = _state_product(q_t, s_t, acc, PREC, S_BF16, UPCAST)
+            else:
+                ks, qs = _state_dots(k_req, q_req, s_req, o_t, m_t, o_v, H * DK, DK, DV, BT, BK, BV, PREC,
+                                     S_BF16, UPCAST)  # fmt: skip
+            if PHASE == 3:  # C' formed after the state products: fewer tiles live than next to the inverse
+                qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
+                c_t = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp) * qk * scale
+            x = v_t.to(tl.float32) - decay[:, None] * ks
+            out = o_t[:, None] * (hv * DV) + o_v[None, :]
+            u_t = tl.dot(w, x, input_precision=PREC)
+            tl.store(u_req + out, u_t, mask=m_t[:, None])
+            o_out = tl.dot(c_t, u_t, scale * decay[:, None] * qs, input_precision=PREC)
+            tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit(do_not_specialize=["d", "n_total"])
@@ -498,8 +507,18 @@ def _path_factors_kernel(
 
 
 PHASE1_CONSTS = {"BV": 16, "USE_SLOTS": False, "S_BF16": False}
-"""The blocked factor kernel's overrides of :func:`inverse_launch_args`' constants: one phase-1 kernel
+"""The dense factor kernel's overrides of :func:`inverse_launch_args`' constants: one phase-1 kernel
 serves every value tile and precision (it touches neither the state nor V)."""
+
+COMPACT_MAX_DEPTH = 16
+"""Deepest tree (rounded up to a power of two) whose factors :func:`_path_factors_kernel` forms: its tiles
+are ``[depth, BT]`` and its back substitution takes ``depth - 1`` dependent steps, so deeper trees (the
+prefill's chains of up to 64) take the dense factor kernel's squarings."""
+
+
+def compact_factors(cfg: InverseConfig, max_depth: int) -> bool:
+    """Whether phase 1 of ``cfg`` runs :func:`_path_factors_kernel` for trees of at most ``cfg.bt`` nodes."""
+    return cfg.launches == 2 and pow2_at_least(max_depth) <= COMPACT_MAX_DEPTH
 
 
 def inverse_launch_args(
@@ -529,7 +548,7 @@ def inverse_launch_args(
     d = tree.max_depth
     factors = torch.empty((2, hv, n, d), dtype=torch.float32, device=v.device)
     scratch = u
-    if cfg.launches == 2 and dv < 2 * cfg.bt:
+    if compact_factors(cfg, d) and dv < 2 * cfg.bt:
         scratch = torch.empty((n, hv, 2 * cfg.bt), dtype=torch.float32, device=v.device)
     chain = min(d, cfg.bt)  # longest chain inside one tile
     squarings = (chain - 1).bit_length()
@@ -551,9 +570,10 @@ def phase_launch(
     phase: int, cfg: InverseConfig, consts: dict, hv: int, dv: int, batch: int, blocked: bool = False
 ) -> tuple[triton.runtime.JITFunction, tuple[int, ...], dict, int]:
     """The kernel, grid, compile-time constants (those of :func:`inverse_launch_args`' ``consts`` it
-    declares) and warps of one kernel of the path: phase 1 once per (request, value head), phases 2 and
-    3 per value tile too; ``blocked``: the variant for requests of more than ``bt`` nodes."""
-    if phase == 1 and not blocked:
+    declares) and warps of one kernel of the path: phase 1 once per (request, value head) (compact or
+    dense, :data:`COMPACT_MAX_DEPTH`), phases 2 and 3 per value tile too; ``blocked``: the variant for
+    requests of more than ``bt`` nodes."""
+    if phase == 1 and not blocked and compact_factors(cfg, consts["DP"]):
         kernel, grid, extra, warps = _path_factors_kernel, (hv, batch), {}, cfg.warps1
     else:
         kernel, extra = _gdn_tree_verify_inverse_kernel, {"PHASE": phase, "BLOCKED": blocked}
@@ -604,6 +624,7 @@ __all__ = [
     "InverseConfig",
     "bf16_refused",
     "check_inverse_config",
+    "compact_factors",
     "launch_inverse",
     "phase_launch",
     "phases",
