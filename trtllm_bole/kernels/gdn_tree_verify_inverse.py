@@ -17,12 +17,13 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
   matrix, by back substitution over the depth. Against the dense form (below; 255 registers, ~4,300
   SASS instructions a warp, two programs per SM) it takes 96 registers and ~1,200 instructions at
   depth 8 (benchmarks/kernel_resources.py, triton 3.6): on the H200 the factor kernel went from 31.6 to
-  17.0 µs at B = 16 (9B heads, T = 64), the verify from 67.4 to 53.3 µs. The one-launch kernel and
-  trees larger than the tile keep the dense form: ancestor masks from the pre-order interval test;
-  ``logP`` as a masked row sum of g; ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2 d⌉
-  squarings, ``G^d = 0`` by Lemma 3) on the tensor cores. Trees larger than the tile ``BT`` are blocked:
-  ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back (their ``C'`` is formed
-  in phase 2, block by block).
+  17.0 µs at B = 16 (9B heads, T = 64), the verify from 67.4 to 53.3 µs. Trees deeper than
+  :data:`COMPACT_MAX_DEPTH` (its back substitution is ``depth - 1`` dependent steps: prefill chains
+  of 64 ran 4x slower on it), the one-launch kernel and trees larger than the tile keep the dense
+  form: ancestor masks from the pre-order interval test; ``logP`` as a masked row sum of g;
+  ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2 d⌉ squarings, ``G^d = 0`` by Lemma 3) on
+  the tensor cores. Trees larger than the tile ``BT`` are blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm
+  W'_mc`` with the earlier block rows read back (their ``C'`` is formed in phase 2, block by block).
 - Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
   each state chunk for both), X, ``U = W' X``, ``O`` from ``C' U``. For trees larger than ``BT``, X goes
   through the ``u`` output, row blocks of U are finished last-first (``U_r`` only needs ``X_c``, c ≤ r),
