@@ -2,7 +2,8 @@
 
 - :mod:`.gdn_tree_verify`: closed-form tree verification (BOLE.md §2), the public launcher and the
   blocked kernel; :mod:`.gdn_tree_verify_inverse`: the explicit ``(I + G)⁻¹`` path (the launcher's
-  default for requests of 17-64 nodes, the blocked kernel's otherwise: measured on the H200);
+  default for requests of 17-64 nodes, the blocked kernel's otherwise: measured on the H200), whose
+  factors are formed on compact per-node path tiles for trees of depth up to 16;
 - :mod:`.gdn_commit`: factored commit of every GDN layer of every request in one launch, and the
   conv-state commit (BOLE.md §3–§4);
 - :mod:`.gdn_prefill`: chunked prefill from the verify and commit kernels (a prompt's chunk is a chain);
