@@ -10,6 +10,7 @@ import torch
 from tests.kernels.helpers import DEVICE, rel_rms
 from trtllm_bole.config import BoleConfig
 from trtllm_bole.kernels import MAX_DEPTH
+from trtllm_bole.kernels import gdn_tree_verify_inverse as inverse_kernels
 from trtllm_bole.kernels.gdn_tree_verify import (
     CONFIGS,
     INVERSE_CONFIGS,
@@ -22,7 +23,7 @@ from trtllm_bole.kernels.gdn_tree_verify import (
     exact_config,
     gdn_tree_verify,
 )
-from trtllm_bole.kernels.gdn_tree_verify_inverse import compact_factors
+from trtllm_bole.kernels.gdn_tree_verify_inverse import compact_factors, inverse_launch_args
 from trtllm_bole.reference import gdn_tree
 from trtllm_bole.testing import (
     chain_parents,
@@ -270,6 +271,19 @@ def test_compact_factor_kernel_serves_trees_up_to_depth_16():
     two, one = InverseConfig(64, 64, 64, 4, 2, 8), InverseConfig(64, 64, 32, 4, 1, 4)
     assert [compact_factors(two, d) for d in (1, 8, 9, 16, 17, 64)] == [True] * 4 + [False] * 2
     assert not compact_factors(one, 8)
+
+
+@pytest.mark.parametrize("bt, own_scratch", [(16, False), (64, True)])
+def test_compact_factor_kernel_scratch_is_u_when_its_rows_fit(bt, own_scratch, gen):
+    """Q Kᵀ and K Kᵀ side by side (2·bt columns) go through the u output's rows when dv holds them."""
+    tree, x = make([topk_parents(12, 2, 4)], 1, 2, 16, 32, gen)
+    slots = torch.arange(1, device=DEVICE)
+    q, k, v, g, beta, state = (t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.state))
+    cfg = InverseConfig(bt, 16, 16, 1, 2, 1)
+    operands = (q, k, v, g, beta, state, slots, tree, None, 1.0, False, "ieee", cfg)
+    (_, u, _), args, consts = inverse_launch_args(*operands)
+    scratch = args[inverse_kernels._path_factors_kernel.arg_names.index("scratch")]
+    assert (scratch is not u) == own_scratch and consts["SW"] == scratch.shape[2] >= 2 * bt
 
 
 def test_inverse_depth_one_and_compiled_maximum(gen):
