@@ -91,6 +91,6 @@ ncu)
     python benchmarks/ncu_verify_phases.py summarize /tmp/details.csv /tmp/source.csv --out "$OUT"
     ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|depth" >&2
     exit 2 ;;
 esac
