@@ -69,7 +69,7 @@ def resources(cfg: inv.InverseConfig, precision: str, batch: int) -> list[dict]:
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     rows = []
     for phase in inv.phases(cfg):
-        fn, _, constexprs, warps = inv.phase_launch(phase, cfg, consts, HV, DV, batch)
+        fn, _, constexprs, options = inv.phase_launch(phase, cfg, consts, HV, DV, batch)
         runtime = [name for name in fn.arg_names if name not in constexprs]
         signature = {name: _arg_type(value) for name, value in zip(runtime, args, strict=True)}
         signature.update(dict.fromkeys(constexprs, "constexpr"))
@@ -86,9 +86,7 @@ def resources(cfg: inv.InverseConfig, precision: str, batch: int) -> list[dict]:
             constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()},
             attrs=hints,
         )
-        compiled = triton.compile(
-            source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1}
-        )
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
             cubin.write(compiled.asm["cubin"])
             cubin.flush()
@@ -99,7 +97,7 @@ def resources(cfg: inv.InverseConfig, precision: str, batch: int) -> list[dict]:
         rows.append(
             {
                 "phase": phase,
-                "warps": warps,
+                "warps": options["num_warps"],
                 "registers": int(found["REG"]),
                 "stack_bytes": int(found["STACK"]),
                 "shared_bytes": compiled.metadata.shared,

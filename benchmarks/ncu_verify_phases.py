@@ -65,8 +65,8 @@ def launch(batch: int) -> None:
     )
     for _ in range(2):
         for phase in inv.phases(cfg):
-            kernel, grid, constexprs, warps = inv.phase_launch(phase, cfg, consts, hv, U.DV, batch)
-            kernel[grid](*args, **constexprs, num_warps=warps, num_stages=1)
+            kernel, grid, constexprs, options = inv.phase_launch(phase, cfg, consts, hv, U.DV, batch)
+            kernel[grid](*args, **constexprs, **options)
         torch.cuda.synchronize()
     print(f"launched {cfg} {precision} at batch {batch}")
 

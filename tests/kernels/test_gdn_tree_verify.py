@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -366,13 +367,19 @@ def test_exact_config_is_the_measured_fastest_in_fp32():
 
 
 def test_default_config_counts_waves():
-    """One launch while four value tiles a (request, value head) pair fit one wave, two beyond; on a GPU
-    of another size the same shape can switch."""
+    """One launch while four value tiles a (request, value head) pair fit one wave, two beyond; their
+    kernel capped at 128 registers (four programs a SM instead of three) where that saves a wave. On a
+    GPU of another size the same shape can switch."""
     quarter, two = InverseConfig(64, 64, 32, 4, 1, 4), InverseConfig(64, 64, 64, 4, 2, 8)
+    capped = replace(two, maxnreg=128)
     assert default_config(64, 1, 32, 128, 128) == quarter  # 32 pairs x 4 tiles: 128 programs
     assert default_config(64, 1, 48, 128, 128) == two  # 48 pairs x 4 tiles: 192
     assert default_config(64, 1, 48, 128, 128, num_sms=192) == quarter
-    assert default_config(8 * 64, 8, 32, 128, 128) == two
+    assert default_config(4 * 64, 4, 32, 128, 128) == two  # 128 pairs x 2 tiles: 256 <= 3 x 132
+    assert default_config(8 * 64, 8, 32, 128, 128) == capped  # 512 tiles: 2 waves of 3 x 132, 1 of 4 x 132
+    assert default_config(8 * 64, 8, 48, 128, 128) == two  # 768: two waves either way
+    assert default_config(8 * 64, 8, 32, 128, 128, num_sms=192) == two
+    assert default_config(16 * 32, 16, 32, 128, 128) == InverseConfig(32, 64, 64, 4, 2, 2, 128)
     assert default_config(64, 1, 32, 128, 128, precision="bf16") == two  # refused with tiles of 32
 
 

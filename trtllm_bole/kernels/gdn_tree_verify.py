@@ -367,6 +367,10 @@ def default_config(
       both models (9B, B = 2: 18.7 against 18.8 µs for one launch; B = 16: 53.3 against 63.9 µs for
       full tiles);
     - requests of 17 to 32 nodes: tiles of 32 in two launches;
+    - two launches, where capping the value-tile kernel at 128 registers (four programs per SM instead of
+      three) saves a wave of them: capped (9B, B = 8: 30.9 against 33.3 µs; B = 16: 49.1 against 51.2;
+      27B, B = 32: 125.2 against 128.6); where it saves none, the few spilled bytes cost (27B, B = 8:
+      41.2 against 39.3 µs; 9B, B = 4: 22.2 against 21.5);
     - smaller or larger trees: the blocked kernel (:func:`blocked_default_config`), faster there (T = 8,
       16: 30 µs against 36-39 µs; T = 128, 256: 1.3-1.5x at B = 16)."""
     per_request = -(-num_nodes // max(num_requests, 1))
@@ -380,7 +384,11 @@ def default_config(
     else:
         picked = (64, 64, 64, 4, 2, 8)
     cfg = InverseConfig(*picked)
-    return replace(cfg, bk=tile_dividing(dk, cfg.bk), bv=tile_dividing(dv, cfg.bv))
+    cfg = replace(cfg, bk=tile_dividing(dk, cfg.bk), bv=tile_dividing(dv, cfg.bv))
+    tiles = pairs * (dv // cfg.bv)
+    if cfg.launches == 2 and -(-tiles // (4 * num_sms)) < -(-tiles // (3 * num_sms)):
+        cfg = replace(cfg, maxnreg=128)
+    return cfg
 
 
 def default_plan(

@@ -72,11 +72,12 @@ class InverseConfig:
     num_warps: int = 4  # phase 2 (and the one-launch kernel)
     launches: int = 2  # 2: phase 1 kernel + phase 2 kernel; 1: both phases in every program
     warps1: int = 4  # phase-1 kernel (launches=2)
+    maxnreg: int | None = None  # register cap of the value-tile kernel (launches=2); None: the compiler's own
 
 
 INVERSE_CONFIGS = tuple(
-    InverseConfig(bt, bk, bv, w, launches, w1)
-    for bt, bk, bv, w, launches, w1 in (
+    InverseConfig(*fields)
+    for fields in (
         (64, 128, 32, 8, 1, 8),
         (64, 64, 32, 4, 1, 4),
         (64, 128, 64, 8, 1, 8),
@@ -87,17 +88,21 @@ INVERSE_CONFIGS = tuple(
         (64, 64, 32, 4, 2, 4),
         (64, 64, 64, 4, 2, 4),
         (64, 64, 64, 4, 2, 8),
+        (64, 64, 64, 4, 2, 8, 128),
         (64, 128, 128, 8, 2, 4),
         (32, 128, 32, 4, 1, 4),
         (32, 64, 64, 4, 2, 2),
+        (32, 64, 64, 4, 2, 2, 128),
         (16, 128, 32, 2, 1, 2),
     )
 )
 """Candidates the benchmark sweeps next to :data:`~trtllm_bole.kernels.gdn_tree_verify.CONFIGS`. On the
 H200 (triton 3.6; benchmarks/results/profile_verify_h200.json) the compact phase-1 kernel takes 96
 registers at 4 warps and 54 at 8 (depth 8), the dense one (the one-launch kernel's) took 255 with 24
-bytes spilled at 4 warps; the value-tile kernel takes 107-200 without spills. The blocked variants
-(trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact variants (FMA dots) spill more. Two
+bytes spilled at 4 warps; the value-tile kernel takes 107-200 without spills. Capped at 128 registers
+(``maxnreg``), the 4-warp value-tile kernels spill 40-64 bytes and fit four programs per SM instead of
+three. The blocked variants (trees over ``bt`` nodes) spill up to ~2 KB; the fp32-exact variants (FMA
+dots) spill more. Two
 configs failed the H200 check (triton 3.6) and were dropped: ``(64, 128, 16, 8, 1, 8)`` and
 ``(16, 64, 64, 2, 2, 1)`` (one phase-1 warp, blocked trees)."""
 
@@ -136,6 +141,21 @@ def _gates(g_ptr, b_ptr, rows, m, hv, a_exp_h, dt_bias_h, RAW_GATES: tl.constexp
 def _path_offsets(rows, dep_c, d):
     """Compact ``[node, depth]`` offsets of the ``(row node, column node)`` pairs of a tile."""
     return rows[:, None] * d + (dep_c - 1)[None, :]
+
+
+@triton.jit
+def _factor_tile(f_req, rows, dep_c, d, anc, BT: tl.constexpr):
+    """``[rows, cols]`` of a compact ``[node, depth]`` factor as a dense tile, zero off ``anc``. Tiles of 64
+    are gathered transposed: a warp's lanes then run along the column nodes, whose entries in one row
+    node share 32 bytes, so a warp's load touches one sector instead of one per lane (H200, Qwen3.5-9B
+    heads, B = 16: value-tile kernel 39.9 → 37.9 µs). Tiles of 32 keep the row-major gather: transposed,
+    their value-tile kernel took 255 registers instead of 186 on sm_90 and ran 6 % slower."""
+    if BT >= 64:
+        offs_t = rows[None, :] * d + (dep_c - 1)[:, None]
+        tile = tl.trans(tl.load(f_req + offs_t, mask=tl.trans(anc), other=0.0))
+    else:
+        tile = tl.load(f_req + _path_offsets(rows, dep_c, d), mask=anc, other=0.0)
+    return tile
 
 
 @triton.jit
@@ -233,7 +253,7 @@ def _blocked_factors(
                             k_req, k_req, rows, m_r, mid, full, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST
                         )
                         anc_mc = _is_ancestor(ord_m, ord_c, end_c, full, full)
-                        w_mc = tl.load(w_req + _path_offsets(mid, dep_c, d), mask=anc_mc, other=0.0)
+                        w_mc = _factor_tile(w_req, mid, dep_c, d, anc_mc, BT)
                         acc_w = tl.dot(b_r[:, None] * ratio_rm * kk_rm, w_mc, acc_w, input_precision=PREC)
                 w_rc = -tl.dot(w_rr, acc_w, input_precision=PREC)
                 tl.store(w_req + _path_offsets(rows, dep_c, d), w_rc, mask=anc_rc)
@@ -313,8 +333,8 @@ def _blocked_apply(
         for c in range(0, r + 1):
             cols, m_c, anc = _column_block(dfs_req, size_req, ord_r, m_r, c, n_t, BT)
             if tl.max(anc.to(tl.int32)) > 0:
-                offs = _path_offsets(rows, tl.load(dep_req + cols, mask=m_c, other=1).to(tl.int32), d)
-                w_rc = tl.load(w_req + offs, mask=anc, other=0.0)
+                dep_c = tl.load(dep_req + cols, mask=m_c, other=1).to(tl.int32)
+                w_rc = _factor_tile(w_req, rows, dep_c, d, anc, BT)
                 acc_u = tl.dot(w_rc, _rows(u_req, cols, m_c, hv * DV, o_v), acc_u, input_precision=PREC)
         tl.debug_barrier()  # every thread has read X_r before U_r overwrites it
         tl.store(u_req + (rows[:, None] * (hv * DV) + o_v[None, :]), acc_u, mask=m_r[:, None])
@@ -395,7 +415,7 @@ def _gdn_tree_verify_inverse_kernel(
         ord_t = tl.load(dfs_req + o_t, mask=m_t, other=0).to(tl.int32)
         end_t = ord_t + tl.load(size_req + o_t, mask=m_t, other=0).to(tl.int32)
         if PHASE != 3:
-            offs = _path_offsets(o_t, tl.load(dep_req + o_t, mask=m_t, other=1).to(tl.int32), d)
+            dep_t = tl.load(dep_req + o_t, mask=m_t, other=1).to(tl.int32)
         if PHASE != 2:
             g_t, b_t = _gates(g_req, b_req, o_t, m_t, hv, a_exp_h, dt_bias_h, RAW_GATES)
         if PHASE != 2 or BK == DK:
@@ -408,6 +428,7 @@ def _gdn_tree_verify_inverse_kernel(
             lp = _log_decay(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), g_t)
             tl.store(lp_req + o_t * hv, lp, mask=m_t)
             if PHASE == 1:  # C' before the inverse: Q and Q Kᵀ are dead while it runs
+                offs = _path_offsets(o_t, dep_t, d)
                 anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
                 qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
                 tl.store(c_req + offs, _path_ratio(anc, lp, lp) * qk * scale, mask=anc)
@@ -418,8 +439,8 @@ def _gdn_tree_verify_inverse_kernel(
         else:
             anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
             lp = tl.load(lp_req + o_t * hv, mask=m_t, other=0.0)
-            w = tl.load(w_req + offs, mask=anc, other=0.0)
-            c_t = tl.load(c_req + offs, mask=anc, other=0.0)
+            w = _factor_tile(w_req, o_t, dep_t, d, anc, BT)
+            c_t = _factor_tile(c_req, o_t, dep_t, d, anc, BT)
         if PHASE != 1:
             decay = tl.exp(lp)
             if BK == DK:
@@ -569,21 +590,24 @@ def inverse_launch_args(
 
 def phase_launch(
     phase: int, cfg: InverseConfig, consts: dict, hv: int, dv: int, batch: int, blocked: bool = False
-) -> tuple[triton.runtime.JITFunction, tuple[int, ...], dict, int]:
+) -> tuple[triton.runtime.JITFunction, tuple[int, ...], dict, dict]:
     """The kernel, grid, compile-time constants (those of :func:`inverse_launch_args`' ``consts`` it
-    declares) and warps of one kernel of the path: phase 1 once per (request, value head) (compact or
-    dense, :data:`COMPACT_MAX_DEPTH`), phases 2 and 3 per value tile too; ``blocked``: the variant for
-    requests of more than ``bt`` nodes."""
+    declares) and launch options (warps, stages, the value-tile kernel's register cap) of one kernel of
+    the path: phase 1 once per (request, value head) (compact or dense, :data:`COMPACT_MAX_DEPTH`),
+    phases 2 and 3 per value tile too; ``blocked``: the variant for requests of more than ``bt`` nodes."""
+    options = {"num_stages": 1}
     if phase == 1 and not blocked and compact_factors(cfg, consts["DP"]):
-        kernel, grid, extra, warps = _path_factors_kernel, (hv, batch), {}, cfg.warps1
+        kernel, grid, extra, options["num_warps"] = _path_factors_kernel, (hv, batch), {}, cfg.warps1
     else:
         kernel, extra = _gdn_tree_verify_inverse_kernel, {"PHASE": phase, "BLOCKED": blocked}
         if phase == 1:
-            grid, extra, warps = (1, hv, batch), {**extra, **PHASE1_CONSTS}, cfg.warps1
+            grid, extra, options["num_warps"] = (1, hv, batch), {**extra, **PHASE1_CONSTS}, cfg.warps1
         else:
-            grid, warps = (dv // cfg.bv, hv, batch), cfg.num_warps
+            grid, options["num_warps"] = (dv // cfg.bv, hv, batch), cfg.num_warps
+        if phase == 2 and cfg.maxnreg:
+            options["maxnreg"] = cfg.maxnreg
     declared = {name: value for name, value in consts.items() if name in kernel.arg_names}
-    return kernel, grid, {**declared, **extra}, warps
+    return kernel, grid, {**declared, **extra}, options
 
 
 def phases(cfg: InverseConfig) -> tuple[int, ...]:
@@ -615,8 +639,8 @@ def launch_inverse(
     hv, dv, batch = v.shape[1], v.shape[2], tree.num_requests
     for blocked in (False, True) if tree.max_nodes > cfg.bt else (False,):
         for phase in phases(cfg):
-            kernel, grid, constexprs, warps = phase_launch(phase, cfg, consts, hv, dv, batch, blocked)
-            kernel[grid](*args, **constexprs, num_warps=warps, num_stages=1)
+            kernel, grid, constexprs, options = phase_launch(phase, cfg, consts, hv, dv, batch, blocked)
+            kernel[grid](*args, **constexprs, **options)
     return outputs
 
 
