@@ -362,10 +362,10 @@ def default_config(
     - requests of 33 to 64 nodes (the average): the explicit-inverse path in one tile of 64. One launch
       with value tiles of 32 while four of them per (request, value head) pair fit one wave of programs
       (fp32 state products: bf16 is refused there, so not when ``precision`` asks for bf16; 9B, B = 1:
-      17.2 against 17.4 µs for the next best); else two launches: the factor kernel (compact path
-      tiles, 8 warps) once per pair, then value tiles of 64 at 4 warps, which won every other point of
-      both models (9B, B = 2: 18.7 against 18.8 µs for one launch; B = 16: 53.3 against 63.9 µs for
-      full tiles);
+      17.3 µs, a tie with the two-launch 64/128/32's 17.2); else two launches: the factor kernel
+      (compact path tiles, 8 warps) once per pair, then value tiles of 64 at 4 warps, which won every
+      other point of both models but one tie (9B, B = 2: 18.5 against 18.8 µs for one launch; B = 16:
+      49.1 against 62.4 µs for full tiles; 27B, B = 8: 4-warp factor kernel 39.0 against 39.3);
     - requests of 17 to 32 nodes: tiles of 32 in two launches;
     - two launches, where capping the value-tile kernel at 128 registers (four programs per SM instead of
       three) saves a wave of them: capped (9B, B = 8: 30.9 against 33.3 µs; B = 16: 49.1 against 51.2;

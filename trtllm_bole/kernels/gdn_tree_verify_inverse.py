@@ -25,7 +25,10 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
   the tensor cores. Trees larger than the tile ``BT`` are blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm
   W'_mc`` with the earlier block rows read back (their ``C'`` is formed in phase 2, block by block).
 - Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
-  each state chunk for both), X, ``U = W' X``, ``O`` from ``C' U``. For trees larger than ``BT``, X goes
+  each state chunk for both), X, ``U = W' X``, ``O`` from ``C' U``; ``W'`` and ``C'`` gathered into
+  dense tiles (:func:`_factor_tile`), optionally under a register cap (``InverseConfig.maxnreg``: four
+  programs per SM instead of three, the launcher's default where that saves a wave of them). For trees
+  larger than ``BT``, X goes
   through the ``u`` output, row blocks of U are finished last-first (``U_r`` only needs ``X_c``, c ≤ r),
   then O.
 
@@ -148,8 +151,9 @@ def _factor_tile(f_req, rows, dep_c, d, anc, BT: tl.constexpr):
     """``[rows, cols]`` of a compact ``[node, depth]`` factor as a dense tile, zero off ``anc``. Tiles of 64
     are gathered transposed: a warp's lanes then run along the column nodes, whose entries in one row
     node share 32 bytes, so a warp's load touches one sector instead of one per lane (H200, Qwen3.5-9B
-    heads, B = 16: value-tile kernel 39.9 → 37.9 µs). Tiles of 32 keep the row-major gather: transposed,
-    their value-tile kernel took 255 registers instead of 186 on sm_90 and ran 6 % slower."""
+    heads, B = 16: value-tile kernel 40.0 → 38.3 µs, benchmarks/results/profile_verify_h200.json). Tiles
+    of 32 keep the row-major gather: transposed, their value-tile kernel took 255 registers instead of
+    186 on sm_90 and ran 6 % slower."""
     if BT >= 64:
         offs_t = rows[None, :] * d + (dep_c - 1)[:, None]
         tile = tl.trans(tl.load(f_req + offs_t, mask=tl.trans(anc), other=0.0))
