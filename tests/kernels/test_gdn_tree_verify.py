@@ -287,6 +287,24 @@ def test_compact_factor_kernel_scratch_is_u_when_its_rows_fit(bt, own_scratch, g
     assert (scratch is not u) == own_scratch and consts["SW"] == scratch.shape[2] >= 2 * bt
 
 
+def test_register_cap_goes_to_the_single_tile_value_tile_kernel_only(gen):
+    """``maxnreg`` is a launch option of phase 2 for trees of one tile: not of the factor kernel, not of
+    the blocked variant (slower capped), and absent when unset."""
+    tree, x = make([topk_parents(12, 2, 4)], 1, 2, 16, 32, gen)
+    slots = torch.arange(1, device=DEVICE)
+    inputs = tuple(t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.state))
+    for cap in (None, 128):
+        cfg = InverseConfig(16, 16, 16, 1, 2, 1, cap)
+        _, _, consts = inverse_launch_args(*inputs, slots, tree, None, 1.0, False, "ieee", cfg)
+        options = {
+            (phase, blocked): inverse_kernels.phase_launch(phase, cfg, consts, 2, 32, 1, blocked)[3]
+            for phase in (1, 2)
+            for blocked in (False, True)
+        }
+        assert [key for key, opts in options.items() if "maxnreg" in opts] == ([(2, False)] if cap else [])
+        assert options[(2, False)].get("maxnreg") == cap
+
+
 def test_inverse_depth_one_and_compiled_maximum(gen):
     tree, x = make([[-1], [-1, -1, -1]], 2, 2, 16, 16, gen)
     check(run(x, tree, torch.float32, config=INV[2]), truth(x, tree), EXACT)
