@@ -274,15 +274,19 @@ def test_compact_factor_kernel_serves_trees_up_to_depth_16():
     assert not compact_factors(one, 8)
 
 
+def launch_args(cfg, gen):
+    """``inverse_launch_args`` of one 12-node tree (H = 1, HV = 2, dk = 16, dv = 32, fp32): the outputs,
+    the kernels' arguments and their constants for ``cfg``."""
+    tree, x = make([topk_parents(12, 2, 4)], 1, 2, 16, 32, gen)
+    inputs = tuple(t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.state))
+    slots = torch.arange(1, device=DEVICE)
+    return inverse_launch_args(*inputs, slots, tree, None, 1.0, False, "ieee", cfg)
+
+
 @pytest.mark.parametrize("bt, own_scratch", [(16, False), (64, True)])
 def test_compact_factor_kernel_scratch_is_u_when_its_rows_fit(bt, own_scratch, gen):
     """Q Kᵀ and K Kᵀ side by side (2·bt columns) go through the u output's rows when dv holds them."""
-    tree, x = make([topk_parents(12, 2, 4)], 1, 2, 16, 32, gen)
-    slots = torch.arange(1, device=DEVICE)
-    q, k, v, g, beta, state = (t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.state))
-    cfg = InverseConfig(bt, 16, 16, 1, 2, 1)
-    operands = (q, k, v, g, beta, state, slots, tree, None, 1.0, False, "ieee", cfg)
-    (_, u, _), args, consts = inverse_launch_args(*operands)
+    (_, u, _), args, consts = launch_args(InverseConfig(bt, 16, 16, 1, 2, 1), gen)
     scratch = args[inverse_kernels._path_factors_kernel.arg_names.index("scratch")]
     assert (scratch is not u) == own_scratch and consts["SW"] == scratch.shape[2] >= 2 * bt
 
@@ -290,12 +294,9 @@ def test_compact_factor_kernel_scratch_is_u_when_its_rows_fit(bt, own_scratch, g
 def test_register_cap_goes_to_the_single_tile_value_tile_kernel_only(gen):
     """``maxnreg`` is a launch option of phase 2 for trees of one tile: not of the factor kernel, not of
     the blocked variant (slower capped), and absent when unset."""
-    tree, x = make([topk_parents(12, 2, 4)], 1, 2, 16, 32, gen)
-    slots = torch.arange(1, device=DEVICE)
-    inputs = tuple(t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.state))
     for cap in (None, 128):
         cfg = InverseConfig(16, 16, 16, 1, 2, 1, cap)
-        _, _, consts = inverse_launch_args(*inputs, slots, tree, None, 1.0, False, "ieee", cfg)
+        _, _, consts = launch_args(cfg, gen)
         options = {
             (phase, blocked): inverse_kernels.phase_launch(phase, cfg, consts, 2, 32, 1, blocked)[3]
             for phase in (1, 2)
