@@ -28,9 +28,8 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
   each state chunk for both), X, ``U = W' X``, ``O`` from ``C' U``; ``W'`` and ``C'`` gathered into
   dense tiles (:func:`_factor_tile`), optionally under a register cap (``InverseConfig.maxnreg``: four
   programs per SM instead of three, the launcher's default where that saves a wave of them). For trees
-  larger than ``BT``, X goes
-  through the ``u`` output, row blocks of U are finished last-first (``U_r`` only needs ``X_c``, c ≤ r),
-  then O.
+  larger than ``BT``, X goes through the ``u`` output, row blocks of U are finished last-first (``U_r``
+  only needs ``X_c``, c ≤ r), then O.
 
 O from ``C' U`` rather than from ``(C' W') X`` saves phase 1 a ``[T, T]`` product (H200, Qwen3.5-9B
 heads, T = 64: 3-7 % of the verify at B = 1 … 32).
