@@ -266,14 +266,6 @@ def test_inverse_chains_one_past_a_power_of_two(depth, launches, gen, nan_output
         check(run(x, tree, torch.float32, config=cfg), truth(x, tree), EXACT)
 
 
-def test_compact_factor_kernel_serves_trees_up_to_depth_16():
-    """Two launches form the factors of shallow trees on compact path tiles, of deeper ones (the prefill's
-    chains) by the dense squarings; both kinds run in the tests above (depths 3, 5, 9 and 17, 64)."""
-    two, one = InverseConfig(64, 64, 64, 4, 2, 8), InverseConfig(64, 64, 32, 4, 1, 4)
-    assert [compact_factors(two, d) for d in (1, 8, 9, 16, 17, 64)] == [True] * 4 + [False] * 2
-    assert not compact_factors(one, 8)
-
-
 def launch_args(cfg, gen):
     """``inverse_launch_args`` of one 12-node tree (H = 1, HV = 2, dk = 16, dv = 32, fp32): the outputs,
     the kernels' arguments and their constants for ``cfg``."""
@@ -283,12 +275,36 @@ def launch_args(cfg, gen):
     return inverse_launch_args(*inputs, slots, tree, None, 1.0, False, "ieee", cfg)
 
 
-@pytest.mark.parametrize("bt, own_scratch", [(16, False), (64, True)])
-def test_compact_factor_kernel_scratch_is_u_when_its_rows_fit(bt, own_scratch, gen):
-    """Q Kᵀ and K Kᵀ side by side (2·bt columns) go through the u output's rows when dv holds them."""
-    (_, u, _), args, consts = launch_args(InverseConfig(bt, 16, 16, 1, 2, 1), gen)
-    scratch = args[inverse_kernels._path_factors_kernel.arg_names.index("scratch")]
-    assert (scratch is not u) == own_scratch and consts["SW"] == scratch.shape[2] >= 2 * bt
+def test_compact_factors_serve_trees_up_to_depth_16(gen):
+    """Shallow trees get their factors on compact path tiles (the factor kernel of two launches, every
+    program of one launch), deeper ones (the prefill's chains) by the dense squarings; both kinds run in
+    the tests above (depths 3, 5, 9 and 17, 64). Trees larger than the tile keep the blocked kernel."""
+    assert [compact_factors(d) for d in (1, 8, 9, 16, 17, 64)] == [True] * 4 + [False] * 2
+    for launches, phase in ((2, 1), (1, 3)):
+        cfg = InverseConfig(16, 16, 16, 1, launches, 1)
+        _, _, consts = launch_args(cfg, gen)
+        launch = inverse_kernels.phase_launch
+        kernels = {
+            (dp, blocked): launch(phase, cfg, {**consts, "DP": dp}, 2, 32, 1, blocked)[0]
+            for dp in (16, 32)
+            for blocked in (False, True)
+        }
+        compact = {1: inverse_kernels._path_factors_kernel, 3: inverse_kernels._compact_one_launch_kernel}
+        assert kernels.pop((16, False)) is compact[phase]
+        assert set(kernels.values()) == {inverse_kernels._gdn_tree_verify_inverse_kernel}
+
+
+@pytest.mark.parametrize("bt, launches, own_scratch", [(16, 2, False), (64, 2, True), (16, 1, True)])
+def test_compact_factor_scratch_is_u_when_its_rows_fit(bt, launches, own_scratch, gen):
+    """Q Kᵀ and K Kᵀ side by side (2·bt columns) go through the u output's rows when dv holds them and
+    phase 1 runs once per pair (two launches); one launch gives every value tile its own scratch and
+    factors, since its tiles form the same factors and write u."""
+    (_, u, _), args, consts = launch_args(InverseConfig(bt, 16, 16, 1, launches, 1), gen)
+    names = inverse_kernels._path_factors_kernel.arg_names
+    scratch, factors = args[names.index("scratch")], args[names.index("factors")]
+    assert (scratch is not u) == own_scratch and consts["SW"] == scratch.shape[-1] >= 2 * bt
+    tiles = 32 // 16 if launches == 1 else 1  # dv / bv
+    assert factors.shape[0] == tiles and (scratch is u or scratch.shape[0] == tiles)
 
 
 def test_register_cap_goes_to_the_single_tile_value_tile_kernel_only(gen):
@@ -321,7 +337,7 @@ def test_default_config_is_a_benchmarked_config():
     for precision in ("tf32", "bf16"):
         for batch in (1, 2, 4, 16, 32):
             for size in (8, 16, 32, 64, 256):
-                cfg = default_config(batch * size, batch, 32, 128, 128, precision=precision)
+                cfg = default_config(batch * size, batch, 32, 128, 128)
                 if 16 < size <= 64:
                     assert cfg in INVERSE_CONFIGS and cfg.bt >= size
                     check_inverse_config(cfg, precision)
@@ -343,12 +359,10 @@ def test_default_precision_is_the_measured_serving_one():
         cfg = default_config(batch * 64, batch, 32, 128, 128)
         if isinstance(cfg, InverseConfig):
             check_inverse_config(cfg, default_precision(torch.bfloat16, torch.bfloat16, cfg))
-    at_b1 = default_config(64, 1, 32, 128, 128)  # 32 pairs: four value tiles each fit one wave
-    assert at_b1.bv == 32 and default_precision(torch.bfloat16, torch.bfloat16, at_b1) == "tf32"
-    asked = default_config(64, 1, 32, 128, 128, precision="bf16")  # bf16 asked for: tiles of 64
-    assert asked.bv == 64
+    at_b1 = default_config(64, 1, 32, 128, 128)  # one launch, value tiles of 64
+    assert at_b1.launches == 1 and default_precision(torch.bfloat16, torch.bfloat16, at_b1) == "bf16"
     bf16 = torch.bfloat16
-    assert default_plan(64, 1, 32, 128, 128, bf16, bf16, precision="bf16") == (asked, "bf16")
+    assert default_plan(64, 1, 32, 128, 128, bf16, bf16, precision="tf32") == (at_b1, "tf32")
 
 
 def test_default_plan_runs_fp32_inputs_exactly_with_the_blocked_kernel():
@@ -386,20 +400,21 @@ def test_exact_config_is_the_measured_fastest_in_fp32():
 
 
 def test_default_config_counts_waves():
-    """One launch while four value tiles a (request, value head) pair fit one wave, two beyond; their
-    kernel capped at 128 registers (four programs a SM instead of three) where that saves a wave. On a
-    GPU of another size the same shape can switch."""
-    quarter, two = InverseConfig(64, 64, 32, 4, 1, 4), InverseConfig(64, 64, 64, 4, 2, 8)
+    """One launch while its value tiles of 64 fit one program a SM, two beyond; the value-tile kernel of
+    two launches capped at 128 registers (four programs a SM instead of three) where that saves a wave.
+    On a GPU of another size the same shape can switch."""
+    one, two = InverseConfig(64, 128, 64, 8, 1, 8), InverseConfig(64, 64, 64, 4, 2, 8)
     capped = replace(two, maxnreg=128)
-    assert default_config(64, 1, 32, 128, 128) == quarter  # 32 pairs x 4 tiles: 128 programs
-    assert default_config(64, 1, 48, 128, 128) == two  # 48 pairs x 4 tiles: 192
-    assert default_config(64, 1, 48, 128, 128, num_sms=192) == quarter
+    assert default_config(64, 1, 32, 128, 128) == one  # 32 pairs x 2 tiles: 64 programs
+    assert default_config(2 * 64, 2, 32, 128, 128) == one  # 128 <= 132
+    assert default_config(64, 1, 48, 128, 128) == one  # 96
+    assert default_config(2 * 64, 2, 48, 128, 128) == two  # 192
+    assert default_config(2 * 64, 2, 48, 128, 128, num_sms=192) == one
     assert default_config(4 * 64, 4, 32, 128, 128) == two  # 128 pairs x 2 tiles: 256 <= 3 x 132
     assert default_config(8 * 64, 8, 32, 128, 128) == capped  # 512 tiles: 2 waves of 3 x 132, 1 of 4 x 132
     assert default_config(8 * 64, 8, 48, 128, 128) == two  # 768: two waves either way
     assert default_config(8 * 64, 8, 32, 128, 128, num_sms=192) == two
     assert default_config(16 * 32, 16, 32, 128, 128) == InverseConfig(32, 64, 64, 4, 2, 2, 128)
-    assert default_config(64, 1, 32, 128, 128, precision="bf16") == two  # refused with tiles of 32
 
 
 def test_default_speculation_fills_one_inverse_tile():
@@ -447,7 +462,7 @@ def test_refuses_the_config_that_miscompiles_on_the_h200(gen):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "cfg",
-    [None, CONFIGS[6], CONFIGS[-2], INVERSE_CONFIGS[0], INVERSE_CONFIGS[6], INVERSE_CONFIGS[11]],
+    [None, CONFIGS[6], CONFIGS[-2], *(INVERSE_CONFIGS[i] for i in (0, 2, 6, 11))],
     ids=str,
 )  # every config: the benchmark
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -354,18 +354,15 @@ def default_config(
     dk: int,
     dv: int,
     num_sms: int = H200_SMS,
-    precision: str | None = None,
 ) -> VerifyConfig | InverseConfig:
     """The launcher's config from the shape alone (no device sync), by the H200 measurement of
     benchmarks/results/gdn_verify_h200_focus.json (CUDA-graph times, Qwen3.5-9B/27B heads, B = 1 … 32):
 
     - requests of 33 to 64 nodes (the average): the explicit-inverse path in one tile of 64. One launch
-      with value tiles of 32 while four of them per (request, value head) pair fit one wave of programs
-      (fp32 state products: bf16 is refused there, so not when ``precision`` asks for bf16; 9B, B = 1:
-      17.3 µs, a tie with the two-launch 64/128/32's 17.2); else two launches: the factor kernel
-      (compact path tiles, 8 warps) once per pair, then value tiles of 64 at 4 warps, which won every
-      other point of both models but one tie (9B, B = 2: 18.5 against 18.8 µs for one launch; B = 16:
-      49.1 against 62.4 µs for full tiles; 27B, B = 8: 4-warp factor kernel 39.0 against 39.3);
+      (every value tile forms its pair's compact factors, 8 warps) while the value tiles of 64 fit one
+      program per SM (9B, B = 1 and 2; 27B, B = 1); else two launches: the factor kernel (compact path
+      tiles, 8 warps) once per pair, then value tiles of 64 at 4 warps (B = 16: 49.1 against 62.4 µs
+      for full tiles; 27B, B = 8: 4-warp factor kernel 39.0 against 39.3);
     - requests of 17 to 32 nodes: tiles of 32 in two launches;
     - two launches, where capping the value-tile kernel at 128 registers (four programs per SM instead of
       three) saves a wave of them: capped (9B, B = 8: 30.9 against 33.3 µs; B = 16: 49.1 against 51.2;
@@ -379,8 +376,8 @@ def default_config(
         return blocked_default_config(num_nodes, num_requests, hv, dk, dv)
     if per_request <= 32:
         picked = (32, 64, 64, 4, 2, 2)
-    elif 4 * pairs <= num_sms and precision != "bf16":
-        picked = (64, 64, 32, 4, 1, 4)
+    elif pairs * (dv // tile_dividing(dv, 64)) <= num_sms:
+        picked = (64, 128, 64, 8, 1, 8)
     else:
         picked = (64, 64, 64, 4, 2, 8)
     cfg = InverseConfig(*picked)
@@ -411,7 +408,7 @@ def default_plan(
     if config is None and exact:
         config = exact_config(dk, dv)
     elif config is None:
-        config = default_config(num_nodes, num_requests, hv, dk, dv, num_sms, precision)
+        config = default_config(num_nodes, num_requests, hv, dk, dv, num_sms)
     return config, precision or default_precision(q_dtype, v_dtype, config)
 
 

@@ -10,20 +10,20 @@ transitive, so every power of G keeps G's pattern. A row therefore holds at most
 nonzeros, which we store compactly as ``[HV, N, d]`` indexed by the column node's depth: 2·d floats per
 node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
 
-- Phase 1, once per (request, value head). Trees of at most ``BT`` nodes, in the two-launch path
-  (:func:`_path_factors_kernel`): on compact ``[depth, node]`` tiles read off ``tree.paths``, never on
-  dense ``[T, T]`` ones: ``logP`` and its ratios are prefix sums along each node's path, ``Q Kᵀ`` and
-  ``K Kᵀ`` are gathered at the ancestors, and row i of W is the last row of the inverse of i's own path
-  matrix, by back substitution over the depth. Against the dense form (below; 255 registers, ~4,300
-  SASS instructions a warp, two programs per SM) it takes 96 registers and ~1,200 instructions at
-  depth 8 (benchmarks/kernel_resources.py, triton 3.6): on the H200 the factor kernel went from 31.6 to
-  17.0 µs at B = 16 (9B heads, T = 64), the verify from 67.4 to 53.3 µs. Trees deeper than
-  :data:`COMPACT_MAX_DEPTH` (its back substitution is ``depth - 1`` dependent steps: prefill chains
-  of 64 ran 4x slower on it), the one-launch kernel and trees larger than the tile keep the dense
-  form: ancestor masks from the pre-order interval test; ``logP`` as a masked row sum of g;
-  ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2 d⌉ squarings, ``G^d = 0`` by Lemma 3) on
-  the tensor cores. Trees larger than the tile ``BT`` are blocked: ``W'_rc = -W_rr Σ_{c≤m<r} G_rm
-  W'_mc`` with the earlier block rows read back (their ``C'`` is formed in phase 2, block by block).
+- Phase 1, once per (request, value head). Trees of at most ``BT`` nodes (:func:`_path_factors`, in the
+  factor kernel of two launches and in every program of one): on compact ``[depth, node]`` tiles read off
+  ``tree.paths``, never on dense ``[T, T]`` ones: ``logP`` and its ratios are prefix sums along each node's
+  path, ``Q Kᵀ`` and ``K Kᵀ`` are gathered at the ancestors, and row i of W is the last row of the inverse
+  of i's own path matrix, by back substitution over the depth. Against the dense form (below; 255 registers,
+  ~4,300 SASS instructions a warp, two programs per SM) it takes 96 registers and ~1,200 instructions at
+  depth 8 (benchmarks/kernel_resources.py, triton 3.6): on the H200 the factor kernel went from 31.6 to 17.0
+  µs at B = 16 (9B heads, T = 64), the verify from 67.4 to 53.3 µs. Trees deeper than
+  :data:`COMPACT_MAX_DEPTH` (its back substitution is ``depth - 1`` dependent steps: prefill chains of 64
+  ran 4x slower on it) and trees larger than the tile keep the dense form: ancestor masks from the pre-order
+  interval test; ``logP`` as a masked row sum of g; ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2
+  d⌉ squarings, ``G^d = 0`` by Lemma 3) on the tensor cores. Trees larger than the tile ``BT`` are blocked:
+  ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back (their ``C'`` is formed in
+  phase 2, block by block).
 - Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
   each state chunk for both), X, ``U = W' X``, ``O`` from ``C' U``; ``W'`` and ``C'`` gathered into
   dense tiles (:func:`_factor_tile`), optionally under a register cap (``InverseConfig.maxnreg``: four
@@ -41,9 +41,12 @@ before its first use: the state tile first (one chunk, ``BK = dk``), then the tr
 rows of K, Q and V, each loaded once (one round trip after the request's offsets instead of one per use).
 
 ``launches=2`` runs the phases as two kernels (phase 1 once per head; the factors make one round trip
-through L2); ``launches=1`` runs both in every program of one launch (phase 1 repeated per value tile,
-the factors stay in registers for trees of up to ``BT`` nodes; ``C'`` is formed after the state
-products, which leaves fewer tiles live next to the inverse): the benchmark measures both.
+through L2); ``launches=1`` runs both in every program of one launch, phase 1 repeated per value tile:
+on compact path tiles up to :data:`COMPACT_MAX_DEPTH` (:func:`_compact_one_launch_kernel`, each tile
+with its own slice of factors and scratch; the state tile's loads go out before the factors' chain),
+dense beyond (the factors stay in registers; ``C'`` is formed after the state products, which leaves
+fewer tiles live next to the inverse). One launch wins while its programs fit one per SM (small
+batches, :func:`~trtllm_bole.kernels.gdn_tree_verify.default_config`); the benchmark measures both.
 """
 
 from __future__ import annotations
@@ -113,7 +116,9 @@ failed the H200 check (triton 3.6) and were dropped: ``(64, 128, 16, 8, 1, 8)`` 
 def bf16_refused(cfg: InverseConfig) -> bool:
     """Whether ``cfg`` computes wrong outputs with bf16 state products on the H200 (triton 3.6, sm_90; the
     float64 check of benchmarks/bench_gdn_verify.py, NaN or 70 % error in O): one launch with value
-    tiles of at most 32. Every other config passed that check in both serving precisions."""
+    tiles of at most 32, measured on the dense one-launch kernel (which still serves deep and blocked
+    trees; the refusal is by config, whatever the tree). Every other config passed that check in both
+    serving precisions."""
     return cfg.launches == 1 and cfg.bv <= 32
 
 
@@ -296,6 +301,27 @@ def _state_dots(k_req, q_req, s_req, rows, m, o_v, ROW_STRIDE: tl.constexpr, DK:
 
 
 @triton.jit
+def _chunk_products(k_t, q_t, s_t, PREC: tl.constexpr, S_BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """``K S`` and ``Q S`` of a state tile loaded whole (``BK == dk``)."""
+    acc = tl.zeros([k_t.shape[0], s_t.shape[1]], dtype=tl.float32)
+    ks = _state_product(k_t, s_t, acc, PREC, S_BF16, UPCAST)
+    return ks, _state_product(q_t, s_t, acc, PREC, S_BF16, UPCAST)
+
+
+@triton.jit
+def _tile_outputs(w, c_t, decay, v_t, ks, qs, u_req, o_req, rows, m, o_v, hv, scale, DV: tl.constexpr,
+                  PREC: tl.constexpr):  # fmt: skip
+    """A value tile's outputs from its factors, decays ``D_P`` and state products: ``X = V - D_P K S``,
+    ``U = W' X``, ``O = scale D_P Q S + C' U``."""
+    x = v_t.to(tl.float32) - decay[:, None] * ks
+    out = rows[:, None] * (hv * DV) + o_v[None, :]
+    u_t = tl.dot(w, x, input_precision=PREC)
+    tl.store(u_req + out, u_t, mask=m[:, None])
+    o_out = tl.dot(c_t, u_t, scale * decay[:, None] * qs, input_precision=PREC)
+    tl.store(o_req + out, o_out.to(o_req.dtype.element_ty), mask=m[:, None])
+
+
+@triton.jit
 def _column_block(dfs_req, size_req, ord_r, m_r, c, n_t, BT: tl.constexpr):
     """Nodes of column block ``c``, their mask, and the ancestor pairs of the row block's nodes."""
     cols = c * BT + tl.arange(0, BT)
@@ -448,21 +474,70 @@ def _gdn_tree_verify_inverse_kernel(
         if PHASE != 1:
             decay = tl.exp(lp)
             if BK == DK:
-                acc = tl.zeros([BT, BV], dtype=tl.float32)
-                ks = _state_product(k_t, s_t, acc, PREC, S_BF16, UPCAST)
-                qs = _state_product(q_t, s_t, acc, PREC, S_BF16, UPCAST)
+                ks, qs = _chunk_products(k_t, q_t, s_t, PREC, S_BF16, UPCAST)
             else:
                 ks, qs = _state_dots(k_req, q_req, s_req, o_t, m_t, o_v, H * DK, DK, DV, BT, BK, BV, PREC,
                                      S_BF16, UPCAST)  # fmt: skip
             if PHASE == 3:  # C' formed after the state products: fewer tiles live than next to the inverse
                 qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
                 c_t = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp) * qk * scale
-            x = v_t.to(tl.float32) - decay[:, None] * ks
-            out = o_t[:, None] * (hv * DV) + o_v[None, :]
-            u_t = tl.dot(w, x, input_precision=PREC)
-            tl.store(u_req + out, u_t, mask=m_t[:, None])
-            o_out = tl.dot(c_t, u_t, scale * decay[:, None] * qs, input_precision=PREC)
-            tl.store(o_req + out, o_out.to(o.dtype.element_ty), mask=m_t[:, None])
+            _tile_outputs(w, c_t, decay, v_t, ks, qs, u_req, o_req, o_t, m_t, o_v, hv, scale, DV, PREC)
+
+
+@triton.jit
+def _path_factors(
+    q, k, g, beta, depth, paths, log_p, a_log, dt_bias, factors, scratch,
+    bos, n_t, i_hv, hv, n_total, d, scale,
+    H: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, DP: tl.constexpr, SW: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """The compact factors of one (request, value head) of at most ``BT`` nodes: ``W'`` and ``C'`` into
+    ``factors`` (``[2, HV, N, depth]``), ``logP`` into ``log_p``; ``Q Kᵀ`` and ``K Kᵀ`` go through
+    ``scratch`` (``[N, HV, SW]``). Returns ``logP``."""
+    i_h = i_hv // (hv // H)
+    o_t = tl.arange(0, BT)
+    o_e = tl.arange(0, DP)
+    o_d = tl.arange(0, DK)
+    m_t = o_t < n_t
+    k_t = _operand(_rows(k + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
+    q_t = _operand(_rows(q + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
+    dep = tl.load(depth + bos + o_t, mask=m_t, other=1).to(tl.int32)
+    on_path = m_t[None, :] & (o_e[:, None] < dep[None, :])
+    self_row = o_e[:, None] == (dep - 1)[None, :]
+    strict = on_path & ~self_row
+    anc = tl.load(paths + (bos + o_t)[None, :] * d + o_e[:, None], mask=on_path, other=bos)
+    anc = (anc - bos).to(tl.int32)  # local node indices
+    a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32)) if RAW_GATES else 1.0
+    dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32) if RAW_GATES else 0.0
+    g_p, b_p = _gates(g + bos * hv + i_hv, beta + bos * hv + i_hv, anc, on_path, hv, a_exp_h, dt_bias_h,
+                      RAW_GATES)  # fmt: skip
+    lp = tl.sum(g_p, axis=0)
+    tl.store(log_p + (bos * hv + i_hv) + o_t * hv, lp, mask=m_t)
+    ratio = tl.exp(tl.where(on_path, lp[None, :] - tl.cumsum(g_p, axis=0), float("-inf")))
+    sc_req = scratch + (bos * hv + i_hv) * SW
+    dense = o_t[:, None] * (hv * SW) + o_t[None, :]
+    tl.store(sc_req + dense, tl.dot(q_t, tl.trans(k_t), input_precision=PREC), mask=m_t[:, None])
+    tl.store(sc_req + BT + dense, tl.dot(k_t, tl.trans(k_t), input_precision=PREC), mask=m_t[:, None])
+    tl.debug_barrier()
+    at_anc = sc_req + o_t[None, :] * (hv * SW) + anc  # [Q Kᵀ]_{i, anc}; + BT: [K Kᵀ]_{i, anc}
+    w_req = factors + (i_hv * n_total + bos) * d
+    offs = o_t[None, :] * d + o_e[:, None]
+    qk_p = tl.load(at_anc, mask=on_path, other=0.0)
+    tl.store(w_req + hv * n_total * d + offs, ratio * qk_p * scale, mask=on_path)  # C'
+    b_own = tl.sum(tl.where(self_row, b_p, 0.0), axis=0)
+    kk_p = tl.load(at_anc + BT, mask=strict, other=0.0)
+    tl.store(w_req + offs, b_own[None, :] * ratio * kk_p, mask=strict)  # G, until the solve ends
+    tl.debug_barrier()
+    x = tl.where(self_row, 1.0, 0.0)  # x (I + M) = e_last, column by column from the deepest
+    g_rows = w_req + anc * d
+    for i in range(0, d - 1):
+        col = d - 2 - i
+        m_col = tl.load(g_rows + col, mask=on_path & (o_e[:, None] > col), other=0.0)
+        x_col = -tl.sum(x * m_col, axis=0)
+        x = tl.where((o_e[:, None] == col) & (col < dep - 1)[None, :], x_col[None, :], x)
+    tl.debug_barrier()  # every row of G read before W' overwrites it
+    tl.store(w_req + offs, x * b_p, mask=on_path)
+    return lp
 
 
 @triton.jit(do_not_specialize=["d", "n_total"])
@@ -484,52 +559,68 @@ def _path_factors_kernel(
     substitution over the depth (``d - 1`` steps), reading the ancestors' rows of G back from the
     ``W'`` output, which holds G until the solve ends."""
     i_hv, i_b = tl.program_id(0), tl.program_id(1)
-    i_h = i_hv // (hv // H)
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
     n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
     if n_t <= BT:
-        o_t = tl.arange(0, BT)
-        o_e = tl.arange(0, DP)
-        o_d = tl.arange(0, DK)
+        _path_factors(q, k, g, beta, depth, paths, log_p, a_log, dt_bias, factors, scratch,
+                      bos, n_t, i_hv, hv, n_total, d, scale, H, DK, BT, DP, SW, PREC, UPCAST,
+                      RAW_GATES)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["d", "n_total"])
+def _compact_one_launch_kernel(
+    q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth, paths,
+    o, u, log_p, factors, scratch, a_log, dt_bias,
+    scale, hv, n_total, d, n_squarings, plain_last,
+    H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DP: tl.constexpr, SW: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr,
+    S_BF16: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
+):  # fmt: skip
+    """One launch for trees of at most ``BT`` nodes and depth at most :data:`COMPACT_MAX_DEPTH` (grid
+    ``(dv / BV, HV, B)``): every value tile forms its pair's compact factors (:func:`_path_factors`) into
+    its own slice of ``factors`` and ``scratch`` (``[dv / BV, …]``; the tiles of a pair store the same
+    ``logP``), then its outputs. A state tile loaded whole (``BK == dk``) is requested before anything
+    else, so its loads overlap the factors' chain (H200, Qwen3.5-9B heads, T = 64, B = 1: 16.2 against
+    17.3 µs for the two launches)."""
+    i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    o_d = tl.arange(0, DK)
+    slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+    s_req = state + (slot * hv + i_hv) * (DK * DV)
+    if BK == DK:
+        s_t = tl.load(s_req + (o_d[:, None] * DV + o_v[None, :]))
+    bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+    n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
+    if n_t <= BT:
         m_t = o_t < n_t
-        k_t = _operand(_rows(k + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
-        q_t = _operand(_rows(q + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
-        dep = tl.load(depth + bos + o_t, mask=m_t, other=1).to(tl.int32)
-        on_path = m_t[None, :] & (o_e[:, None] < dep[None, :])
-        self_row = o_e[:, None] == (dep - 1)[None, :]
-        strict = on_path & ~self_row
-        anc = tl.load(paths + (bos + o_t)[None, :] * d + o_e[:, None], mask=on_path, other=bos)
-        anc = (anc - bos).to(tl.int32)  # local node indices
-        a_exp_h = tl.exp(tl.load(a_log + i_hv).to(tl.float32)) if RAW_GATES else 1.0
-        dt_bias_h = tl.load(dt_bias + i_hv).to(tl.float32) if RAW_GATES else 0.0
-        g_p, b_p = _gates(g + bos * hv + i_hv, beta + bos * hv + i_hv, anc, on_path, hv, a_exp_h, dt_bias_h,
-                          RAW_GATES)  # fmt: skip
-        lp = tl.sum(g_p, axis=0)
-        tl.store(log_p + (bos * hv + i_hv) + o_t * hv, lp, mask=m_t)
-        ratio = tl.exp(tl.where(on_path, lp[None, :] - tl.cumsum(g_p, axis=0), float("-inf")))
-        sc_req = scratch + (bos * hv + i_hv) * SW
-        dense = o_t[:, None] * (hv * SW) + o_t[None, :]
-        tl.store(sc_req + dense, tl.dot(q_t, tl.trans(k_t), input_precision=PREC), mask=m_t[:, None])
-        tl.store(sc_req + BT + dense, tl.dot(k_t, tl.trans(k_t), input_precision=PREC), mask=m_t[:, None])
-        tl.debug_barrier()
-        at_anc = sc_req + o_t[None, :] * (hv * SW) + anc  # [Q Kᵀ]_{i, anc}; + BT: [K Kᵀ]_{i, anc}
-        w_req = factors + (i_hv * n_total + bos) * d
-        offs = o_t[None, :] * d + o_e[:, None]
-        qk_p = tl.load(at_anc, mask=on_path, other=0.0)
-        tl.store(w_req + hv * n_total * d + offs, ratio * qk_p * scale, mask=on_path)  # C'
-        b_own = tl.sum(tl.where(self_row, b_p, 0.0), axis=0)
-        kk_p = tl.load(at_anc + BT, mask=strict, other=0.0)
-        tl.store(w_req + offs, b_own[None, :] * ratio * kk_p, mask=strict)  # G, until the solve ends
-        tl.debug_barrier()
-        x = tl.where(self_row, 1.0, 0.0)  # x (I + M) = e_last, column by column from the deepest
-        g_rows = w_req + anc * d
-        for i in range(0, d - 1):
-            col = d - 2 - i
-            m_col = tl.load(g_rows + col, mask=on_path & (o_e[:, None] > col), other=0.0)
-            x_col = -tl.sum(x * m_col, axis=0)
-            x = tl.where((o_e[:, None] == col) & (col < dep - 1)[None, :], x_col[None, :], x)
-        tl.debug_barrier()  # every row of G read before W' overwrites it
-        tl.store(w_req + offs, x * b_p, mask=on_path)
+        i_h = i_hv // (hv // H)
+        q_req = q + (bos * H + i_h) * DK
+        k_req = k + (bos * H + i_h) * DK
+        v_t = _rows(v + (bos * hv + i_hv) * DV, o_t, m_t, hv * DV, o_v)
+        tile_factors = factors + i_v * (2 * hv * n_total * d)
+        lp = _path_factors(q, k, g, beta, depth, paths, log_p, a_log, dt_bias, tile_factors,
+                           scratch + i_v * (n_total * hv * SW), bos, n_t, i_hv, hv, n_total, d, scale,
+                           H, DK, BT, DP, SW, PREC, UPCAST, RAW_GATES)  # fmt: skip
+        w_req = tile_factors + (i_hv * n_total + bos) * d
+        c_req = w_req + hv * n_total * d
+        tl.debug_barrier()  # every thread's W' stored before the tiles gather it
+        ord_t = tl.load(dfs_order + bos + o_t, mask=m_t, other=0).to(tl.int32)
+        end_t = ord_t + tl.load(subtree_size + bos + o_t, mask=m_t, other=0).to(tl.int32)
+        dep_t = tl.load(depth + bos + o_t, mask=m_t, other=1).to(tl.int32)
+        anc = _is_ancestor(ord_t, ord_t, end_t, m_t, m_t)
+        w = _factor_tile(w_req, o_t, dep_t, d, anc, BT)
+        c_t = _factor_tile(c_req, o_t, dep_t, d, anc, BT)
+        decay = tl.exp(lp)
+        if BK == DK:
+            k_t = _rows(k_req, o_t, m_t, H * DK, o_d)
+            ks, qs = _chunk_products(k_t, _rows(q_req, o_t, m_t, H * DK, o_d), s_t, PREC, S_BF16, UPCAST)
+        else:
+            ks, qs = _state_dots(k_req, q_req, s_req, o_t, m_t, o_v, H * DK, DK, DV, BT, BK, BV, PREC, S_BF16,
+                                 UPCAST)  # fmt: skip
+        u_req = u + (bos * hv + i_hv) * DV
+        o_req = o + (bos * hv + i_hv) * DV
+        _tile_outputs(w, c_t, decay, v_t, ks, qs, u_req, o_req, o_t, m_t, o_v, hv, scale, DV, PREC)
 
 
 PHASE1_CONSTS = {"BV": 16, "USE_SLOTS": False, "S_BF16": False}
@@ -542,9 +633,10 @@ are ``[depth, BT]`` and its back substitution takes ``depth - 1`` dependent step
 prefill's chains of up to 64) take the dense factor kernel's squarings."""
 
 
-def compact_factors(cfg: InverseConfig, max_depth: int) -> bool:
-    """Whether phase 1 of ``cfg`` runs :func:`_path_factors_kernel` for trees of at most ``cfg.bt`` nodes."""
-    return cfg.launches == 2 and pow2_at_least(max_depth) <= COMPACT_MAX_DEPTH
+def compact_factors(max_depth: int) -> bool:
+    """Whether the factors of trees of at most ``bt`` nodes are formed on compact path tiles
+    (:func:`_path_factors`: the factor kernel of two launches, every program of one launch)."""
+    return pow2_at_least(max_depth) <= COMPACT_MAX_DEPTH
 
 
 def inverse_launch_args(
@@ -562,20 +654,24 @@ def inverse_launch_args(
     precision: str,
     cfg: InverseConfig,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple, dict]:
-    """Allocates the outputs ``(o, u, log_p)`` and the compact factors ``[2, HV, N, depth]``; returns the
-    outputs, the kernels' positional arguments (one list for every kernel of the path) and the compile-time
-    constants (each kernel takes those it declares, :func:`phase_launch`). The factor kernel's scratch is
-    ``u`` when its rows hold ``Q Kᵀ`` and ``K Kᵀ`` side by side (``dv >= 2 bt``), else its own buffer."""
+    """Allocates the outputs ``(o, u, log_p)`` and the compact factors ``[tiles, 2, HV, N, depth]``; returns
+    the outputs, the kernels' positional arguments (one list for every kernel of the path) and the
+    compile-time constants (each kernel takes those it declares, :func:`phase_launch`). Two launches:
+    one slice of factors (``tiles = 1``), and the factor kernel's scratch is ``u`` when its rows hold
+    ``Q Kᵀ`` and ``K Kᵀ`` side by side (``dv >= 2 bt``), else its own buffer ``[N, HV, 2 bt]``. One launch
+    with compact factors: a slice of both per value tile (``tiles = dv / bv``; u is an output there)."""
     n, h, dk = q.shape
     hv, dv = v.shape[1:]
     o = torch.empty_like(v)
     u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     log_p = torch.empty((n, hv), dtype=torch.float32, device=v.device)
     d = tree.max_depth
-    factors = torch.empty((2, hv, n, d), dtype=torch.float32, device=v.device)
+    per_tile = cfg.launches == 1 and compact_factors(d)
+    tiles = dv // cfg.bv if per_tile else 1
+    factors = torch.empty((tiles, 2, hv, n, d), dtype=torch.float32, device=v.device)
     scratch = u
-    if compact_factors(cfg, d) and dv < 2 * cfg.bt:
-        scratch = torch.empty((n, hv, 2 * cfg.bt), dtype=torch.float32, device=v.device)
+    if compact_factors(d) and (per_tile or dv < 2 * cfg.bt):
+        scratch = torch.empty((tiles, n, hv, 2 * cfg.bt), dtype=torch.float32, device=v.device)
     chain = min(d, cfg.bt)  # longest chain inside one tile
     squarings = (chain - 1).bit_length()
     plain_last = int(squarings >= 2 and chain - 1 == 1 << (squarings - 1))
@@ -587,7 +683,7 @@ def inverse_launch_args(
     consts = dict(
         H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=use_slots,
         PREC="ieee" if precision == "ieee" else "tf32", S_BF16=precision == "bf16", UPCAST=_UPCAST,
-        RAW_GATES=raw_gates is not None, DP=pow2_at_least(d), SW=scratch.shape[2],
+        RAW_GATES=raw_gates is not None, DP=pow2_at_least(d), SW=scratch.shape[-1],
     )  # fmt: skip
     return (o, u, log_p), args, consts
 
@@ -597,11 +693,15 @@ def phase_launch(
 ) -> tuple[triton.runtime.JITFunction, tuple[int, ...], dict, dict]:
     """The kernel, grid, compile-time constants (those of :func:`inverse_launch_args`' ``consts`` it
     declares) and launch options (warps, stages, the value-tile kernel's register cap) of one kernel of
-    the path: phase 1 once per (request, value head) (compact or dense, :data:`COMPACT_MAX_DEPTH`),
-    phases 2 and 3 per value tile too; ``blocked``: the variant for requests of more than ``bt`` nodes."""
+    the path: phase 1 once per (request, value head), phases 2 and 3 per value tile too (phases 1 and 3
+    on compact path tiles up to :data:`COMPACT_MAX_DEPTH`, else dense); ``blocked``: the variant for
+    requests of more than ``bt`` nodes."""
     options = {"num_stages": 1}
-    if phase == 1 and not blocked and compact_factors(cfg, consts["DP"]):
+    if phase == 1 and not blocked and compact_factors(consts["DP"]):
         kernel, grid, extra, options["num_warps"] = _path_factors_kernel, (hv, batch), {}, cfg.warps1
+    elif phase == 3 and not blocked and compact_factors(consts["DP"]):
+        kernel, grid, extra = _compact_one_launch_kernel, (dv // cfg.bv, hv, batch), {}
+        options["num_warps"] = cfg.num_warps
     else:
         kernel, extra = _gdn_tree_verify_inverse_kernel, {"PHASE": phase, "BLOCKED": blocked}
         if phase == 1:
