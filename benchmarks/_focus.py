@@ -158,7 +158,7 @@ def depth_probe(b) -> None:
 
 def _exact(b) -> None:
     hv = S._hvs(b)[0]
-    for batch in (1, 16 if b.cuda else 2):
+    for batch in (1, 4, 16) if b.cuda else (1, 2):
         for new in (True, False):
             cand = _best(b, batch, new)
             if cand is not None:

@@ -400,17 +400,20 @@ def test_exact_config_is_the_measured_fastest_in_fp32():
 
 
 def test_default_config_counts_waves():
-    """One launch while its value tiles of 64 fit one program a SM, two beyond; the value-tile kernel of
-    two launches capped at 128 registers (four programs a SM instead of three) where that saves a wave.
-    On a GPU of another size the same shape can switch."""
+    """One launch while its value tiles fit one program a SM (tiles of 64, else whole tiles of 128), two
+    beyond; the value-tile kernel of two launches capped at 128 registers (four programs a SM instead of
+    three) where that saves a wave. On a GPU of another size the same shape can switch."""
     one, two = InverseConfig(64, 128, 64, 8, 1, 8), InverseConfig(64, 64, 64, 4, 2, 8)
+    whole = replace(one, bv=128)
     capped = replace(two, maxnreg=128)
     assert default_config(64, 1, 32, 128, 128) == one  # 32 pairs x 2 tiles: 64 programs
     assert default_config(2 * 64, 2, 32, 128, 128) == one  # 128 <= 132
     assert default_config(64, 1, 48, 128, 128) == one  # 96
-    assert default_config(2 * 64, 2, 48, 128, 128) == two  # 192
+    assert default_config(2 * 64, 2, 48, 128, 128) == whole  # 192 tiles of 64; 96 pairs
     assert default_config(2 * 64, 2, 48, 128, 128, num_sms=192) == one
-    assert default_config(4 * 64, 4, 32, 128, 128) == two  # 128 pairs x 2 tiles: 256 <= 3 x 132
+    assert default_config(4 * 64, 4, 32, 128, 128) == whole  # 128 pairs
+    assert default_config(4 * 64, 4, 32, 128, 128, num_sms=120) == two  # 256 tiles <= 3 x 120
+    assert default_config(4 * 64, 4, 48, 128, 128) == two  # 192 pairs x 2 tiles: 384 <= 3 x 132
     assert default_config(8 * 64, 8, 32, 128, 128) == capped  # 512 tiles: 2 waves of 3 x 132, 1 of 4 x 132
     assert default_config(8 * 64, 8, 48, 128, 128) == two  # 768: two waves either way
     assert default_config(8 * 64, 8, 32, 128, 128, num_sms=192) == two
@@ -462,7 +465,7 @@ def test_refuses_the_config_that_miscompiles_on_the_h200(gen):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "cfg",
-    [None, CONFIGS[6], CONFIGS[-2], *(INVERSE_CONFIGS[i] for i in (0, 2, 6, 11))],
+    [None, CONFIGS[6], CONFIGS[-2], *(INVERSE_CONFIGS[i] for i in (0, 2, 5, 6, 11))],
     ids=str,
 )  # every config: the benchmark
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
