@@ -1,4 +1,4 @@
-"""Where the explicit-inverse verify spends its GPU time: each phase alone, the squarings, registers.
+"""Where the explicit-inverse verify spends its GPU time: each phase alone, registers.
 
     python benchmarks/profile_verify.py --out DIR    # H200, about a minute
 
@@ -11,8 +11,7 @@ replays with the L2 flushed (the timer of bench_gdn_verify.py):
 - ``phase1``: the factor kernel alone (one program per (request, value head)), at 4 and 8 warps;
 - ``phase2``: the value-tile kernel alone (state products, two factor products) on an unfilled factor
   buffer (a time only);
-- ``no_squarings``: the one-launch kernel with the inverse's squarings skipped (wrong values: a time only,
-  to size the squarings' share);
+- ``phase3``: the one-launch kernel capped at 128 registers (one-launch configs);
 - ``*_warm``: the verify and, for two launches, each kernel, replayed back to back on one input set with
   the L2 not flushed (:func:`_bench_util.warm_graph_timer`): how much of each time is DRAM traffic;
 
@@ -48,14 +47,12 @@ CONFIGS = (
 )
 
 
-def _launch(x: U.Inputs, cfg, precision: str, phase: int, warps: int, squarings=None, maxnreg=None):
+def _launch(x: U.Inputs, cfg, precision: str, phase: int, warps: int, maxnreg=None):
     """One kernel of the inverse path, as launch_inverse launches it (trees of at most ``bt`` nodes)."""
     slots = slot_indices(None, x.tree.num_requests, x.state.device)
     outputs, args, consts = inv.inverse_launch_args(
         x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, precision, cfg
     )
-    if squarings is not None:
-        args = (*args[:-2], squarings, 0)
     kernel, grid, constexprs, _ = inv.phase_launch(
         phase, cfg, consts, x.v.shape[1], x.v.shape[2], x.tree.num_requests
     )
@@ -131,10 +128,6 @@ def main(argv: list[str] | None = None) -> int:
                     entry[f"phase{phase}_w{warps}_warm_us"] = warm(
                         lambda x=sets[0], c=cfg, p=precision, a=phase, w=warps: _launch(x, c, p, a, w)
                     )
-            if cfg.launches == 1:
-                entry["no_squarings_us"] = measure(
-                    U.Rotating(sets, lambda x, c=cfg, p=precision: _launch(x, c, p, 3, c.num_warps, 0))
-                )
             row[key] = entry
             print(f"B={batch} {key}: {json.dumps(entry)}", flush=True)
         rows.append(row)

@@ -29,13 +29,6 @@ def test_one_launch_phase_is_the_launchers_call_and_passes_the_check():
     assert torch.equal(o, o_ref) and torch.equal(u, u_ref) and torch.equal(log_p, lp_ref)
 
 
-def test_no_squarings_changes_the_output_so_it_is_a_time_only():
-    x, cfg = _inputs(), InverseConfig(16, 32, 16, 1, 1, 1)
-    (o, _, _), _ = P._launch(x, cfg, "tf32", 3, 1)
-    (o_skip, _, _), _ = P._launch(x, cfg, "tf32", 3, 1, squarings=0)
-    assert not torch.equal(o, o_skip)
-
-
 def test_factor_phase_alone_writes_the_path_log_decay():
     x, cfg = _inputs(), InverseConfig(16, 32, 16, 1, 2, 1)
     (_, _, log_p), _ = P._launch(x, cfg, "tf32", 1, 1)
