@@ -37,6 +37,7 @@ import torch
 import triton
 from _bench_util import rel_rms
 
+from trtllm_bole.kernels import gdn_tree_verify, gdn_tree_verify_inverse
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.models.presets import QWEN35_PRESETS
@@ -44,12 +45,15 @@ from trtllm_bole.spec.calibration import StepTimer, TimingSettings
 from trtllm_bole.testing import topk_parents
 
 HERE = Path(__file__).resolve().parent
-GDN_VERIFY_KERNELS = (
-    "_gdn_tree_verify_kernel",
-    "_gdn_tree_verify_inverse_kernel",
-    "_path_factors_kernel",
-    "_tree_serial_kernel",
-)
+
+
+def kernel_names(*modules) -> tuple[str, ...]:
+    """The Triton kernels the modules define (every one is named ``_…_kernel`` here), so that a kernel
+    added to the verify path is counted without editing this file."""
+    return tuple(sorted({n for m in modules for n in vars(m) if n.startswith("_") and n.endswith("_kernel")}))
+
+
+GDN_VERIFY_KERNELS = (*kernel_names(gdn_tree_verify, gdn_tree_verify_inverse), "_tree_serial_kernel")
 GDN_COMMIT_KERNELS = ("_gdn_commit_kernel", "_snapshot_commit_kernel")
 SWEEP_BATCH = 16  # the budget sweep's batch (the largest measured one below it when it was not run)
 CHECK_TOL = 1e-2  # relative RMS against float64 in the serving precision (bf16 q/k/v, fp32 state)

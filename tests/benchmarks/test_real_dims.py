@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_real_dims import (  # noqa: E402
+    GDN_VERIFY_KERNELS,
     budget_sweep,
     device_events,
     kernel_breakdown,
@@ -30,6 +31,15 @@ def test_kernel_breakdown_splits_gdn_verify_and_commit_per_step():
     out = kernel_breakdown(events, steps=2)
     assert out["gpu_us"] == 100.0 and out["gdn_verify_us"] == 20.0 and out["gdn_commit_us"] == 10.0
     assert out["verify_share"] == pytest.approx(0.2) and out["commit_share"] == pytest.approx(0.1)
+
+
+def test_every_kernel_of_the_verify_path_counts_as_gdn_verify():
+    """The one-launch kernel was once missing from a hand-kept list: its steps reported a 0% share."""
+    for name in ("_compact_one_launch_kernel", "_path_factors_kernel", "_gdn_tree_verify_inverse_kernel",
+                 "_gdn_tree_verify_kernel", "_tree_serial_kernel"):  # fmt: skip
+        assert name in GDN_VERIFY_KERNELS
+        assert kernel_breakdown([(name, 5.0), ("gemm", 15.0)], steps=1)["verify_share"] == 0.25
+    assert "_gdn_commit_kernel" not in GDN_VERIFY_KERNELS
 
 
 def test_device_events_drop_the_host_launch_events_that_repeat_kernel_time():
