@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     per_request = [int(t) for t in args.tokens_per_request.split(",")]
     if args.quick:
         batches, per_request = batches[:2], per_request[:2]
-    mat_curve = json.loads(args.acceptance.read_text())["mat_by_draft_tokens"] if args.acceptance else None
+    acceptance = json.loads(args.acceptance.read_text()) if args.acceptance else None
     result = {
         "what": "verify-step latency at Qwen3.5 dims, random bf16 weights (timing only)",
         "command": "python benchmarks/bench_real_dims.py "
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "real_dims_h200.json"
     for name in args.models.split(","):
-        result["models"][name] = measure_model(name, args, batches, per_request, mat_curve)
+        result["models"][name] = measure_model(name, args, batches, per_request, acceptance)
         torch.cuda.empty_cache()
         path.write_text(json.dumps(result, indent=2) + "\n")  # after each model: a cut run keeps the first
         print(f"wrote {path}")
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_model(name: str, args, batches: list[int], per_request: list[int], mat_curve) -> dict:
+def measure_model(name: str, args, batches: list[int], per_request: list[int], acceptance) -> dict:
     started, kv = time.perf_counter(), args.kv_len
     model = random_model_on_device(name, device="cuda")
     c = model.config
@@ -243,8 +243,8 @@ def measure_model(name: str, args, batches: list[int], per_request: list[int], m
                 flush=True,
             )
     entry = {"steps": rows, "skipped": skipped}
-    if mat_curve:
-        entry["budget_sweep_estimate"] = budget_sweep(rows, mat_curve)
+    if acceptance:
+        entry.update(estimates(rows, acceptance))
     return entry
 
 
@@ -267,11 +267,15 @@ def _point(p: dict) -> str:
     return f"{p['wall_ms']:6.1f} ms wall, {gpu_ms:6.2f} ms GPU, GDN verify {share:5.1%}"
 
 
+def _sweep_batch(rows: list[dict]) -> int:
+    return min(SWEEP_BATCH, max(r["batch"] for r in rows))
+
+
 def budget_sweep(rows: list[dict], mat_curve: dict) -> list:
     """ESTIMATED output tokens/s vs total tree tokens at batch 16 (or the largest measured below it):
     the measured bole step's GPU kernel time at N tokens per request with the embedded model's best MAT
     measured at N - 1 draft tokens or fewer. The GPU time stands for a graph-captured step."""
-    batch = min(SWEEP_BATCH, max(r["batch"] for r in rows))
+    batch = _sweep_batch(rows)
     known = sorted((int(k), v) for k, v in mat_curve.items())
     sweep = []
     for row in rows:
@@ -293,12 +297,40 @@ def budget_sweep(rows: list[dict], mat_curve: dict) -> list:
     return sweep
 
 
+def chain_estimate(rows: list[dict], chain_mat: float) -> dict | None:
+    """ESTIMATED output tokens/s of 8-token chains (9 tokens a request, the serial GDN scheme) at the
+    sweep's batch: the measured chain step's GPU time with the embedded model's MAT on chains."""
+    batch = _sweep_batch(rows)
+    step = next((r["chain9"] for r in rows if r["batch"] == batch and "gpu_us" in r.get("chain9", {})), None)
+    if step is None:
+        return None
+    gpu_s = step["gpu_us"] * 1e-6
+    return {
+        "batch": batch,
+        "tokens_per_request": 9,
+        "mat_from_small_model": chain_mat,
+        "step_gpu_ms": gpu_s * 1e3,
+        "estimated_output_tokens_per_s": batch * chain_mat / gpu_s,
+    }
+
+
+def estimates(rows: list[dict], acceptance: dict) -> dict:
+    """The budget sweep and, where the acceptance JSON (eval_acceptance.py's) measured 8-token chains,
+    the chain's point: what a tree budget has to beat."""
+    out = {"budget_sweep_estimate": budget_sweep(rows, acceptance["mat_by_draft_tokens"])}
+    shapes = {r["shape"]: r["mean_accepted_tokens"] for r in acceptance.get("rows", [])}
+    if "chain d8" in shapes:
+        out["chain8_estimate"] = chain_estimate(rows, shapes["chain d8"])
+    return out
+
+
 def reestimate(result: dict, acceptance: Path) -> None:
-    """Redo every model's budget-sweep estimate in ``result`` with the MAT curve of ``acceptance``."""
-    mat_curve = json.loads(acceptance.read_text())["mat_by_draft_tokens"]
+    """Redo every model's estimates in ``result`` with the acceptance measured in ``acceptance``."""
+    measured = json.loads(acceptance.read_text())
     result["acceptance"] = str(acceptance)
     for entry in result["models"].values():
-        entry["budget_sweep_estimate"] = budget_sweep(entry["steps"], mat_curve)
+        entry.pop("chain8_estimate", None)
+        entry.update(estimates(entry["steps"], measured))
 
 
 def plot(result: dict, png: Path) -> None:
@@ -333,7 +365,11 @@ def plot(result: dict, png: Path) -> None:
         decode = next((r["decode"] for r in entry["steps"] if r["batch"] == batch and "decode" in r), {})
         if "gpu_us" in decode:  # plain decoding: one token per request per step (measured, no estimate)
             ax_b.axhline(batch / (decode["gpu_us"] * 1e-6), color="grey", ls="--", label="ar (decode step)")
-            ax_b.legend(fontsize=7)
+        chain = entry.get("chain8_estimate")
+        if chain:
+            ax_b.axhline(chain["estimated_output_tokens_per_s"], color="tab:orange", ls="-.",
+                         label="chain of 8 (estimate)")  # fmt: skip
+        ax_b.legend(fontsize=7)
         ax_b.set(title="ESTIMATE: output tokens/s vs verify budget", xlabel="total tree tokens in the batch",
                  ylabel="tokens/s", xscale="log")  # fmt: skip
         ax_b.set_xticks([r["total_tree_tokens"] for r in sweep], [str(r["total_tree_tokens"]) for r in sweep])

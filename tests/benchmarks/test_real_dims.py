@@ -1,5 +1,6 @@
 """The real-size bench's bookkeeping (GPU-only to run): kernel shares, the budget sweep, the plot."""
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -82,6 +83,24 @@ def test_reestimate_uses_the_new_acceptance_curve(tmp_path):
     assert result["acceptance"] == str(curve)
 
 
+def test_reestimate_adds_the_8_token_chain_where_acceptance_measured_it(tmp_path):
+    rows = [
+        {"batch": b, "tokens_per_request": 16, "bole": _point(10_000.0), "tree_serial": {},
+         "chain9": _point(8_000.0)}
+        for b in (1, 8)
+    ]  # fmt: skip
+    result = {"models": {"m": {"steps": rows}}}
+    curve = tmp_path / "acceptance.json"
+    curve.write_text(json.dumps({"mat_by_draft_tokens": {"15": 4.0},
+                                 "rows": [{"shape": "chain d8", "mean_accepted_tokens": 3.2}]}))  # fmt: skip
+    reestimate(result, curve)
+    chain = result["models"]["m"]["chain8_estimate"]
+    assert chain["batch"] == 8 and chain["estimated_output_tokens_per_s"] == pytest.approx(8 * 3.2 / 0.008)
+    curve.write_text('{"mat_by_draft_tokens": {"15": 4.0}, "rows": []}')
+    reestimate(result, curve)
+    assert "chain8_estimate" not in result["models"]["m"]
+
+
 def test_plot_draws_every_model(tmp_path):
     pytest.importorskip("matplotlib")
     rows = [
@@ -89,7 +108,8 @@ def test_plot_draws_every_model(tmp_path):
          "decode": _point(900.0)}
         for n in (8, 64)
     ]  # fmt: skip
-    entry = {"steps": rows, "budget_sweep_estimate": budget_sweep(rows, {"4": 3.0})}
+    entry = {"steps": rows, "budget_sweep_estimate": budget_sweep(rows, {"4": 3.0}),
+             "chain8_estimate": {"estimated_output_tokens_per_s": 2.0}}  # fmt: skip
     result = {"device": "test", "torch": "x", "kv_len": 512, "models": {"a": entry, "b": entry}}
     plot(result, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 10_000
