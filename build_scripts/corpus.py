@@ -6,6 +6,10 @@ Sources (all permissively licensed, recorded in the model card): CPython 3.11's 
 out, never trained on, and the evaluation prompts are cut from them.
 
     python build_scripts/corpus.py --out .data/corpus   # writes train.txt.xz, heldout.txt.xz, manifest.json
+    python build_scripts/corpus.py --out .data/corpus --prompts benchmarks/data/heldout_code_prompts.jsonl
+                                                        # and the 64 evaluation prompts (byte-identical to
+                                                        # the committed file on CPython 3.11.7 with the
+                                                        # package versions of the model card)
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import importlib.metadata
 import json
 import lzma
 import platform
+import random
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,27 +92,9 @@ def read_split(corpus: Path, split: str) -> str:
         return fh.read()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=Path(".data/corpus"))
-    args = parser.parse_args()
-    manifest = write_corpus(args.out)
-    for split, info in manifest["splits"].items():
-        files, chars = len(info["files"]), info["chars"] / 1e6
-        print(f"{split}: {files} files, {chars:.1f} M chars, sha256 {info['sha256'][:12]}")
-
-
-if __name__ == "__main__":
-    main()
-
-
 def heldout_prompts(corpus: Path, count: int, *, seed: int = 0, lines: int = 24) -> list[dict]:
     """Code prompts cut from held-out files (never trained on): ``lines`` consecutive lines of a file,
     ending at a line break, from a seeded position past the file's first lines."""
-    import random
-
     rng = random.Random(seed)
     files = [f for f in read_split(corpus, "heldout").split(EOT) if f.count("\n") > 2 * lines]
     prompts = []
@@ -117,3 +104,31 @@ def heldout_prompts(corpus: Path, count: int, *, seed: int = 0, lines: int = 24)
         prompt = "\n".join(text[end - lines : end]) + "\n"
         prompts.append({"task_id": i, "prompt": prompt})
     return prompts
+
+
+def write_prompts(prompts: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path(".data/corpus"))
+    parser.add_argument(
+        "--prompts", type=Path, help="also cut the evaluation prompts from the held-out split into this JSONL"
+    )
+    parser.add_argument("--prompt-count", type=int, default=64)
+    args = parser.parse_args(argv)
+    manifest = write_corpus(args.out)
+    for split, info in manifest["splits"].items():
+        files, chars = len(info["files"]), info["chars"] / 1e6
+        print(f"{split}: {files} files, {chars:.1f} M chars, sha256 {info['sha256'][:12]}")
+    if args.prompts:
+        write_prompts(heldout_prompts(args.out, args.prompt_count), args.prompts)
+        print(f"{args.prompt_count} held-out prompts -> {args.prompts}")
+
+
+if __name__ == "__main__":
+    main()
