@@ -58,10 +58,6 @@ def _allowed(b, cfg, precision: str) -> bool:
     return True
 
 
-def _is_new(cand: tuple) -> bool:
-    return type(cand[0]).__name__ == "InverseConfig"
-
-
 def precompile(b) -> None:
     import _warm
 
