@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from trtllm_bole.config import BoleConfig, SamplingParams
-from trtllm_bole.engine.load import is_engine_dir, load_engine
+from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.executor import Executor, StepEvent
@@ -117,7 +117,7 @@ class LLM:
             )
             self._hf_config = json.loads((path / "config.json").read_text())
         self.tokenizer = Tokenizer.find(path)
-        budget = _find_budget(self.speculative_config, path)
+        budget = _find_budget(self.speculative_config, self.engine)
         num_blocks = None if kv_cache_tokens is None else -(-kv_cache_tokens // block_size)
         self.executor = Executor(
             self.model,
@@ -268,11 +268,12 @@ def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return choices[dtype]
 
 
-def _find_budget(config: BoleConfig, model_dir: Path) -> BudgetTable | None:
+def _find_budget(config: BoleConfig, engine: Engine | None) -> BudgetTable | None:
+    """The table ``config`` names, else the one the engine's config lists (built with ``--calibrate``)."""
     if config.budget_table is not None:
         return BudgetTable.load(config.budget_table)
-    own = model_dir / "budget.json"
-    return BudgetTable.load(own) if own.is_file() else None
+    own = engine.budget_path if engine is not None else None
+    return BudgetTable.load(own) if own is not None else None
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

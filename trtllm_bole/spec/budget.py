@@ -26,10 +26,6 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 DEFAULT_KV_BUCKETS = (256, 1024, 4096)
 DEFAULT_EPSILON = 0.2
 
-DEFAULT_BUDGET_PER_REQUEST = 64
-"""Without a calibrated table, every request may keep up to this many tree tokens (the batch budget
-is ``batch_size * DEFAULT_BUDGET_PER_REQUEST``): no batch-wide pruning, like a fixed-size tree."""
-
 SCHEMA_VERSION = 1
 
 
