@@ -360,15 +360,15 @@ def default_config(
 
     - requests of 33 to 64 nodes (the average): the explicit-inverse path in one tile of 64. One launch
       (every value tile forms its pair's compact factors, 8 warps) while its value tiles fit one program
-      per SM: tiles of 64 (9B, B = 1: 16.2 against 17.3 µs for two launches; B = 2; 27B, B = 1), else
-      whole tiles of 128 (9B, B = 4: 20.4 against 21.1; 27B, B = 2: 19.8 against 20.4); else two
+      per SM: tiles of 64 (9B, B = 1: 16.1 against 17.3 µs for two launches; B = 2; 27B, B = 1), else
+      whole tiles of 128 (9B, B = 4: 20.4 against 21.4; 27B, B = 2: 19.6 against 20.3); else two
       launches: the factor kernel (compact path tiles, 8 warps) once per pair, then value tiles of 64
-      at 4 warps (9B, B = 16: 49.1 against 62.5 µs for tiles of 128);
+      at 4 warps (9B, B = 16: 49.0 against 62.2 µs for tiles of 128);
     - requests of 17 to 32 nodes: tiles of 32 in two launches;
     - two launches, where capping the value-tile kernel at 128 registers (four programs per SM instead of
-      three) saves a wave of them: capped (9B, B = 8: 30.4 against 33.0 µs; B = 16: 49.1 against 51.4;
-      27B, B = 32: 124.8 against 128.6); where it saves none, the few spilled bytes cost (27B, B = 8:
-      40.9 against 38.8 µs);
+      three) saves a wave of them: capped (9B, B = 8: 30.9 against 33.1 µs; B = 16: 49.0 against 51.1;
+      27B, B = 32: 125.3 against 128.8); where it saves none, the few spilled bytes cost (27B, B = 8:
+      41.4 against 38.8 µs);
     - smaller or larger trees: the blocked kernel (:func:`blocked_default_config`), faster there (T = 8,
       16: 30 µs against 36-39 µs; T = 128, 256: 1.3-1.5x at B = 16)."""
     per_request = -(-num_nodes // max(num_requests, 1))

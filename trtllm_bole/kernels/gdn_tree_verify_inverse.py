@@ -35,7 +35,7 @@ O from ``C' U`` rather than from ``(C' W') X`` saves phase 1 a ``[T, T]`` produc
 heads, T = 64: 3-7 % of the verify at B = 1 … 32).
 
 Both phases are latency-bound (benchmarks/profile_verify.py: at batch 1 the compact phase-1 kernel alone
-takes 10-11 µs, the dense one took 16; the value-tile kernel 11-13 µs, a state copy 6 µs), so a
+takes 10-11 µs, the dense one took 16; the value-tile kernel 11-13 µs, a state copy 5 µs), so a
 single-tile program issues every load
 before its first use: the state tile first (one chunk, ``BK = dk``), then the tree, the gates and the
 rows of K, Q and V, each loaded once (one round trip after the request's offsets instead of one per use).
