@@ -117,11 +117,12 @@ def peak_bytes(fn: Callable[[], Any]) -> int | None:
     return peak
 
 
-def copy_bandwidth(measure: Callable[[Callable[[], Any]], float], device: str, nbytes: int) -> dict:
-    """Device-to-device copy: bytes read + bytes written per second (the roofline's ceiling). Time it with
-    an eager timer (:func:`timer`), never :func:`graph_timer`: captured in a CUDA graph, torch's copy
+def copy_bandwidth(device: str, nbytes: int, rep_ms: int) -> dict:
+    """Device-to-device copy: bytes read + bytes written per second (the roofline's ceiling). Always timed
+    eagerly (:func:`timer`), whatever timer the kernels use: captured in a CUDA graph, torch's copy
     becomes a memcpy node that the copy engine runs, far below what kernels reach (H200: 2.76 against
     4.25 TB/s for the same 1 GB copy), which would overstate every fraction of the ceiling."""
+    measure = timer(str(device).startswith("cuda"), rep_ms)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
     dst = torch.empty_like(src)
     us = measure(lambda: dst.copy_(src))

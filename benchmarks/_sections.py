@@ -17,7 +17,7 @@ TOP_K = 4
 
 def copy_bandwidth(b) -> None:
     nbytes = 2**30 if b.cuda else 2**20
-    b.r["copy_bandwidth"] = U.copy_bandwidth(b.measure_eager, b.device, nbytes)  # never graph-timed
+    b.r["copy_bandwidth"] = U.copy_bandwidth(b.device, nbytes, b.plan["rep_ms"])
     print(f"  copy: {b.r['copy_bandwidth']['bytes_per_s'] / 1e12:.2f} TB/s (read + write)", flush=True)
 
 

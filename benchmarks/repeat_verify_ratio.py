@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SGLang is not available: {sglang.reason}", file=sys.stderr)
         return 2
     measure = U.graph_timer(args.rep_ms)
-    copy = U.copy_bandwidth(U.timer(True, args.rep_ms), "cuda", 2**30)  # eager: see U.copy_bandwidth
+    copy = U.copy_bandwidth("cuda", 2**30, args.rep_ms)
     gen = torch.Generator(device="cuda").manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     points = []

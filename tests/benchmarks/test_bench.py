@@ -152,7 +152,7 @@ def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
         assert all(ms > 0 for ms in r["ms_per_step"].values())
 
 
-def test_copy_ceiling_is_never_graph_timed():
+def test_copy_ceiling_is_never_graph_timed(monkeypatch):
     """A copy captured in a CUDA graph runs on the copy engine (H200: 2.76 against 4.25 TB/s): the
     roofline's ceiling is timed eagerly whatever timer the kernels use."""
     from types import SimpleNamespace
@@ -167,7 +167,9 @@ def test_copy_ceiling_is_never_graph_timed():
         fn()
         return 2.0
 
-    b = SimpleNamespace(cuda=False, device="cpu", measure=graph_timed, measure_eager=eager, r={})
+    monkeypatch.setattr(_sections.U, "timer", lambda cuda, rep_ms: eager)
+    monkeypatch.setattr(_sections.U, "graph_timer", lambda rep_ms: graph_timed)
+    b = SimpleNamespace(cuda=False, device="cpu", measure=graph_timed, plan={"rep_ms": 1}, r={})
     _sections.copy_bandwidth(b)
     assert b.r["copy_bandwidth"]["time_us"] == 2.0
     assert b.r["copy_bandwidth"]["bytes_per_s"] == 2 * 2**20 / 2e-6
