@@ -13,7 +13,9 @@ replays with the L2 flushed (the timer of bench_gdn_verify.py):
   buffer (a time only);
 - ``phase3``: the one-launch kernel capped at 128 registers (one-launch configs);
 - ``*_warm``: the verify and, for two launches, each kernel, replayed back to back on one input set with
-  the L2 not flushed (:func:`_bench_util.warm_graph_timer`): how much of each time is DRAM traffic;
+  the L2 not flushed (:func:`_bench_util.warm_graph_timer`): how much of each time is DRAM traffic
+  (fully so at batch 1; at batch 16 the ~78 MB a verify touches exceed the 50 MB L2, so part of it
+  still comes from DRAM);
 
 and the time to copy the batch's states (the state read's floor), with every kernel's registers and spills.
 Writes ``<out>/profile_verify_h200.json``. Diagnostic only: it reports times, not speed-ups.
