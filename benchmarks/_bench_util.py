@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trtllm_bole.kernels._common import VerifyCall, slot_indices
 from trtllm_bole.testing import forest
 from trtllm_bole.tree import TreeBatch
 
@@ -153,6 +154,24 @@ class Inputs:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.a, self.b, self.state))
+
+    def call(self, precision: str) -> VerifyCall:
+        """The verify launchers' operands: raw gates applied on chip, request b in state row b."""
+        slots = slot_indices(None, self.tree.num_requests, self.state.device)
+        return VerifyCall(
+            self.q,
+            self.k,
+            self.v,
+            self.a,
+            self.b,
+            self.state,
+            slots,
+            self.tree,
+            (self.a_log, self.dt_bias),
+            self.scale,
+            False,
+            precision,
+        )
 
 
 def make_inputs(

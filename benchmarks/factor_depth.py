@@ -22,7 +22,6 @@ import _bench_util as U
 import torch
 
 from trtllm_bole.kernels import gdn_tree_verify_inverse as inv
-from trtllm_bole.kernels._common import slot_indices
 from trtllm_bole.testing import chain_parents, topk_parents
 
 HV, TOL = 32, 1e-2
@@ -39,10 +38,7 @@ SHAPES = (
 
 
 def _verify(x: U.Inputs, cfg: inv.InverseConfig):
-    slots = slot_indices(None, x.tree.num_requests, x.state.device)
-    return inv.launch_inverse(
-        x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, "bf16", cfg
-    )
+    return inv.launch_inverse(x.call("bf16"), cfg)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from trtllm_bole.kernels import gdn_tree_verify_inverse as inv
+from trtllm_bole.kernels._common import VerifyCall
 from trtllm_bole.kernels.gdn_tree_verify import default_plan
 from trtllm_bole.testing import forest, topk_parents
 
@@ -47,7 +48,7 @@ def _arg_type(value) -> str:
     return "fp32" if isinstance(value, float) else "i32"
 
 
-def _inputs(batch: int) -> tuple:
+def _inputs(batch: int, precision: str) -> VerifyCall:
     """CPU tensors shaped as one GDN layer's verify at Qwen3.5-9B heads (values are never read)."""
     tree = forest([topk_parents(SIZE, 4, 8)] * batch, device="cpu", max_depth=64)
     n = tree.num_nodes
@@ -56,7 +57,8 @@ def _inputs(batch: int) -> tuple:
     a, b = (torch.zeros(n, HV, dtype=torch.bfloat16) for _ in range(2))
     state = torch.zeros(batch, HV, DK, DV)
     slots = torch.arange(batch)
-    return q, k, v, a, b, state, slots, tree, (torch.zeros(HV), torch.zeros(HV)), DK**-0.5, False
+    gates = (torch.zeros(HV), torch.zeros(HV))
+    return VerifyCall(q, k, v, a, b, state, slots, tree, gates, DK**-0.5, False, precision)
 
 
 def resources(cfg: inv.InverseConfig, precision: str, batch: int) -> list[dict]:
@@ -65,7 +67,7 @@ def resources(cfg: inv.InverseConfig, precision: str, batch: int) -> list[dict]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    _, args, consts = inv.inverse_launch_args(*_inputs(batch), precision, cfg)
+    _, args, consts = inv.inverse_launch_args(_inputs(batch, precision), cfg)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     rows = []
     for phase in inv.phases(cfg):

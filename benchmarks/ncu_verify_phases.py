@@ -49,7 +49,6 @@ def launch(batch: int) -> None:
     import torch
 
     from trtllm_bole.kernels import gdn_tree_verify_inverse as inv
-    from trtllm_bole.kernels._common import slot_indices
     from trtllm_bole.kernels.gdn_tree_verify import default_plan
     from trtllm_bole.testing import topk_parents
 
@@ -59,10 +58,7 @@ def launch(batch: int) -> None:
     cfg, precision = default_plan(x.tree.num_nodes, batch, hv, U.DK, U.DV, bf16, bf16)
     if not isinstance(cfg, inv.InverseConfig) or cfg.launches != 2:
         raise SystemExit(f"the default at batch {batch} is {cfg}: not the two-launch path this profiles")
-    slots = slot_indices(None, batch, x.state.device)
-    _, args, consts = inv.inverse_launch_args(
-        x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, precision, cfg
-    )
+    _, args, consts = inv.inverse_launch_args(x.call(precision), cfg)
     for _ in range(2):
         for phase in inv.phases(cfg):
             kernel, grid, constexprs, options = inv.phase_launch(phase, cfg, consts, hv, U.DV, batch)

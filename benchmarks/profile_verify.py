@@ -33,7 +33,6 @@ import _bench_util as U
 import torch
 
 from trtllm_bole.kernels import gdn_tree_verify_inverse as inv
-from trtllm_bole.kernels._common import slot_indices
 from trtllm_bole.testing import topk_parents
 
 HV, SIZE, DEPTH, TOL = 32, 64, 8, 1e-2
@@ -51,10 +50,7 @@ CONFIGS = (
 
 def _launch(x: U.Inputs, cfg, precision: str, phase: int, warps: int, maxnreg=None):
     """One kernel of the inverse path, as launch_inverse launches it (trees of at most ``bt`` nodes)."""
-    slots = slot_indices(None, x.tree.num_requests, x.state.device)
-    outputs, args, consts = inv.inverse_launch_args(
-        x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, precision, cfg
-    )
+    outputs, args, consts = inv.inverse_launch_args(x.call(precision), cfg)
     kernel, grid, constexprs, _ = inv.phase_launch(
         phase, cfg, consts, x.v.shape[1], x.v.shape[2], x.tree.num_requests
     )
@@ -68,10 +64,7 @@ def _regs(kernel) -> dict:
 
 def _verify(x: U.Inputs, cfg, precision: str):
     """The launcher's inverse path, as gdn_tree_verify runs it for ``cfg``."""
-    slots = slot_indices(None, x.tree.num_requests, x.state.device)
-    return inv.launch_inverse(
-        x.q, x.k, x.v, x.a, x.b, x.state, slots, x.tree, (x.a_log, x.dt_bias), x.scale, False, precision, cfg
-    )
+    return inv.launch_inverse(x.call(precision), cfg)
 
 
 def _check(x: U.Inputs, cfg, precision: str) -> float:

@@ -12,6 +12,7 @@ from tests.kernels.helpers import DEVICE, rel_rms
 from trtllm_bole.config import BoleConfig
 from trtllm_bole.kernels import MAX_DEPTH
 from trtllm_bole.kernels import gdn_tree_verify_inverse as inverse_kernels
+from trtllm_bole.kernels._common import VerifyCall
 from trtllm_bole.kernels.gdn_tree_verify import (
     CONFIGS,
     INVERSE_CONFIGS,
@@ -272,7 +273,7 @@ def launch_args(cfg, gen):
     tree, x = make([topk_parents(12, 2, 4)], 1, 2, 16, 32, gen)
     inputs = tuple(t.float() for t in (x.q, x.k, x.v, x.g, x.beta, x.state))
     slots = torch.arange(1, device=DEVICE)
-    return inverse_launch_args(*inputs, slots, tree, None, 1.0, False, "ieee", cfg)
+    return inverse_launch_args(VerifyCall(*inputs, slots, tree, None, 1.0, False, "ieee"), cfg)
 
 
 def test_compact_factors_serve_trees_up_to_depth_16(gen):

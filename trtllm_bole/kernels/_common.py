@@ -4,6 +4,8 @@ here synchronises with the device: launchers stay cheap enough to be timed and c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from trtllm_bole.tree import TreeBatch
@@ -114,6 +116,35 @@ def slot_indices(state_indices: torch.Tensor | None, num_requests: int, device: 
         return torch.empty(1, dtype=torch.int64, device=device)
     check_state_indices(state_indices, num_requests, device)
     return state_indices.to(torch.int64).contiguous()
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyCall:
+    """One verify's operands as the launchers of :mod:`.gdn_tree_verify` and :mod:`.gdn_tree_verify_inverse`
+    take them, after :func:`~trtllm_bole.kernels.gdn_tree_verify.gdn_tree_verify`'s checks: q, k
+    ``[N, H, dk]``, v ``[N, HV, dv]``, g and beta ``[N, HV]`` (contiguous; the raw gate inputs a and b
+    when ``raw_gates = (A_log, dt_bias)``), the fp32 state pool, the slot of each request
+    (:func:`slot_indices`; read only when ``use_slots``), the forest, the output scale and the
+    precision of the state products."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    state: torch.Tensor
+    slots: torch.Tensor
+    tree: TreeBatch
+    raw_gates: tuple[torch.Tensor, torch.Tensor] | None
+    scale: float
+    use_slots: bool
+    precision: str
+
+    def new_outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Empty ``o`` (v's dtype), ``u`` (fp32, v's shape) and ``logP`` (fp32 ``[N, HV]``)."""
+        v = self.v
+        u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+        return torch.empty_like(v), u, torch.empty(v.shape[:2], dtype=torch.float32, device=v.device)
 
 
 def pow2_at_least(n: int, floor: int = 1) -> int:

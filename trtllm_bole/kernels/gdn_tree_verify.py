@@ -40,6 +40,7 @@ import triton.language as tl
 
 from trtllm_bole.kernels._common import (
     MAX_DEPTH,
+    VerifyCall,
     check_contiguous,
     check_depth,
     check_device,
@@ -268,35 +269,22 @@ def _gdn_tree_verify_kernel(
         tl.debug_barrier()  # later row blocks read this block's U back
 
 
-def _launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    slots: torch.Tensor,
-    tree: TreeBatch,
-    raw_gates: tuple[torch.Tensor, torch.Tensor] | None,
-    scale: float,
-    use_slots: bool,
-    precision: str,
-    cfg: VerifyConfig,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    n, h, dk = q.shape
-    hv, dv = v.shape[1:]
-    o = torch.empty_like(v)
-    u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    log_p = torch.empty((n, hv), dtype=torch.float32, device=v.device)
+def _launch(call: VerifyCall, cfg: VerifyConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The blocked kernel, one launch (grid ``(dv / bv, HV, B)``)."""
+    _, h, dk = call.q.shape
+    hv, dv = call.v.shape[1:]
+    tree = call.tree
+    o, u, log_p = call.new_outputs()
     chain = min(tree.max_depth, cfg.bt)  # longest chain of nodes inside one row block
     grid = (dv // cfg.bv, hv, tree.num_requests)
     _gdn_tree_verify_kernel[grid](
-        q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size,
-        o, u, log_p, *(raw_gates or (g, g)), scale, hv, (chain - 1).bit_length(),
+        call.q, call.k, call.v, call.g, call.beta, call.state, call.slots, tree.cu_seqlens, tree.dfs_order,
+        tree.subtree_size, o, u, log_p, *(call.raw_gates or (call.g, call.g)), call.scale, hv,
+        (chain - 1).bit_length(),
         H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, LB=64 if cfg.num_warps >= 4 else 32,
         FUSED=cfg.fused,
-        USE_SLOTS=use_slots, PREC="ieee" if precision == "ieee" else "tf32",
-        S_BF16=precision == "bf16", UPCAST=_UPCAST, RAW_GATES=raw_gates is not None,
+        USE_SLOTS=call.use_slots, PREC="ieee" if call.precision == "ieee" else "tf32",
+        S_BF16=call.precision == "bf16", UPCAST=_UPCAST, RAW_GATES=call.raw_gates is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return o, u, log_p
@@ -481,16 +469,15 @@ def gdn_tree_verify(
         raise ValueError(
             f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv, bt a power of two)"
         )
-    slots = slot_indices(state_indices, tree.num_requests, state.device)
-    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    args = (
-        q, k, v, g, beta, state, slots, tree, raw_gates, 1.0 if scale is None else float(scale),
-        state_indices is not None, precision, cfg,
+    call = VerifyCall(
+        *(t.contiguous() for t in (q, k, v, g, beta)), state,
+        slot_indices(state_indices, tree.num_requests, state.device), tree, raw_gates,
+        1.0 if scale is None else float(scale), state_indices is not None, precision,
     )  # fmt: skip
     if isinstance(cfg, InverseConfig):
         check_inverse_config(cfg, precision)
-        return launch_inverse(*args)
-    return _launch(*args)
+        return launch_inverse(call, cfg)
+    return _launch(call, cfg)
 
 
 __all__ = [

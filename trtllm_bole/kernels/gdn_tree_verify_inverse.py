@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_bole.kernels._common import pow2_at_least
+from trtllm_bole.kernels._common import VerifyCall, pow2_at_least
 from trtllm_bole.kernels._verify_tiles import (
     _UPCAST,
     _gram,
@@ -66,7 +66,6 @@ from trtllm_bole.kernels._verify_tiles import (
     _rows,
     _state_product,
 )
-from trtllm_bole.tree import TreeBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -640,19 +639,7 @@ def compact_factors(max_depth: int) -> bool:
 
 
 def inverse_launch_args(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    slots: torch.Tensor,
-    tree: TreeBatch,
-    raw_gates: tuple[torch.Tensor, torch.Tensor] | None,
-    scale: float,
-    use_slots: bool,
-    precision: str,
-    cfg: InverseConfig,
+    call: VerifyCall, cfg: InverseConfig
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple, dict]:
     """Allocates the outputs ``(o, u, log_p)`` and the compact factors ``[tiles, 2, HV, N, depth]``; returns
     the outputs, the kernels' positional arguments (one list for every kernel of the path) and the
@@ -660,30 +647,29 @@ def inverse_launch_args(
     one slice of factors (``tiles = 1``), and the factor kernel's scratch is ``u`` when its rows hold
     ``Q Kᵀ`` and ``K Kᵀ`` side by side (``dv >= 2 bt``), else its own buffer ``[N, HV, 2 bt]``. One launch
     with compact factors: a slice of both per value tile (``tiles = dv / bv``; u is an output there)."""
-    n, h, dk = q.shape
-    hv, dv = v.shape[1:]
-    o = torch.empty_like(v)
-    u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    log_p = torch.empty((n, hv), dtype=torch.float32, device=v.device)
+    n, h, dk = call.q.shape
+    hv, dv = call.v.shape[1:]
+    tree, device = call.tree, call.v.device
+    o, u, log_p = call.new_outputs()
     d = tree.max_depth
     per_tile = cfg.launches == 1 and compact_factors(d)
     tiles = dv // cfg.bv if per_tile else 1
-    factors = torch.empty((tiles, 2, hv, n, d), dtype=torch.float32, device=v.device)
+    factors = torch.empty((tiles, 2, hv, n, d), dtype=torch.float32, device=device)
     scratch = u
     if compact_factors(d) and (per_tile or dv < 2 * cfg.bt):
-        scratch = torch.empty((tiles, n, hv, 2 * cfg.bt), dtype=torch.float32, device=v.device)
+        scratch = torch.empty((tiles, n, hv, 2 * cfg.bt), dtype=torch.float32, device=device)
     chain = min(d, cfg.bt)  # longest chain inside one tile
     squarings = (chain - 1).bit_length()
     plain_last = int(squarings >= 2 and chain - 1 == 1 << (squarings - 1))
     args = (
-        q, k, v, g, beta, state, slots, tree.cu_seqlens, tree.dfs_order, tree.subtree_size, tree.depth,
-        tree.paths, o, u, log_p, factors, scratch, *(raw_gates or (g, g)), scale, hv, n, d, squarings,
-        plain_last,
+        call.q, call.k, call.v, call.g, call.beta, call.state, call.slots, tree.cu_seqlens, tree.dfs_order,
+        tree.subtree_size, tree.depth, tree.paths, o, u, log_p, factors, scratch,
+        *(call.raw_gates or (call.g, call.g)), call.scale, hv, n, d, squarings, plain_last,
     )  # fmt: skip
     consts = dict(
-        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=use_slots,
-        PREC="ieee" if precision == "ieee" else "tf32", S_BF16=precision == "bf16", UPCAST=_UPCAST,
-        RAW_GATES=raw_gates is not None, DP=pow2_at_least(d), SW=scratch.shape[-1],
+        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=call.use_slots,
+        PREC="ieee" if call.precision == "ieee" else "tf32", S_BF16=call.precision == "bf16", UPCAST=_UPCAST,
+        RAW_GATES=call.raw_gates is not None, DP=pow2_at_least(d), SW=scratch.shape[-1],
     )  # fmt: skip
     return (o, u, log_p), args, consts
 
@@ -719,29 +705,13 @@ def phases(cfg: InverseConfig) -> tuple[int, ...]:
     return (1, 2) if cfg.launches == 2 else (3,)
 
 
-def launch_inverse(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    slots: torch.Tensor,
-    tree: TreeBatch,
-    raw_gates: tuple[torch.Tensor, torch.Tensor] | None,
-    scale: float,
-    use_slots: bool,
-    precision: str,
-    cfg: InverseConfig,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def launch_inverse(call: VerifyCall, cfg: InverseConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launches with no host sync (the tree metadata stays on the device; ``tree.max_depth`` and
     ``tree.max_nodes`` are host ints). Requests of more than ``bt`` nodes go to a second, blocked variant,
     launched only when the largest request (``tree.max_nodes``) exceeds the tile."""
-    outputs, args, consts = inverse_launch_args(
-        q, k, v, g, beta, state, slots, tree, raw_gates, scale, use_slots, precision, cfg
-    )
-    hv, dv, batch = v.shape[1], v.shape[2], tree.num_requests
-    for blocked in (False, True) if tree.max_nodes > cfg.bt else (False,):
+    outputs, args, consts = inverse_launch_args(call, cfg)
+    hv, dv, batch = call.v.shape[1], call.v.shape[2], call.tree.num_requests
+    for blocked in (False, True) if call.tree.max_nodes > cfg.bt else (False,):
         for phase in phases(cfg):
             kernel, grid, constexprs, options = phase_launch(phase, cfg, consts, hv, dv, batch, blocked)
             kernel[grid](*args, **constexprs, **options)
