@@ -140,6 +140,21 @@ class VerifyCall:
     use_slots: bool
     precision: str
 
+    @property
+    def gate_params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A_log, dt_bias)``, or g twice as never-read placeholders when the gates come applied."""
+        return self.raw_gates or (self.g, self.g)
+
+    def mode_consts(self) -> dict:
+        """The compile-time flags both verify kernels take from the call: slots, dot precision, bf16 state
+        products, gating on chip."""
+        return dict(
+            USE_SLOTS=self.use_slots,
+            PREC="ieee" if self.precision == "ieee" else "tf32",
+            S_BF16=self.precision == "bf16",
+            RAW_GATES=self.raw_gates is not None,
+        )
+
     def new_outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Empty ``o`` (v's dtype), ``u`` (fp32, v's shape) and ``logP`` (fp32 ``[N, HV]``)."""
         v = self.v

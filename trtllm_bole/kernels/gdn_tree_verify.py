@@ -279,12 +279,9 @@ def _launch(call: VerifyCall, cfg: VerifyConfig) -> tuple[torch.Tensor, torch.Te
     grid = (dv // cfg.bv, hv, tree.num_requests)
     _gdn_tree_verify_kernel[grid](
         call.q, call.k, call.v, call.g, call.beta, call.state, call.slots, tree.cu_seqlens, tree.dfs_order,
-        tree.subtree_size, o, u, log_p, *(call.raw_gates or (call.g, call.g)), call.scale, hv,
-        (chain - 1).bit_length(),
+        tree.subtree_size, o, u, log_p, *call.gate_params, call.scale, hv, (chain - 1).bit_length(),
         H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, LB=64 if cfg.num_warps >= 4 else 32,
-        FUSED=cfg.fused,
-        USE_SLOTS=call.use_slots, PREC="ieee" if call.precision == "ieee" else "tf32",
-        S_BF16=call.precision == "bf16", UPCAST=_UPCAST, RAW_GATES=call.raw_gates is not None,
+        FUSED=cfg.fused, UPCAST=_UPCAST, **call.mode_consts(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return o, u, log_p

@@ -664,12 +664,11 @@ def inverse_launch_args(
     args = (
         call.q, call.k, call.v, call.g, call.beta, call.state, call.slots, tree.cu_seqlens, tree.dfs_order,
         tree.subtree_size, tree.depth, tree.paths, o, u, log_p, factors, scratch,
-        *(call.raw_gates or (call.g, call.g)), call.scale, hv, n, d, squarings, plain_last,
+        *call.gate_params, call.scale, hv, n, d, squarings, plain_last,
     )  # fmt: skip
     consts = dict(
-        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, USE_SLOTS=call.use_slots,
-        PREC="ieee" if call.precision == "ieee" else "tf32", S_BF16=call.precision == "bf16", UPCAST=_UPCAST,
-        RAW_GATES=call.raw_gates is not None, DP=pow2_at_least(d), SW=scratch.shape[-1],
+        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, UPCAST=_UPCAST, DP=pow2_at_least(d),
+        SW=scratch.shape[-1], **call.mode_consts(),
     )  # fmt: skip
     return (o, u, log_p), args, consts
 
