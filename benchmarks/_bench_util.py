@@ -60,7 +60,7 @@ def graph_timer(rep_ms: int) -> Callable[[Callable[[], Any]], float]:
     that captures its verify step. Calls are warmed up (compiled, loaded) before capture. do_bench
     flushes by zeroing a 256 MB buffer, which leaves the L2 full of dirty lines that the timed kernels
     write back as they evict them: the conservative reading (H200, the verify at 9B batch 16: 49.3 µs
-    against 45.4 after a flush that reads the buffer instead; benchmarks/README.md)."""
+    against 45.4 after a flush that reads the buffer instead; benchmarks/EXPERIMENTS.md)."""
     from triton.testing import do_bench
 
     def measure(fn: Callable[[], Any]) -> float:
