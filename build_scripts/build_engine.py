@@ -34,12 +34,15 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
+    from trtllm_bole.engine.build import BuildSettings
     from trtllm_bole.spec.budget import (
         DEFAULT_BATCH_BUCKETS,
         DEFAULT_CAPACITIES,
         DEFAULT_EPSILON,
         DEFAULT_KV_BUCKETS,
     )
+
+    default = BuildSettings()
 
     p = argparse.ArgumentParser(
         prog="build_engine.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -60,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
-        default="auto",
+        default=default.dtype,
         help="weight and activation dtype (auto: bfloat16 on a GPU, float32 on CPU)",
     )
     p.add_argument(
@@ -68,15 +71,27 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="where kernels are compiled and calibration runs: cuda[:N] or cpu (default: cuda if present)",
     )
-    p.add_argument("--max-batch-size", type=int, default=8, help="requests served at once (GDN state slots)")
-    p.add_argument("--max-seq-len", type=int, default=1024, help="prompt + output tokens per request")
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=default.max_batch_size,
+        help="requests served at once (GDN state slots)",
+    )
+    p.add_argument(
+        "--max-seq-len", type=int, default=default.max_seq_len, help="prompt + output tokens per request"
+    )
     p.add_argument(
         "--max-draft-depth",
         type=int,
-        default=8,
+        default=default.max_draft_depth,
         help="draft tokens on a tree's longest path (compiled into the kernels)",
     )
-    p.add_argument("--max-draft-nodes", type=int, default=64, help="draft tokens per request and step")
+    p.add_argument(
+        "--max-draft-nodes",
+        type=int,
+        default=default.max_draft_nodes,
+        help="draft tokens per request and step (63 + the pending token: one 64-node verify tile)",
+    )
     cal = p.add_argument_group("budget calibration (BOLE.md §5)")
     cal.add_argument(
         "--calibrate",

@@ -11,7 +11,8 @@ DEFAULT_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""
 def _generate(args: argparse.Namespace) -> int:
     from trtllm_bole import LLM, BoleConfig, SamplingParams
 
-    bole = BoleConfig(mode=args.mode, top_k=args.branching, max_depth=args.depth, max_nodes=args.max_nodes)
+    drafts = {"top_k": args.branching, "max_depth": args.depth, "max_nodes": args.max_nodes}
+    bole = BoleConfig(mode=args.mode, **{name: v for name, v in drafts.items() if v is not None})
     llm = LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype)
     prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else args.prompt
     params = SamplingParams(
@@ -50,9 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--prompt", default=DEFAULT_PROMPT)
     gen.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of --prompt")
     gen.add_argument("--mode", choices=["ar", "chain", "tree-serial", "bole"], default="bole")
-    gen.add_argument("--branching", type=int, default=4, help="draft tree top-k")
-    gen.add_argument("--depth", type=int, default=8, help="draft tree depth")
-    gen.add_argument("--max-nodes", type=int, default=63, help="draft tokens per step (+1 pending: 64)")
+    gen.add_argument("--branching", type=int, default=None, help="draft tree top-k (unset: 4)")
+    gen.add_argument("--depth", type=int, default=None, help="draft tree depth (unset: the engine's, else 8)")
+    gen.add_argument(
+        "--max-nodes", type=int, default=None,
+        help="draft tokens per step (unset: the engine's, else 63; +1 pending: 64)",
+    )  # fmt: skip
     gen.add_argument("--max-tokens", type=int, default=96)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)

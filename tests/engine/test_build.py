@@ -2,6 +2,8 @@
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -216,6 +218,24 @@ def test_runtime_requests_beyond_the_build_are_refused(engine):
         LLM(path, dtype="bfloat16")
     llm = LLM(path, max_batch_size=2, speculative_config=BoleConfig(mode="ar"))
     assert llm.executor.max_batch_size == 2 and llm.model.mtp is None
+
+
+def test_draft_settings_left_unset_take_the_engines(tmp_path):
+    settings = BuildSettings(max_batch_size=1, max_seq_len=64, max_draft_depth=2, max_draft_nodes=3)
+    path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", settings, device="cpu", progress=False)
+    chain = LLM(path, speculative_config=BoleConfig(mode="chain")).speculative_config
+    assert (chain.mode, chain.max_depth, chain.max_nodes, chain.top_k) == ("chain", 2, 3, 4)
+    narrow = LLM(path, speculative_config=BoleConfig(top_k=2)).speculative_config
+    assert (narrow.mode, narrow.max_depth, narrow.max_nodes, narrow.top_k) == ("bole", 2, 3, 2)
+    with pytest.raises(ValueError, match=r"max_draft_nodes 4 exceeds the engine's 3"):
+        LLM(path, speculative_config=BoleConfig(max_depth=2, max_nodes=4))
+    cli = subprocess.run(
+        [sys.executable, "-m", "trtllm_bole", "generate", "--model", str(path), "--mode", "chain",
+         "--prompt-ids", "1,2,3", "--max-tokens", "4"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    assert "[chain] finish" in cli.stderr
 
 
 def test_calibrated_engine_ships_its_budget_and_llm_uses_it(tmp_path):

@@ -61,15 +61,16 @@ class Engine:
     def runtime_settings(
         self, dtype: str, max_batch_size: int | None, max_seq_len: int | None, bole: BoleConfig | None
     ) -> tuple[int, int, BoleConfig]:
-        """LLM arguments resolved against the build: omitted ones take the engine's values, larger ones
-        (or another dtype) are refused."""
+        """LLM arguments resolved against the build: omitted ones (and the draft depth and size that
+        ``bole`` leaves unset) take the engine's values, larger ones (or another dtype) are refused."""
         b = self.build
         if dtype not in ("auto", b["dtype"]):
             raise ValueError(
                 f"{self.path}: the engine holds {b['dtype']} weights, dtype={dtype!r} was asked; pass "
                 f"dtype='auto' or rebuild with --dtype {dtype}"
             )
-        bole = bole or BoleConfig(max_depth=b["max_draft_depth"], max_nodes=b["max_draft_nodes"])
+        given = bole.model_dump(include=bole.model_fields_set) if bole else {}
+        bole = BoleConfig(**{"max_depth": b["max_draft_depth"], "max_nodes": b["max_draft_nodes"], **given})
         asked = {
             "max_batch_size": max_batch_size or b["max_batch_size"],
             "max_seq_len": max_seq_len or b["max_seq_len"],
