@@ -1,7 +1,7 @@
 """A/B of one executor change in one process: the change against the code it replaced.
 
-    python benchmarks/ab_executor.py outcome-queue    # H200: ~30 s; OUT=DIR for the JSON
-    python benchmarks/ab_executor.py forest-kernel
+    python benchmarks/ab_executor.py outcome-queue    # H200: ~30 s -> results/ab_outcome_queue_<device>.json
+    python benchmarks/ab_executor.py forest-kernel --trials 8 --batches 8,16,32 --out DIR
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -13,14 +13,15 @@
   the kernel's node limit to 0 (``ops.forest`` then falls back).
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
-request, at batch 8, 16 and 32 (``BATCHES``), a model for each side (warmed up and its graphs captured
-under its variant), ``TRIALS`` interleaved pairs (order alternating); every run's tokens must equal the
-first run's. Writes ``$OUT/ab_<change>.json`` (tokens/s of every run and
-the medians). ``DEV=cpu`` smoke-runs it (on the CPU both forest variants are the torch derivation).
+request, at batch 8, 16 and 32 (``--batches``), a model for each side (warmed up and its graphs
+captured under its variant), ``--trials`` interleaved pairs (order alternating); every run's tokens
+must equal the first run's, else it stops without a result. Writes the tokens/s of every run and the
+medians as JSON. ``--device cpu`` smoke-runs it (on the CPU both forest variants are the torch
+derivation).
 """
 
+import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -67,14 +68,35 @@ def forest_in_torch():
 OLD = {"outcome-queue": outcome_waited_first, "forest-kernel": forest_in_torch}
 
 
+def _batches(text: str) -> list[int]:
+    try:
+        values = [int(b) for b in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive batch sizes, got {text!r}")
+    return values
+
+
 def main() -> None:
-    change = sys.argv[1]
-    old = OLD[change]
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("change", choices=sorted(OLD), help="the executor change to measure")
+    parser.add_argument("--trials", type=int, default=8, help="interleaved (old, new) pairs per batch")
+    parser.add_argument(
+        "--batches", type=_batches, default=[8, 16, 32], metavar="B,B,...", help="batch sizes"
+    )
+    parser.add_argument("--device", default="cuda", help="cuda or cpu (a smoke run)")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent / "results", help="folder of the JSON"
+    )
+    args = parser.parse_args()
+    old, dev = OLD[args.change], args.device
     prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()]
-    dev = os.environ.get("DEV", "cuda")
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
     out = {}
-    for batch in [int(b) for b in os.environ.get("BATCHES", "8,16,32").split(",")]:
+    for batch in args.batches:
         variants, llms = {"old": old, "new": nullcontext}, {}
         for name, variant in variants.items():  # one model each: a captured graph keeps its variant's kernels
             with variant():
@@ -83,7 +105,7 @@ def main() -> None:
                 )
                 llms[name].warm_up(use_tqdm=False)
         params, res, ref = SamplingParams(max_tokens=96), {"old": [], "new": []}, None
-        for trial in range(int(os.environ.get("TRIALS", "6"))):
+        for trial in range(args.trials):
             for name in ("old", "new") if trial % 2 == 0 else ("new", "old"):
                 with variants[name]():
                     sync()
@@ -93,20 +115,24 @@ def main() -> None:
                     dt = time.perf_counter() - t0
                 toks = [o.outputs[0].token_ids for o in outs]
                 ref = ref or toks
-                assert toks == ref, "outputs differ"
+                if toks != ref:
+                    sys.exit(f"batch {batch}, trial {trial}, {name}: outputs differ from the first run's")
                 res[name].append(sum(map(len, toks)) / dt)
         out[batch] = {k: {"median": statistics.median(v), "runs": v} for k, v in res.items()}
         ratio = out[batch]["new"]["median"] / out[batch]["old"]["median"]
         print(batch, {k: round(v["median"]) for k, v in out[batch].items()}, round(ratio, 3), flush=True)
-    device = torch.cuda.get_device_name(0) if dev == "cuda" else "cpu"
+    device = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "cpu"
     import triton
 
-    command = " ".join(["python", *sys.argv])
     result = {
-        "change": change, "device": device, "torch": torch.__version__, "triton": triton.__version__,
-        "command": command, "ab": out,
+        "change": args.change, "device": device, "torch": torch.__version__, "triton": triton.__version__,
+        "command": " ".join(["python", *sys.argv]), "ab": out,
     }  # fmt: skip
-    (Path(os.environ.get("OUT", "/tmp")) / f"ab_{change}.json").write_text(json.dumps(result, indent=1))
+    tag = "h200" if "H200" in device else device.lower().replace(" ", "_")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"ab_{args.change.replace('-', '_')}_{tag}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
