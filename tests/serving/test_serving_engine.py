@@ -186,6 +186,40 @@ def test_a_failing_step_fails_its_batch_not_the_engine(engine, monkeypatch):
     assert engine.executor.scheduler.slots.num_free == 4
 
 
+def test_a_request_finished_in_a_failing_step_still_gets_its_tokens(engine, monkeypatch):
+    """B's prefill ends it (one token) in the step whose speculation for A then raises: B's final
+    update must still come, with its token, and A's with an error; nothing stays live."""
+    executor, armed = engine.executor, threading.Event()
+    real_prefill, real_speculate = executor._prefill, executor._speculate
+
+    def prefill(requests):
+        events = real_prefill(requests)
+        if any(r.prompt_ids == PROMPTS[1] for r in requests):
+            armed.set()
+        return events
+
+    def speculate(requests):
+        if armed.is_set():
+            armed.clear()
+            raise RuntimeError("device lost")
+        return real_speculate(requests)
+
+    monkeypatch.setattr(executor, "_prefill", prefill)
+    monkeypatch.setattr(executor, "_speculate", speculate)
+    running = Collector()
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True), running)
+    deadline = time.monotonic() + 30
+    while not running.updates and time.monotonic() < deadline:
+        time.sleep(0.01)
+    short = Collector()
+    engine.submit(PROMPTS[1], SamplingParams(max_tokens=1, ignore_eos=True), short)
+    assert short.final.finish_reason == "length" and len(short.ids) == 1
+    assert running.final.finish_reason == "error" and "device lost" in running.final.error
+    assert len(running.ids) == running.final.num_output_tokens
+    assert engine.wait_idle(30) and not engine._live
+    assert executor.scheduler.slots.num_free == 4
+
+
 def test_close_aborts_in_flight_requests():
     engine = ServingEngine(make_executor())
     collectors = [Collector() for _ in range(3)]

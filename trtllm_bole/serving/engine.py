@@ -94,6 +94,7 @@ class _Live:
     is_cancelled: Callable[[], bool] | None
     text: TextDelta
     request: Request | None = None
+    sent: int = 0  # output tokens already handed to on_update
 
 
 class ServingEngine:
@@ -228,7 +229,7 @@ class ServingEngine:
         self._live[live.key] = live
         self._by_request[live.request.request_id] = live
         if live.request.finished:  # refused at submission (empty, too long, ids out of range)
-            self._finish(live, [])
+            self._finish(live)
 
     def _poll_cancellations(self) -> None:
         for live in list(self._live.values()):
@@ -246,18 +247,21 @@ class ServingEngine:
             events = self.executor.step()
         except Exception as e:  # never let one bad step take the server down: fail that batch
             traceback.print_exc(file=sys.stderr)
-            for live in [x for x in self._live.values() if x.request.slot >= 0]:
-                self.executor.scheduler.finish(live.request, "error", f"engine step failed: {e!r}")
-                self._finish(live, [])
+            for live in list(self._live.values()):
+                if live.request.finished:  # ended earlier in this step (its prefill): deliver it
+                    self._finish(live)
+                elif live.request.slot >= 0:
+                    self.executor.scheduler.finish(live.request, "error", f"engine step failed: {e!r}")
+                    self._finish(live)
             return
         for event in events:
             live = self._by_request.get(event.request.request_id)
             if live is None:
                 continue
             if event.finished:
-                self._finish(live, event.token_ids)
+                self._finish(live)
             else:
-                self._deliver(live, self._update(live, event.token_ids, finished=False))
+                self._deliver(live, self._update(live, finished=False))
 
     def _abort(self, key: int, error: str | None) -> None:
         live = self._live.get(key)
@@ -265,18 +269,21 @@ class ServingEngine:
             return
         self.executor.abort(live.request)
         live.request.error = error
-        self._finish(live, [])
+        self._finish(live)
 
-    def _finish(self, live: _Live, token_ids: list[int]) -> None:
+    def _finish(self, live: _Live) -> None:
         del self._live[live.key]
         del self._by_request[live.request.request_id]
-        self._deliver(live, self._update(live, token_ids, finished=True))
+        self._deliver(live, self._update(live, finished=True))
 
-    def _update(self, live: _Live, token_ids: list[int], *, finished: bool) -> Update:
+    def _update(self, live: _Live, *, finished: bool) -> Update:
+        """The request's output tokens not yet handed out (a step's committed tokens, or those of a
+        step that failed after committing them), with the matching text delta."""
         r = live.request
+        token_ids, live.sent = r.output_ids[live.sent :], len(r.output_ids)
         return Update(
             live.key,
-            list(token_ids),
+            token_ids,
             live.text(r.output_ids, finished),
             finished,
             r.finish_reason if finished else None,
