@@ -1,4 +1,5 @@
-"""The LLM API's warm-up: it serves and leaves nothing behind."""
+"""The LLM API: warm-up serves and leaves nothing behind, streams join up to generate's text, and
+failures leave nothing queued."""
 
 import pytest
 
@@ -25,3 +26,29 @@ def test_warm_up_defaults_to_batch_one_on_cpu_and_refuses_sizes_beyond_the_engin
         llm.warm_up([8], use_tqdm=False)
     with pytest.raises(ValueError, match="got \\[0\\]"):
         llm.warm_up([0], use_tqdm=False)
+
+
+def test_stream_texts_join_up_to_generates_text_with_and_without_a_stop_string(llm):
+    full = llm.generate(["def f(x):"], SamplingParams(max_tokens=16), use_tqdm=False)[0].outputs[0].text
+    stop = full[6:9]
+    assert stop and full.index(stop) > 0
+    for params in (SamplingParams(max_tokens=16), SamplingParams(max_tokens=16, stop=[stop])):
+        whole = llm.generate(["def f(x):"], params, use_tqdm=False)[0].outputs[0].text
+        streamed = list(llm.generate_stream("def f(x):", params))
+        assert "".join(o.outputs[0].text for o in streamed) == whole
+        assert streamed[-1].finished and not any(o.finished for o in streamed[:-1])
+    assert whole == full[: full.index(stop)]
+
+
+def test_generate_leaves_nothing_queued_when_a_prompt_or_a_step_fails(llm, monkeypatch):
+    with pytest.raises(ValueError, match="invalid literal"):
+        llm.generate(["def f(x):", ["not a token id"]], use_tqdm=False)
+    assert not llm.executor.has_unfinished  # the first prompt was never submitted
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(llm.executor, "step", broken_step)
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.generate(["def f(x):", "class A:"], use_tqdm=False)
+    assert not llm.executor.has_unfinished

@@ -21,8 +21,9 @@ from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
-from trtllm_bole.spec.executor import Executor, StepEvent
+from trtllm_bole.spec.executor import Executor
 from trtllm_bole.spec.scheduler import Request, SpecStats
+from trtllm_bole.text import TextDelta, Tokenizer
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "qwen35-code-tiny"
 """The embedded default: a small Qwen3.5-architecture model trained on Python code (model card in
@@ -48,26 +49,6 @@ class RequestOutput:
     finished: bool
     stats: SpecStats = field(default_factory=SpecStats)
     error: str | None = None
-
-
-class Tokenizer:
-    """``tokenizer.json`` of a checkpoint, through the ``tokenizers`` library."""
-
-    def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer as HFTokenizer
-
-        self._tok = HFTokenizer.from_file(str(path))
-
-    @classmethod
-    def find(cls, model_dir: Path) -> Tokenizer | None:
-        path = model_dir / "tokenizer.json"
-        return cls(path) if path.is_file() else None
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids))
 
 
 class LLM:
@@ -142,27 +123,39 @@ class LLM:
         """Generate for every prompt (strings, or lists of token ids), batched continuously.
 
         A prompt that cannot be served (too long, empty, ids out of range) gets an output with
-        ``error`` set and ``finish_reason == "error"``; the others run to completion.
+        ``error`` set and ``finish_reason == "error"``; the others run to completion. A prompt that
+        cannot be encoded raises before anything is submitted; a step that raises aborts this call's
+        unfinished requests before the error propagates (none is left queued for a later call).
         """
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
-        requests = [self._submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
-        with tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm) as bar:
-            done = sum(r.finished for r in requests)
-            bar.update(done)
-            while self.executor.has_unfinished:
-                self.executor.step()
-                now = sum(r.finished for r in requests)
-                bar.update(now - done)
-                done = now
+        prompt_ids = [self.encode(p) for p in prompts]
+        requests = [self.executor.submit(ids, sp) for ids, sp in zip(prompt_ids, params, strict=True)]
+        try:
+            with tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm) as bar:
+                done = sum(r.finished for r in requests)
+                bar.update(done)
+                while self.executor.has_unfinished:
+                    self.executor.step()
+                    now = sum(r.finished for r in requests)
+                    bar.update(now - done)
+                    done = now
+        finally:
+            for r in requests:
+                if not r.finished:
+                    self.executor.abort(r)
         return [self._output(r, p) for r, p in zip(requests, prompts, strict=True)]
 
     def generate_stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:
         """Yield the request's output each time tokens are committed; the last one has
-        ``finished=True``. ``outputs[0].token_ids`` holds only the tokens new in that yield."""
-        request = self._submit(_as_prompt_list(prompt)[0], sampling_params or SamplingParams())
+        ``finished=True``. ``outputs[0].token_ids`` and ``.text`` hold only what is new in that yield;
+        the texts join up to :meth:`generate`'s (text that may still change, such as the start of a
+        stop string or half of a multi-byte character, waits for the next yield)."""
+        params = sampling_params or SamplingParams()
+        request = self.executor.submit(self.encode(_as_prompt_list(prompt)[0]), params)
+        text = TextDelta(self.tokenizer.decode if self.tokenizer else None, params.stop)
         try:
             if request.finished:
                 yield self._output(request, prompt)
@@ -170,7 +163,10 @@ class LLM:
             while not request.finished:
                 for event in self.executor.step():
                     if event.request is request:
-                        yield self._delta(event, prompt)
+                        out = self._output(request, prompt)
+                        out.outputs[0].token_ids = event.token_ids
+                        out.outputs[0].text = text(request.output_ids, event.finished)
+                        yield out
         finally:
             if not request.finished:
                 self.executor.abort(request)
@@ -220,9 +216,6 @@ class LLM:
             return self.tokenizer.encode(prompt)
         return [int(t) for t in prompt]
 
-    def _submit(self, prompt: Prompt, params: SamplingParams) -> Request:
-        return self.executor.submit(self.encode(prompt), params)
-
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids) if self.tokenizer else ""
 
@@ -240,14 +233,6 @@ class LLM:
             request.stats,
             request.error,
         )
-
-    def _delta(self, event: StepEvent, prompt: Prompt) -> RequestOutput:
-        request = event.request
-        out = self._output(request, prompt)
-        out.outputs[0].token_ids = event.token_ids
-        out.outputs[0].text = self._text(event.token_ids)
-        out.finished = event.finished
-        return out
 
     def _eos_token_id(self) -> int | None:
         eos = self._hf_config.get("eos_token_id")

@@ -252,7 +252,8 @@ def test_text_delta_holds_back_what_may_still_change():
 
 
 def test_text_delta_reassembles_the_real_tokenizers_text():
-    from trtllm_bole.llm import DEFAULT_MODEL, Tokenizer
+    from trtllm_bole.llm import DEFAULT_MODEL
+    from trtllm_bole.text import Tokenizer
 
     tokenizer = Tokenizer.find(DEFAULT_MODEL)
     text = 'def grüße(名前):\n    return f"¡hola {名前}! ✓"  # naïve\n'

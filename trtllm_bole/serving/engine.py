@@ -14,12 +14,13 @@ import itertools
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trtllm_bole.config import SamplingParams
 from trtllm_bole.spec.executor import Executor
 from trtllm_bole.spec.scheduler import Request, SpecStats
+from trtllm_bole.text import TextDelta
 
 
 @dataclass(slots=True)
@@ -42,49 +43,6 @@ class Update:
 
 
 OnUpdate = Callable[[Update], None]
-
-
-class TextDelta:
-    """Incremental detokenization that hands out only new text, decoding a short window per update.
-
-    Only the tokens new since the last settled point are decoded (together with the tokens just
-    before them, whose context a merge may need). Text that may still change is held back until the
-    request finishes: a trailing U+FFFD (a multi-byte character cut between tokens) and a tail that
-    could be the start of a stop string; on finish the text is cut at the first stop string, as
-    :meth:`LLM.generate` cuts it.
-    """
-
-    def __init__(self, decode: Callable[[list[int]], str] | None, stop: Sequence[str] = ()) -> None:
-        self.decode = decode
-        self.stop = [s for s in stop if s]
-        self.text = ""  # the decoded output_ids[: self.read]
-        self.prefix = 0  # where the decoding window starts: the previous settled point
-        self.read = 0
-        self.sent = 0  # characters of self.text already handed out
-
-    def __call__(self, output_ids: list[int], finished: bool) -> str:
-        if self.decode is None:
-            return ""
-        if len(output_ids) > self.read:
-            before = self.decode(output_ids[self.prefix : self.read])
-            after = self.decode(output_ids[self.prefix :])
-            if finished or not after.endswith("\ufffd"):
-                if after.startswith(before):
-                    self.text += after[len(before) :]
-                else:  # the decoder rewrote earlier text: start over from the whole output
-                    self.text = self.decode(output_ids)
-                self.prefix, self.read = self.read, len(output_ids)
-        text = self.text
-        text = text[: min((text.index(s) for s in self.stop if s in text), default=len(text))]
-        if not finished:
-            text = text[: len(text) - self._possible_stop(text)]
-        delta = text[self.sent :]
-        self.sent = max(self.sent, len(text))
-        return delta
-
-    def _possible_stop(self, text: str) -> int:
-        """Length of the longest tail of ``text`` that begins a stop string."""
-        return max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
 
 
 @dataclass(slots=True, eq=False)

@@ -1,0 +1,69 @@
+"""Text around token ids: a checkpoint's tokenizer and incremental detokenization for streams."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+class Tokenizer:
+    """``tokenizer.json`` of a checkpoint, through the ``tokenizers`` library."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._tok = HFTokenizer.from_file(str(path))
+
+    @classmethod
+    def find(cls, model_dir: Path) -> Tokenizer | None:
+        path = model_dir / "tokenizer.json"
+        return cls(path) if path.is_file() else None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids))
+
+
+class TextDelta:
+    """Incremental detokenization that hands out only new text, decoding a short window per update.
+
+    Only the tokens new since the last settled point are decoded (together with the tokens just
+    before them, whose context a merge may need). Text that may still change is held back until the
+    request finishes: a trailing U+FFFD (a multi-byte character cut between tokens) and a tail that
+    could be the start of a stop string; on finish the text is cut at the first stop string, as
+    :meth:`LLM.generate` cuts it.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str] | None, stop: Sequence[str] = ()) -> None:
+        self.decode = decode
+        self.stop = [s for s in stop if s]
+        self.text = ""  # the decoded output_ids[: self.read]
+        self.prefix = 0  # where the decoding window starts: the previous settled point
+        self.read = 0
+        self.sent = 0  # characters of self.text already handed out
+
+    def __call__(self, output_ids: list[int], finished: bool) -> str:
+        if self.decode is None:
+            return ""
+        if len(output_ids) > self.read:
+            before = self.decode(output_ids[self.prefix : self.read])
+            after = self.decode(output_ids[self.prefix :])
+            if finished or not after.endswith("\ufffd"):
+                if after.startswith(before):
+                    self.text += after[len(before) :]
+                else:  # the decoder rewrote earlier text: start over from the whole output
+                    self.text = self.decode(output_ids)
+                self.prefix, self.read = self.read, len(output_ids)
+        text = self.text
+        text = text[: min((text.index(s) for s in self.stop if s in text), default=len(text))]
+        if not finished:
+            text = text[: len(text) - self._possible_stop(text)]
+        delta = text[self.sent :]
+        self.sent = max(self.sent, len(text))
+        return delta
+
+    def _possible_stop(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that begins a stop string."""
+        return max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
