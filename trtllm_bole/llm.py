@@ -10,6 +10,7 @@ for out in llm.generate(["def fib(n):"], SamplingParams(max_tokens=64)):
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
+from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
 from trtllm_bole.spec.scheduler import Request, SpecStats
 from trtllm_bole.text import TextDelta, Tokenizer
@@ -98,7 +100,7 @@ class LLM:
             )
             self._hf_config = json.loads((path / "config.json").read_text())
         self.tokenizer = Tokenizer.find(path)
-        budget = _find_budget(self.speculative_config, self.engine)
+        budget = _find_budget(self.speculative_config, self.engine, self.model.device)
         num_blocks = None if kv_cache_tokens is None else -(-kv_cache_tokens // block_size)
         self.executor = Executor(
             self.model,
@@ -253,12 +255,23 @@ def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return choices[dtype]
 
 
-def _find_budget(config: BoleConfig, engine: Engine | None) -> BudgetTable | None:
-    """The table ``config`` names, else the one the engine's config lists (built with ``--calibrate``)."""
-    if config.budget_table is not None:
-        return BudgetTable.load(config.budget_table)
-    own = engine.budget_path if engine is not None else None
-    return BudgetTable.load(own) if own is not None else None
+def _find_budget(config: BoleConfig, engine: Engine | None, device: torch.device) -> BudgetTable | None:
+    """The table ``config`` names, else the one the engine's config lists (built with ``--calibrate``).
+    A table calibrated for another tree depth or device still loads (exactness does not depend on
+    it) but warns: its budgets were measured for other costs."""
+    path = config.budget_table or (engine.budget_path if engine is not None else None)
+    if path is None:
+        return None
+    table = BudgetTable.load(path)
+    depth, here = config.max_depth + 1, device_name(device)
+    if config.mode == "bole" and (table.max_depth, table.device) != (depth, here):
+        warnings.warn(
+            f"{path}: a budget calibrated for trees of depth {table.max_depth} on {table.device}, used "
+            f"for depth {depth} on {here}: its budgets may not fit this run's costs (recalibrate with "
+            "build_scripts/build_engine.py --calibrate)",
+            stacklevel=3,
+        )
+    return table
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -102,8 +103,18 @@ def test_missing_or_invalid_checkpoint(tmp_path):
     [
         (BuildSettings(dtype="float16"), "dtype"),
         (BuildSettings(max_batch_size=0), "max_batch_size"),
-        (BuildSettings(max_draft_depth=64), "compiled maximum"),
-        (BuildSettings(max_draft_depth=8, max_draft_nodes=4), "max_draft_nodes"),
+        (
+            BuildSettings(max_draft_depth=16),
+            r"max_draft_depth 16 .* cannot be served: .*less than or equal to 15",
+        ),
+        (
+            BuildSettings(max_draft_depth=8, max_draft_nodes=4),
+            r"max_nodes \(4\) must be at least max_depth \(8\)",
+        ),
+        (
+            BuildSettings(max_draft_nodes=600),
+            r"max_draft_nodes 600 cannot be served: .*less than or equal to 512",
+        ),
         (BuildSettings(max_seq_len=8), "max_seq_len"),
     ],
 )
@@ -248,8 +259,12 @@ def test_calibrated_engine_ships_its_budget_and_llm_uses_it(tmp_path):
     assert config["budget"]["file"] == "budget.json" and config["budget"]["gpu_seconds"] > 0
     assert config["budget"]["settings"]["batch_buckets"] == [1]  # fitted to max_batch_size
     assert "budget.json" in config["files"]
-    llm = LLM(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the engine's own table fits its draft depth and device
+        llm = LLM(path)
     assert llm.executor.budget is not None and llm.executor.budget.lookup(1, 8) in (2, 4)
+    with pytest.warns(UserWarning, match=r"trees of depth 3 on cpu, used for depth 2 on cpu"):
+        LLM(path, speculative_config=BoleConfig(max_depth=1))
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 4 or out.outputs[0].finish_reason == "stop"
     assert torch.get_default_dtype() == torch.float32

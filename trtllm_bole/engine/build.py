@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
+from trtllm_bole.config import BoleConfig
 from trtllm_bole.engine import format as fmt
 from trtllm_bole.models.checkpoint import write_safetensors
 from trtllm_bole.models.config import Qwen35Config, load_config
@@ -60,18 +62,14 @@ class BuildSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        from trtllm_bole.kernels import MAX_DEPTH
-
-        if self.max_draft_depth + 1 > MAX_DEPTH:
+        try:  # the runtime's limits: an engine that LLM could not serve is refused now
+            BoleConfig(max_depth=self.max_draft_depth, max_nodes=self.max_draft_nodes)
+        except ValidationError as e:
+            reasons = "; ".join(err["msg"] for err in e.errors())
             raise ValueError(
-                f"max_draft_depth {self.max_draft_depth} gives trees of depth {self.max_draft_depth + 1}, "
-                f"beyond the kernels' compiled maximum {MAX_DEPTH}"
-            )
-        if self.max_draft_nodes < self.max_draft_depth:
-            raise ValueError(
-                f"max_draft_nodes ({self.max_draft_nodes}) must be at least max_draft_depth "
-                f"({self.max_draft_depth}) so that a full-depth path fits"
-            )
+                f"max_draft_depth {self.max_draft_depth} / max_draft_nodes {self.max_draft_nodes} cannot "
+                f"be served: {reasons}"
+            ) from None
         if self.max_seq_len <= self.max_draft_depth + 1:
             raise ValueError(
                 f"max_seq_len {self.max_seq_len} leaves no room for a prompt next to a draft tree of "

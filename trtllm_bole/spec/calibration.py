@@ -201,6 +201,11 @@ class CalibrationSettings:
         )
 
 
+def device_name(device: torch.device) -> str:
+    """What a budget table records as its device: the GPU's name, or ``cpu``."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+
+
 def calibrate_model(model: Qwen35Model, settings: CalibrationSettings, *, max_depth: int) -> BudgetTable:
     """The budget table of ``model`` on its device (BOLE.md §5); ``gpu_seconds`` is what it cost."""
     s = settings
@@ -208,13 +213,10 @@ def calibrate_model(model: Qwen35Model, settings: CalibrationSettings, *, max_de
         model, max_batch=max(s.batch_buckets), max_kv_len=max(s.kv_buckets),
         max_tokens=max(max(s.capacities), max(s.batch_buckets)), settings=s.timing,
     )  # fmt: skip
-    device = str(model.device)
-    if model.device.type == "cuda":
-        device = torch.cuda.get_device_name(model.device)
     return calibrate(
         lambda b, kv, n: timer.verify(b, kv, n),
         timer.decode,
-        device=device,
+        device=device_name(model.device),
         max_depth=max_depth,
         epsilon=s.epsilon,
         capacities=s.capacities,
