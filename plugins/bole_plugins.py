@@ -37,7 +37,7 @@ def _dim(expr: Any) -> Any:
     return expr
 
 
-def _io(spec: PluginSpec, descs: dict[str, trtp.TensorDesc]) -> tuple[dict, dict]:
+def _io(descs: dict[str, trtp.TensorDesc]) -> tuple[dict, dict]:
     shapes = {name: tuple(_dim(e) for e in d.shape_expr) for name, d in descs.items()}
     dtypes = {name: _NAMES.get(d.dtype, str(d.dtype)) for name, d in descs.items()}
     return shapes, dtypes
@@ -70,7 +70,7 @@ def _describe(spec: PluginSpec, args: dict[str, Any]) -> tuple[trtp.TensorDesc, 
 def _autotune(spec: PluginSpec, args: dict[str, Any]) -> list[trtp.AutoTuneCombination]:
     ports = (*spec.inputs, *spec.outputs)
     types = ", ".join("|".join(_COMBO[d] for d in p.dtypes) for p in ports)
-    shapes, _ = _io(spec, _inputs(spec, args))
+    shapes, _ = _io(_inputs(spec, args))
     return [trtp.AutoTuneCombination(types, "LINEAR", list(range(1, len(spec.tactics(shapes)) + 1)))]
 
 
@@ -79,7 +79,7 @@ def _cdiv(a: Any, b: int) -> Any:
 
 
 def _aot(spec: PluginSpec, args: dict[str, Any]) -> tuple:
-    shapes, dtypes = _io(spec, _inputs(spec, args))
+    shapes, dtypes = _io(_inputs(spec, args))
     tactic = max(args["tactic"] - 1, 0)
     payload = aot_payload(spec, shapes, dtypes, _attrs(spec, args), tactic, arch=TARGET_ARCH, cdiv=_cdiv)
     (gx, gy, gz), (bx, by, bz) = payload.launch.grid, payload.launch.block

@@ -143,7 +143,7 @@ def check_verify(arch: int, gen: torch.Generator, act: torch.dtype, tactics: lis
     shapes, dtypes = _io(tensors, spec)
     all_tactics = spec.tactics(shapes)
     if tactics is None:  # what the runtime launches at this size (if listed), and the widest tile
-        runtime = blocked_default_config(n, batch, HV, DK, DV)
+        runtime = blocked_default_config(batch, HV, DK, DV)
         tactics = sorted({all_tactics.index(runtime) if runtime in all_tactics else 0, len(all_tactics) - 1})
     tol = EXACT if act == torch.float32 else SERVING
     results = []

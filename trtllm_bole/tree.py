@@ -27,8 +27,8 @@ from trtllm_bole.transfer import device_tensor, to_device
 _ALIGN = 16  # int64 elements: 128 bytes
 
 MAX_TREE_DEPTH = 64
-"""Deepest root-to-node path (in nodes) a :class:`TreeBatch` accepts. Kernels compile their own,
-smaller maximum and refuse deeper trees (see ``trtllm_bole.kernels``)."""
+"""Deepest root-to-node path (in nodes) a :class:`TreeBatch` accepts, and the depth the kernels are
+compiled for (``trtllm_bole.kernels.MAX_DEPTH``); a tree built deeper is refused by the kernels."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,14 @@
 """The config.pbtxt template and the tool that fills it (no server needed)."""
 
+import re
 import subprocess
 import sys
 
 import pytest
 from fill_template import fill, parse_substitutions
 from triton_harness import ROOT
+
+from trtllm_bole.serving.protocol import INPUT_NAMES, OUTPUT_NAMES
 
 TEMPLATE = ROOT / "triton_server" / "model_repository_template" / "bole" / "config.pbtxt"
 
@@ -18,13 +21,16 @@ def test_substitutions_parse_and_fill_only_what_is_named():
         parse_substitutions("engine_dir")
 
 
-def test_template_declares_a_decoupled_python_model_with_trtllm_tensor_names():
+def test_template_declares_a_decoupled_python_model_with_the_protocols_tensors():
     text = TEMPLATE.read_text()
     assert 'backend: "python"' in text and "decoupled: true" in text
+    inputs, outputs = text.split("\ninput [")[1].split("\noutput [")
+    assert tuple(re.findall(r'name: "(\w+)"', inputs)) == INPUT_NAMES
+    assert tuple(re.findall(r'name: "(\w+)"', outputs)) == OUTPUT_NAMES
     for name in ("text_input", "input_ids", "max_tokens", "temperature", "top_k", "top_p", "random_seed",
                  "stream", "end_id", "stop_words", "text_output", "output_ids", "acceptance_rate",
                  "total_accepted_draft_tokens", "total_draft_tokens"):  # fmt: skip
-        assert f'name: "{name}"' in text, name
+        assert name in INPUT_NAMES + OUTPUT_NAMES, name  # TensorRT-LLM's ensemble names
 
 
 def test_fill_template_cli_in_place(tmp_path):

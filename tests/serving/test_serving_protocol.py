@@ -6,6 +6,7 @@ import pytest
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.serving import Update
 from trtllm_bole.serving.protocol import (
+    OUTPUT_NAMES,
     RequestError,
     ResponseStream,
     check_request,
@@ -124,6 +125,7 @@ def test_non_streaming_sends_one_reply_with_everything():
     replies = ResponseStream(stream=False)
     assert replies(update([4, 5], "ab")) is None
     last = replies(update([6], "c", True, "stop"))
+    assert tuple(last.tensors) == OUTPUT_NAMES
     assert last.final and last.tensors["output_ids"].tolist() == [[4, 5, 6]]
     assert last.tensors["text_output"].tolist() == [[b"abc"]]
     empty = ResponseStream(stream=False)(update([], "", True, "stop"))

@@ -59,7 +59,6 @@ class CompiledKernel:
     num_warps: int
     shared: int  # bytes of shared memory per block
     arch: int  # compute capability, e.g. 90
-    triton_version: str
     num_params: int  # parameters the PTX entry declares (after trimming Triton's scratch pointers)
 
 
@@ -108,8 +107,7 @@ def compile_kernel(
     runtime_args = sum(1 for a in fn.arg_names if signature[a] != "constexpr")
     ptx = trim_params(compiled.asm["ptx"], meta.name, runtime_args)
     return CompiledKernel(
-        meta.name, ptx, compiled.asm["cubin"], meta.num_warps, meta.shared, arch,
-        triton.__version__, runtime_args,
+        meta.name, ptx, compiled.asm["cubin"], meta.num_warps, meta.shared, arch, runtime_args,
     )  # fmt: skip
 
 

@@ -69,8 +69,8 @@ def engine_payloads(config: Qwen35Config, settings: BuildSettings) -> dict[str, 
         if plugin_id == "bole::gdn_tree_verify":
             c = config
             defaults = {
-                blocked_default_config(b * (settings.max_draft_nodes + 1), b, c.linear_num_value_heads,
-                                       c.linear_key_head_dim, c.linear_value_head_dim)
+                blocked_default_config(b, c.linear_num_value_heads, c.linear_key_head_dim,
+                                       c.linear_value_head_dim)
                 for b in range(1, settings.max_batch_size + 1)
             }  # fmt: skip
             chosen = sorted(tactics.index(cfg) for cfg in defaults if cfg in tactics) or [0]

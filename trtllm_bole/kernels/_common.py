@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
-from trtllm_bole.tree import TreeBatch
+from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
 
-MAX_DEPTH = 64
-"""Deepest tree (root-to-node nodes) the kernels accept: a compile-time constant of the verify, commit
-and conv kernels (depth buckets below it are compiled separately). Deeper trees raise ValueError;
-long chains such as prompt chunks go through the chunked prefill path instead."""
+MAX_DEPTH = MAX_TREE_DEPTH
+"""Deepest tree (root-to-node nodes) the kernels accept, the deepest a :class:`TreeBatch` holds: a
+compile-time constant of the verify, commit and conv kernels (depth buckets below it are compiled
+separately). Deeper trees raise ValueError; long chains such as prompt chunks go through the chunked
+prefill path instead."""
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

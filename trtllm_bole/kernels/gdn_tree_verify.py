@@ -287,7 +287,7 @@ def _launch(call: VerifyCall, cfg: VerifyConfig) -> tuple[torch.Tensor, torch.Te
     return o, u, log_p
 
 
-def blocked_default_config(num_nodes: int, num_requests: int, hv: int, dk: int, dv: int) -> VerifyConfig:
+def blocked_default_config(num_requests: int, hv: int, dk: int, dv: int) -> VerifyConfig:
     """The blocked kernel's config from the shape alone (the TensorRT plugin's kernel): row blocks of 16
     (few registers, checked with ptxas), value tiles narrow enough to give every SM a program at small
     batch and full width (G, C and the solve once per head) when the batch fills the GPU."""
@@ -359,7 +359,7 @@ def default_config(
     per_request = -(-num_nodes // max(num_requests, 1))
     pairs = num_requests * hv
     if per_request <= 16 or per_request > 64:
-        return blocked_default_config(num_nodes, num_requests, hv, dk, dv)
+        return blocked_default_config(num_requests, hv, dk, dv)
     if per_request <= 32:
         picked = (32, 64, 64, 4, 2, 2)
     elif pairs * (dv // tile_dividing(dv, 64)) <= num_sms:

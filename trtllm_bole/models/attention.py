@@ -9,8 +9,11 @@ lives in row ``p % block_size`` of block ``block_tables[b, p // block_size]``.
 
 This is the torch path (SDPA with an explicit boolean mask over a padded batch): exact, simple, and
 the reference for a fused tree-attention kernel. The committed window it gathers is the whole block
-table width, so no host sync is needed for the context length; the executor keeps the table as
-narrow as its longest request.
+table width, so no host sync is needed for the context length: launched eagerly, the executor's
+table is as wide as the largest block reservation in the batch (a request reserves blocks for its
+prompt, its ``max_tokens`` and a tree); replayed from CUDA graphs it is ``max_seq_len / block_size``
+wide (:mod:`trtllm_bole.spec.verify_graphs`). Either way its cost grows with the reservation, not
+with the tokens committed so far.
 """
 
 from __future__ import annotations
