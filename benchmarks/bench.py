@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+import triton
 from tqdm import tqdm
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
@@ -368,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device,
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "triton": triton.__version__,
         "dtype": str(llm.model.dtype).removeprefix("torch."),
         "engine": str(args.engine or "embedded qwen35-code-tiny"),
         "dataset": {

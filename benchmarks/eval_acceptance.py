@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+import triton
 from bench import divergence  # this folder's bench.py (scripts run with it on sys.path)
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device,
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "triton": triton.__version__,
         "dtype": args.dtype,
         "model": str(args.model or "embedded qwen35-code-tiny"),
         "prompts": len(prompts),

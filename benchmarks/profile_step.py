@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 
 import torch
+import triton
 from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
 
 from trtllm_bole import LLM
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": device,
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "triton": triton.__version__,
         "dtype": args.dtype,
         "runs": runs,
     }

@@ -30,7 +30,7 @@ def verify(x, tree, **overrides):
         (lambda x: {"state": x.state[:, :, :4]}, r"state must be \[S, HV=4, dk=8, dv=4\]"),
         (lambda x: {"state": x.state.bfloat16()}, "float32 or float64"),
         (lambda x: {"v": x.v.int()}, "v must be a floating-point tensor"),
-        (lambda x: {"state": x.state[:1]}, "state holds 1 rows but the tree has 2 requests"),
+        (lambda x: {"state": x.state[:1]}, "state holds 1 slots but the tree has 2 requests"),
     ],
 )
 def test_verify_rejects(case, override, match):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtllm_bole.kernels._common import check_conv_shapes, check_state_indices
+from trtllm_bole.kernels._common import check_conv_shapes, check_slot_count, check_state_indices
 from trtllm_bole.reference import conv_tree, gdn_tree, kv_cache, norms
 from trtllm_bole.tree import TreeBatch
 
@@ -480,12 +480,8 @@ def _check_slots(
 ) -> None:
     """Shapes and devices always; the indices' values (three device syncs) unless ``values=False``."""
     global _slots_passed
+    check_slot_count(num_slots, num_requests, state_indices)
     if state_indices is None:
-        if num_slots != num_requests:
-            raise ValueError(
-                f"state holds {num_slots} rows but the tree has {num_requests} requests; "
-                f"pass state_indices to address a slot pool"
-            )
         return
     check_state_indices(state_indices, num_requests, device)
     if not values:

@@ -108,7 +108,10 @@ def check_slot_count(
 ) -> None:
     """Without ``state_indices`` request b owns slot b: ``what`` must hold exactly one slot a request."""
     if state_indices is None and num_slots != num_requests:
-        raise ValueError(f"{what} holds {num_slots} slots but the tree has {num_requests} requests")
+        raise ValueError(
+            f"{what} holds {num_slots} slots but the tree has {num_requests} requests; pass "
+            "state_indices to address a slot pool"
+        )
 
 
 def slot_indices(state_indices: torch.Tensor | None, num_requests: int, device: torch.device) -> torch.Tensor:

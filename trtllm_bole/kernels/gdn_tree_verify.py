@@ -45,6 +45,7 @@ from trtllm_bole.kernels._common import (
     check_depth,
     check_device,
     check_gdn_operands,
+    check_slot_count,
     gdn_shapes,
     slot_indices,
     tile_dividing,
@@ -445,11 +446,7 @@ def gdn_tree_verify(
     check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)
     check_contiguous(state=state)
     check_depth(tree, "gdn_tree_verify")
-    if state_indices is None and state.shape[0] != tree.num_requests:
-        raise ValueError(
-            f"state holds {state.shape[0]} rows but the tree has {tree.num_requests} requests; "
-            f"pass state_indices to address a slot pool"
-        )
+    check_slot_count(state.shape[0], tree.num_requests, state_indices)
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if raw_gates is not None and any(
