@@ -18,17 +18,22 @@ Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 
-from trtllm_bole.kernels._common import check_conv_shapes, check_slot_count, check_state_indices
+from trtllm_bole.kernels._common import (
+    GDNTreeFactors,
+    check_conv_shapes,
+    check_slot_count,
+    check_state_indices,
+)
 from trtllm_bole.reference import conv_tree, gdn_tree, kv_cache, norms
 from trtllm_bole.tree import TreeBatch
 
 __all__ = [
     "GDNTreeFactors",
     "as_tree",
+    "chunk_gated_delta_rule",
     "conv_state_commit",
     "forest",
     "gdn_commit",
@@ -41,24 +46,6 @@ __all__ = [
     "stack_factors",
     "tree_conv1d",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class GDNTreeFactors:
-    """What the factored commit needs from a verify (BOLE.md §3): per node ``(logP_i, k_i, u_i)``.
-
-    ``log_decay [(L,) N, HV]`` and ``u [(L,) N, HV, dv]`` in the state's dtype; ``k [(L,) N, H, dk]`` as
-    given to the verify. A leading layer dimension ``L`` is present after :func:`stack_factors`.
-    """
-
-    tree: TreeBatch
-    k: torch.Tensor
-    u: torch.Tensor
-    log_decay: torch.Tensor
-
-    @property
-    def num_layers(self) -> int | None:
-        return self.u.shape[0] if self.u.dim() == 4 else None
 
 
 def stack_factors(factors: list[GDNTreeFactors]) -> GDNTreeFactors:
@@ -159,6 +146,22 @@ def gdn_tree_verify(
         )
         u, log_p = u.to(state.dtype), log_p.to(state.dtype)
     return o, GDNTreeFactors(tree, k, u, log_p)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole sequences ``[B, L, ...]`` through the recurrence, functionally and differentiably (the
+    model's training forward): the torch reference on every device, chunks of 64 in closed form.
+    Returns ``o [B, L, HV, dv]`` and the final state ``[B, HV, dk, dv]``."""
+    return gdn_tree.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale=scale)
 
 
 def gdn_commit(

@@ -1,4 +1,5 @@
-"""Tree shapes and random Gated DeltaNet inputs shared by the tests and the benchmarks."""
+"""Tree shapes (chains, stars, draft-like top-k trees) and random Gated DeltaNet inputs, shared by the
+tests, the benchmarks, the demo and the budget calibration (which times draft-like trees)."""
 
 from __future__ import annotations
 

@@ -19,6 +19,24 @@ prefill path instead."""
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+@dataclass(frozen=True, slots=True)
+class GDNTreeFactors:
+    """What the factored commit needs from a verify (BOLE.md §3): per node ``(logP_i, k_i, u_i)``.
+
+    ``log_decay [(L,) N, HV]`` and ``u [(L,) N, HV, dv]`` in the state's dtype; ``k [(L,) N, H, dk]`` as
+    given to the verify. A leading layer dimension ``L`` is present after :func:`stack_factors`.
+    """
+
+    tree: TreeBatch
+    k: torch.Tensor
+    u: torch.Tensor
+    log_decay: torch.Tensor
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.u.shape[0] if self.u.dim() == 4 else None
+
+
 def check_depth(tree: TreeBatch, what: str) -> None:
     if tree.max_depth > MAX_DEPTH:
         raise ValueError(

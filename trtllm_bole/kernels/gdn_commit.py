@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from trtllm_bole.kernels._common import (
+    GDNTreeFactors,
     check_contiguous,
     check_depth,
     check_device,
@@ -25,7 +26,6 @@ from trtllm_bole.kernels._common import (
     slot_indices,
     tile_dividing,
 )
-from trtllm_bole.ops import GDNTreeFactors
 from trtllm_bole.tree import TreeBatch
 
 

@@ -23,10 +23,9 @@ import torch
 
 from trtllm_bole.kernels import gdn_commit as commit_kernel
 from trtllm_bole.kernels import gdn_tree_verify as verify_kernel
-from trtllm_bole.kernels._common import MAX_DEPTH, tile_dividing
+from trtllm_bole.kernels._common import MAX_DEPTH, GDNTreeFactors, tile_dividing
 from trtllm_bole.kernels.gdn_tree_verify import VerifyConfig
 from trtllm_bole.kernels.gdn_tree_verify_inverse import InverseConfig
-from trtllm_bole.ops import GDNTreeFactors
 from trtllm_bole.tree import TreeBatch
 
 

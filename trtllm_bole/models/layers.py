@@ -24,7 +24,6 @@ from trtllm_bole import ops
 from trtllm_bole.models.attention import TreeAttention, causal_attention, tree_attention
 from trtllm_bole.models.cache import PendingCommit, StepContext
 from trtllm_bole.models.config import LINEAR_ATTENTION, Qwen35Config
-from trtllm_bole.reference.gdn_tree import chunk_gated_delta_rule
 
 GDN_MODES = ("bole", "serial", "prefill")
 
@@ -274,7 +273,7 @@ class GatedDeltaNet(_Mixer):
         initial = torch.zeros(
             x.shape[0], v.shape[2], q.shape[-1], v.shape[-1], device=x.device
         )  # [B, HV, dk, dv]
-        o, _ = chunk_gated_delta_rule(q, k, v, g, beta, initial, scale=self.scale)
+        o, _ = ops.chunk_gated_delta_rule(q, k, v, g, beta, initial, scale=self.scale)
         return self._output(o, z)
 
 
