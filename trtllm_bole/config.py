@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Mode = Literal["ar", "chain", "tree-serial", "bole"]
+MIN_TEMPERATURE = 1e-5  # logits / temperature stays finite in float32 for |logits| < 3e33
 
 
 class SamplingParams(BaseModel):
@@ -16,13 +17,25 @@ class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     max_tokens: int = Field(64, ge=1, description="Most tokens to generate.")
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; otherwise softmax temperature.")
+    temperature: float = Field(
+        0.0,
+        ge=0.0,
+        description=f"0 = greedy; otherwise softmax temperature, at least {MIN_TEMPERATURE} (below it the "
+        "scaled logits overflow float32: sample greedily with 0 instead).",
+    )
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 = off.")
     seed: int | None = Field(None, description="Per-request RNG seed for reproducible sampling.")
     stop_token_ids: list[int] = Field(default_factory=list, description="Stop after emitting any of these.")
     stop: list[str] = Field(default_factory=list, description="Stop when the text ends with any of these.")
     ignore_eos: bool = Field(False, description="Keep generating past the tokenizer's end-of-text token.")
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_greedy_or_finite(cls, t: float) -> float:
+        if 0.0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {t!r}")
+        return t
 
 
 class BoleConfig(BaseModel):

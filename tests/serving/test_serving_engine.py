@@ -262,3 +262,24 @@ def test_text_delta_reassembles_the_real_tokenizers_text():
     pieces = [delta(ids[:n], n == len(ids)) for n in range(1, len(ids) + 1)]
     assert "".join(pieces) == text[: text.index("# na")]
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_an_engine_thread_that_dies_fails_every_request_and_refuses_new_ones(monkeypatch):
+    engine = ServingEngine(make_executor(max_batch_size=1))
+    running, queued = Collector(), Collector()
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True), running)
+    engine.submit(PROMPTS[1], SamplingParams(max_tokens=100, ignore_eos=True), queued)
+    deadline = time.monotonic() + 30
+    while not running.updates and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    def broken():
+        raise RuntimeError("bug outside a step")
+
+    monkeypatch.setattr(engine, "_poll_cancellations", broken)
+    for c in (running, queued):
+        assert c.final.finish_reason == "error" and "bug outside a step" in c.final.error
+    engine._thread.join(10)
+    assert not engine.alive and not engine._live
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit(PROMPTS[2], SamplingParams(), Collector())

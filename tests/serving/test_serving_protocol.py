@@ -53,6 +53,7 @@ def test_ids_prompt_trimmed_by_input_lengths_and_parameters_as_fallback():
     assert parsed.params.max_tokens == 4  # the tensor wins over the parameter
     assert parsed.params.temperature == 1.0 and parsed.stream
     assert parse_request({"text_input": text("x")}).params == SamplingParams()
+    assert parse_request({"text_input": text("x")}, {"triton_enable_empty_final_response": True}).params
 
 
 def test_end_id_replaces_the_models_end_token():
@@ -79,6 +80,17 @@ def test_end_id_replaces_the_models_end_token():
         ({"text_input": text("x")}, {"max_tokens": "5"}, "must be int"),
         ({"text_input": text("x")}, {"stream": 1}, "must be bool"),
         ({"text_input": text("x")}, {"temperature": "hot"}, "must be float"),
+        (
+            {"text_input": text("x"), "temperature": scalar(1e-40, np.float32)},
+            {},
+            "0 \\(greedy\\) or at least",
+        ),
+        (
+            {"text_input": text("x")},
+            {"max_new_tokens": 8},
+            r"unknown request parameters \['max_new_tokens'\]",
+        ),
+        ({"text_input": text("x"), "input_lengths": scalar(1, np.int32)}, {}, "does not apply to text_input"),
     ],
 )
 def test_bad_requests_are_refused_with_the_reason(tensors, parameters, words):

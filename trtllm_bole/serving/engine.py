@@ -156,6 +156,22 @@ class ServingEngine:
     # ------------------------------------------------------------------------------------ #
 
     def _run(self) -> None:
+        reason, error = "abort", "the serving engine shut down"
+        try:
+            self._serve()
+        except Exception as e:  # a bug outside a step: no request may wait forever for it
+            traceback.print_exc(file=sys.stderr)
+            reason, error = "error", f"the serving engine failed: {e!r}"
+        finally:
+            with self._cv:
+                self._closing = True  # submit() refuses from now on
+                inbox, self._inbox = self._inbox, []
+            queued = [payload[0] for kind, _, payload in inbox if kind == "submit"]
+            for live in queued + list(self._live.values()):
+                self._end(live, reason, error)
+            self._idle.set()
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 while not (self._inbox or self._closing or self.executor.has_unfinished):
@@ -167,15 +183,25 @@ class ServingEngine:
                 if kind == "submit":
                     self._start(*payload)
                 else:
-                    self._abort(key, None)
+                    self._abort(key)
             if closing:
-                break
+                return
             self._poll_cancellations()
             if self.executor.has_unfinished:
                 self._step()
-        for key in list(self._live):
-            self._abort(key, "the serving engine shut down")
-        self._idle.set()
+
+    def _end(self, live: _Live, reason: str, error: str) -> None:
+        """Finish ``live`` on the way out: finished in the executor (unless it already was: then it
+        gets its own ending), then its final update (a bare one where even that fails)."""
+        try:
+            if live.request is not None:
+                self.executor.scheduler.finish(live.request, reason, error)
+                self._finish(live)
+                return
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            self._live.pop(live.key, None)
+        self._deliver(live, Update(live.key, [], "", True, reason, error))
 
     def _start(self, live: _Live, prompt_ids: list[int], params: SamplingParams) -> None:
         try:
@@ -198,7 +224,7 @@ class ServingEngine:
             except Exception:  # a vanished client counts as cancelled
                 cancelled = True
             if cancelled:
-                self._abort(live.key, None)
+                self._abort(live.key)
 
     def _step(self) -> None:
         try:
@@ -221,12 +247,11 @@ class ServingEngine:
             else:
                 self._deliver(live, self._update(live, finished=False))
 
-    def _abort(self, key: int, error: str | None) -> None:
+    def _abort(self, key: int) -> None:
         live = self._live.get(key)
         if live is None:
             return
         self.executor.abort(live.request)
-        live.request.error = error
         self._finish(live)
 
     def _finish(self, live: _Live) -> None:

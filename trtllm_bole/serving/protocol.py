@@ -47,6 +47,9 @@ INPUT_NAMES = (
     "text_input", "input_ids", "input_lengths", "max_tokens", "temperature", "top_k", "top_p",
     "random_seed", "stream", "end_id", "stop_words",
 )  # fmt: skip
+PARAMETER_NAMES = frozenset({name for name, _ in SCALARS.values()} | {"end_id", "stream"})
+"""The inputs a client may also send as request parameters (the HTTP generate endpoint's JSON fields
+that are not input tensors become parameters); others, but Triton's own ``triton_*``, are refused."""
 OUTPUT_NAMES = (
     "text_output", "output_ids", "finish_reason", "acceptance_rate", "total_accepted_draft_tokens",
     "total_draft_tokens", "mean_accepted_tokens",
@@ -75,6 +78,12 @@ def parse_request(
                 f"input {name!r} has shape {list(array.shape)}: send one prompt per request "
                 "(batch dimension 1); run several requests concurrently instead"
             )
+    unknown = sorted(k for k in parameters if k not in PARAMETER_NAMES and not k.startswith("triton_"))
+    if unknown:
+        raise RequestError(
+            f"unknown request parameters {unknown}: this model reads {sorted(PARAMETER_NAMES)} (as inputs "
+            "or as request parameters)"
+        )
     prompt = _prompt(tensors)
     values: dict[str, Any] = {}
     for field_name, (name, kind) in SCALARS.items():
@@ -191,6 +200,8 @@ def _prompt(tensors: Mapping[str, np.ndarray]) -> str | list[int]:
             f"got {'both' if has_text else 'neither'}"
         )
     if has_text:
+        if "input_lengths" in tensors:
+            raise RequestError("input_lengths trims input_ids; it does not apply to text_input")
         texts = _strings(tensors["text_input"])
         if len(texts) != 1:
             raise RequestError(f"text_input must hold one string, got {len(texts)}")
