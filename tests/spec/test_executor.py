@@ -11,7 +11,7 @@ from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
-from trtllm_bole.spec.executor import Executor, StepOutcome
+from trtllm_bole.spec.executor import Executor, StepOutcome, _ends_in_stop
 from trtllm_bole.testing import TINY_MTP_CONFIG, forest
 
 CONFIG = TINY_MTP_CONFIG
@@ -288,3 +288,15 @@ def test_mtp_follow_up_writes_each_accepted_path_as_a_prefill_would(config):
     for got, expected, untouched in zip(padded, (cache.mtp_k_cache, cache.mtp_v_cache), before, strict=True):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
         assert torch.equal(got != untouched, expected != untouched)  # the same rows written, no others
+
+
+def test_stop_strings_are_found_in_a_byte_level_tail_of_the_output():
+    def decode(ids):  # byte-level: one token a byte, cut characters become U+FFFD
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    body = list(b"x = 1; ") * 40
+    for stop in ("\n\n", "§§", "def"):  # two 1-byte characters, two 2-byte ones, three 1-byte ones
+        ids = body + list(stop.encode())
+        assert _ends_in_stop(decode, ids, ["never", stop])
+        assert not _ends_in_stop(decode, ids[:-1], [stop])
+    assert not _ends_in_stop(decode, list(b"\n\n") + body, ["\n\n"])  # an old match ended an old step

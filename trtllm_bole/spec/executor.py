@@ -412,7 +412,7 @@ class Executor:
                 break
             emitted.append(token)
             request.output_ids.append(token)
-            if params.stop and any(s in self.decode_text(request.output_ids) for s in params.stop):
+            if params.stop and _ends_in_stop(self.decode_text, request.output_ids, params.stop):
                 reason = "stop"
                 break
             if len(request.output_ids) >= runtime.max_new:
@@ -421,3 +421,13 @@ class Executor:
         if reason is not None:
             self.scheduler.finish(request, reason)
         return StepEvent(request, emitted, reason is not None)
+
+
+def _ends_in_stop(decode: Callable[[list[int]], str], output_ids: list[int], stop: list[str]) -> bool:
+    """Whether the text now holds a stop string. Checked after every token, so a new match ends in the
+    last token: only a tail that can hold the longest stop string is decoded (a character takes at
+    most 4 byte-level tokens; 8 more keep a tokenizer's cleanup at the window's start clear of it),
+    not the whole output, which would cost O(length) a token on the engine thread."""
+    window = 4 * max(map(len, stop)) + 8
+    text = decode(output_ids[-window:])
+    return any(s in text for s in stop)
