@@ -5,15 +5,20 @@
         triton_max_batch_size:16,instance_kind:KIND_CPU,engine_dir:/path/to/engine,max_batch_size:16
 
 Placeholders not named stay as they are; the Bole model reads a parameter still holding ``${...}``
-(or ``""``) as unset and uses its default.
+(or ``""``) as unset and uses its default. A placeholder outside a quoted ``string_value`` (Triton's
+own fields: ``triton_max_batch_size``, ``instance_kind``) has no default: left unfilled, it is an
+error here rather than a config Triton cannot parse.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from string import Template
+
+_UNQUOTED = re.compile(r"^[^\"#]*\$\{(\w+)\}", re.MULTILINE)
 
 
 def parse_substitutions(text: str) -> dict[str, str]:
@@ -28,7 +33,11 @@ def parse_substitutions(text: str) -> dict[str, str]:
 
 
 def fill(template: str, values: dict[str, str]) -> str:
-    return Template(template).safe_substitute(values)
+    filled = Template(template).safe_substitute(values)
+    missing = sorted(set(_UNQUOTED.findall(filled)))
+    if missing:
+        raise ValueError(f"{', '.join(missing)} must be filled: Triton's own fields have no default")
+    return filled
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-i", "--in-place", action="store_true", help="rewrite the file instead of printing")
     args = parser.parse_args(argv)
-    filled = fill(args.file.read_text(), parse_substitutions(args.substitutions))
+    try:
+        filled = fill(args.file.read_text(), parse_substitutions(args.substitutions))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if args.in_place:
         args.file.write_text(filled)
     else:

@@ -206,7 +206,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine-dir", default="", help="engine or checkpoint dir (default: the embedded model)")
     p.add_argument("--mode", default="", choices=["", "ar", "chain", "tree-serial", "bole"],
-                   help="speculative mode (default: the engine's, else bole)")  # fmt: skip
+                   help="speculative mode (default: bole)")  # fmt: skip
     p.add_argument("--max-depth", default="", help="draft tree depth")
     p.add_argument("--max-nodes", default="", help="draft tokens per request and step")
     p.add_argument("--draft-top-k", default="", help="children per draft node")

@@ -16,7 +16,9 @@ TEMPLATE = ROOT / "triton_server" / "model_repository_template" / "bole" / "conf
 def test_substitutions_parse_and_fill_only_what_is_named():
     values = parse_substitutions("engine_dir:/a:b, triton_max_batch_size:16,")
     assert values == {"engine_dir": "/a:b", "triton_max_batch_size": "16"}
-    assert fill("x ${engine_dir} ${device}", values) == "x /a:b ${device}"
+    assert fill('x: "${engine_dir}" y: "${device}"', values) == 'x: "/a:b" y: "${device}"'
+    with pytest.raises(ValueError, match="kind must be filled"):
+        fill("kind: ${kind}  # Triton's own field", values)
     with pytest.raises(ValueError, match="key:value"):
         parse_substitutions("engine_dir")
 
@@ -44,3 +46,9 @@ def test_fill_template_cli_in_place(tmp_path):
     text = config.read_text()
     assert "max_batch_size: 4" in text and "kind: KIND_CPU" in text
     assert "${engine_dir}" in text  # unset parameters stay placeholders: the model's defaults apply
+    config.write_text(TEMPLATE.read_text())
+    partial = subprocess.run(
+        [sys.executable, str(tool), "-i", str(config), "engine_dir:/e"], capture_output=True, text=True
+    )
+    assert partial.returncode == 1 and "instance_kind, triton_max_batch_size must be filled" in partial.stderr
+    assert config.read_text() == TEMPLATE.read_text()
