@@ -33,11 +33,13 @@ def test_stream_texts_join_up_to_generates_text_with_and_without_a_stop_string(l
     stop = full[6:9]
     assert stop and full.index(stop) > 0
     for params in (SamplingParams(max_tokens=16), SamplingParams(max_tokens=16, stop=[stop])):
-        whole = llm.generate(["def f(x):"], params, use_tqdm=False)[0].outputs[0].text
+        whole = llm.generate(["def f(x):"], params, use_tqdm=False)[0].outputs[0]
         streamed = list(llm.generate_stream("def f(x):", params))
-        assert "".join(o.outputs[0].text for o in streamed) == whole
+        assert "".join(o.outputs[0].text for o in streamed) == whole.text
         assert streamed[-1].finished and not any(o.finished for o in streamed[:-1])
-    assert whole == full[: full.index(stop)]
+    assert whole.text == full[: full.index(stop)]
+    # generation itself stopped there (the text alone would be cut after the fact anyway)
+    assert whole.finish_reason == "stop" and len(whole.token_ids) < 16
 
 
 def test_generate_leaves_nothing_queued_when_a_prompt_or_a_step_fails(llm, monkeypatch):

@@ -16,6 +16,7 @@ from trtllm_bole.engine import build as build_mod
 from trtllm_bole.engine import format as fmt
 from trtllm_bole.engine.load import check_device_compat
 from trtllm_bole.llm import DEFAULT_MODEL
+from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import CalibrationSettings, TimingSettings
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
@@ -249,7 +250,7 @@ def test_draft_settings_left_unset_take_the_engines(tmp_path):
     assert "[chain] finish" in cli.stderr
 
 
-def test_calibrated_engine_ships_its_budget_and_llm_uses_it(tmp_path):
+def test_calibrated_engine_ships_its_budget_and_llm_uses_it(tmp_path, monkeypatch):
     calibration = CalibrationSettings(
         capacities=(2, 4), batch_buckets=(1, 2), kv_buckets=(8,), timing=TimingSettings(warmup=0, repeats=1)
     )
@@ -262,9 +263,13 @@ def test_calibrated_engine_ships_its_budget_and_llm_uses_it(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the engine's own table fits its draft depth and device
         llm = LLM(path)
-    assert llm.executor.budget is not None and llm.executor.budget.lookup(1, 8) in (2, 4)
+    shipped = BudgetTable.load(load_engine(path).budget_path)
+    assert llm.executor.budget is not None and llm.executor.budget.entries == shipped.entries
+    looked_up, lookup = [], BudgetTable.lookup
+    monkeypatch.setattr(BudgetTable, "lookup", lambda *a, **kw: looked_up.append(a) or lookup(*a, **kw))
     with pytest.warns(UserWarning, match=r"trees of depth 3 on cpu, used for depth 2 on cpu"):
         LLM(path, speculative_config=BoleConfig(max_depth=1))
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 4 or out.outputs[0].finish_reason == "stop"
+    assert looked_up and all(table is llm.executor.budget and batch == 1 for table, batch, _ in looked_up)
     assert torch.get_default_dtype() == torch.float32

@@ -79,3 +79,42 @@ def test_first_emitted_token_follows_target_for_any_candidates(candidates):
     expected = p * draws
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 21.1  # chi-square, 3 degrees of freedom, p = 1e-4
+
+
+def test_three_emitted_tokens_follow_the_target_through_a_deep_tree():
+    """Whole steps of sample_accept on a depth-4 tree (the pending token, then three levels of two
+    candidates: the target's two most likely tokens, so deep drafts are accepted often), repeated
+    until three tokens are out: the three follow the target's joint distribution (chi-square over
+    the 27 sequences of a 3-token vocabulary)."""
+    vocab, draws = 3, 6000
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(vocab**4, vocab, generator=gen) * 0.6
+
+    def p(prefix: tuple[int, ...]) -> torch.Tensor:  # the target: any function of the prefix
+        key = sum((t + 1) * 4**i for i, t in enumerate(prefix)) % vocab**4
+        return torch.softmax(logits[key], 0)
+
+    parents = [-1, 0, 0, 1, 1, 2, 2, *[3, 3, 4, 4, 5, 5, 6, 6]]
+    tree = forest([parents])
+    exact = torch.zeros(vocab, vocab, vocab)
+    for a in range(vocab):
+        for b in range(vocab):
+            exact[a, b] = p(())[a] * p((a,))[b] * p((a, b))
+    counts = torch.zeros(vocab, vocab, vocab)
+    for _ in range(draws):
+        out: list[int] = []
+        while len(out) < 3:
+            tokens, paths = [0], [tuple(out)]  # node 0: the pending token, its prefix the output so far
+            for node in range(1, len(parents)):
+                parent = paths[parents[node]]
+                rank = (node - 1) % 2  # first or second child: the most or second most likely token
+                tokens.append(int(p(parent).argsort(descending=True)[rank]))
+                paths.append((*parent, tokens[-1]))
+            leaf, bonus = sample_accept(
+                tree, torch.tensor(tokens), lambda node, paths=paths: p(paths[node]), [gen]
+            )
+            out += [*paths[int(leaf)][len(out) :], int(bonus)]
+        counts[tuple(out[:3])] += 1
+    expected = exact * draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert expected.min() > 5 and chi2 < 61.9  # chi-square, 26 degrees of freedom, p = 1e-4

@@ -53,6 +53,20 @@ def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
         assert all(r.stats.steps < 20 for r in out)
 
 
+def test_a_greedy_request_batched_behind_sampled_ones_decodes_as_plain_greedy(config):
+    """Acceptance reads each request's own sampling settings: a greedy request sharing steps with
+    sampled ones (the first of the batch among them) still decodes what plain greedy decoding does."""
+    greedy, sampled = SamplingParams(max_tokens=20), SamplingParams(max_tokens=20, temperature=1.0, seed=5)
+    ar = run(Executor(random_model(config, seed=3), BoleConfig(mode="ar")), [PROMPTS[0]], greedy)
+    bole = BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3)
+    spec = Executor(random_model(config, seed=3), bole, max_batch_size=3)
+    batch = ((PROMPTS[1], sampled), (PROMPTS[0], greedy), (PROMPTS[2], sampled))
+    mixed = [spec.submit(prompt, params) for prompt, params in batch]
+    while spec.has_unfinished:
+        spec.step()
+    assert mixed[1].output_ids == ar[0].output_ids and mixed[1].stats.accepted > 0
+
+
 def test_budget_caps_tree_tokens_per_step(config):
     spec = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), max_batch_size=3,
                     budget=table(6))  # fmt: skip

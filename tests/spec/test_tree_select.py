@@ -57,7 +57,8 @@ def test_selection_is_prefix_connected_on_random_trees():
         log_q[torch.rand(n, generator=gen) < 0.2] = 0.0  # ties with the parent happen (q = 1)
         tree = TreeBatch.build(parents, torch.tensor([0, n]))
         log_rho = log_q[tree.paths.clamp(min=0)].masked_fill(tree.paths < 0, 0.0).sum(1)
-        keep = select_nodes(log_rho, tree.depth, tree.request, 1, total=int(torch.randint(1, n, (1,))))
+        total = int(torch.randint(1, n, (1,), generator=gen))
+        keep = select_nodes(log_rho, tree.depth, tree.request, 1, total=total)
         kept_parents = parents[keep]
         assert bool(keep[kept_parents[kept_parents >= 0]].all())
 
