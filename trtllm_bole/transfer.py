@@ -10,6 +10,8 @@ before the host waits, and then waits for the copy alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -21,7 +23,9 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def device_tensor(data, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+def device_tensor(
+    data: Sequence, device: torch.device | str, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """``torch.tensor(data, dtype=dtype)`` made on the host and moved by :func:`to_device`."""
     return to_device(torch.tensor(data, dtype=dtype), device)
 

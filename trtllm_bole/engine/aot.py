@@ -265,10 +265,10 @@ class GDNTreeVerifySpec(PluginSpec):
     extra_args = ()
     attrs = (("scale", float), ("max_depth", int))
 
-    def output_descs(self, shapes, dtypes, attrs):
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
         return [(shapes["v"], dtypes["v"]), (shapes["v"], "float32"), (shapes["g"], "float32")]
 
-    def check(self, shapes, dtypes):
+    def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
         super().check(shapes, dtypes)
         _same(self.plugin_id, shapes, [
             ("k", 0, "q", 0), ("k", 1, "q", 1), ("k", 2, "q", 2), ("v", 0, "q", 0), ("g", 0, "q", 0),
@@ -283,18 +283,18 @@ class GDNTreeVerifySpec(PluginSpec):
                 f"{self.plugin_id}: HV={hv} must be a multiple of H={h}, dk={dk} and dv={dv} of 16"
             )
 
-    def tactics(self, shapes):
+    def tactics(self, shapes: Shapes) -> list[Any]:
         from trtllm_bole.kernels.gdn_tree_verify import CONFIGS
 
         dk, dv = _const(shapes["q"][2]), _const(shapes["v"][2])
         return [c for c in CONFIGS if dk % c.bk == 0 and dv % c.bv == 0]
 
-    def adapter(self):
+    def adapter(self) -> Any:
         from trtllm_bole.engine.aot_kernels import gdn_tree_verify_aot
 
         return gdn_tree_verify_aot
 
-    def constexprs(self, shapes, dtypes, attrs, cfg):
+    def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
         chain = min(int(attrs["max_depth"]), cfg.bt)
         exact = dtypes["v"] == "float32" and dtypes["beta"] == "float32"
         return {
@@ -312,10 +312,10 @@ class GDNTreeVerifySpec(PluginSpec):
             "PREC": "ieee" if exact else "tf32",
         }
 
-    def grid(self, shapes, cfg, cdiv):
+    def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
         return (_const(shapes["v"][2]) // cfg.bv, _const(shapes["v"][1]), shapes["cu_seqlens"][0] - 1)
 
-    def extra_values(self, shapes):
+    def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return ()
 
 
@@ -337,10 +337,10 @@ class GDNCommitSpec(PluginSpec):
     attrs = (("max_depth", int),)
     aliased = (("state_out", "state"),)
 
-    def output_descs(self, shapes, dtypes, attrs):
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
         return [(shapes["state"], dtypes["state"])]
 
-    def check(self, shapes, dtypes):
+    def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
         super().check(shapes, dtypes)
         _same(self.plugin_id, shapes, [
             ("k", 0, "state", 0), ("u", 0, "state", 0), ("log_p", 0, "state", 0), ("u", 1, "k", 1),
@@ -354,7 +354,7 @@ class GDNCommitSpec(PluginSpec):
                 f"{self.plugin_id}: HV={hv} must be a multiple of H={h}, dk={dk} and dv={dv} of 16"
             )
 
-    def tactics(self, shapes):
+    def tactics(self, shapes: Shapes) -> list[Any]:
         from trtllm_bole.kernels._common import tile_dividing
         from trtllm_bole.kernels.gdn_commit import COMMIT_CONFIGS, CommitConfig
 
@@ -363,12 +363,12 @@ class GDNCommitSpec(PluginSpec):
         rest = [c for c in COMMIT_CONFIGS if dk % c.bk == 0 and dv % c.bv == 0 and c != default]
         return [default, *rest]
 
-    def adapter(self):
+    def adapter(self) -> Any:
         from trtllm_bole.engine.aot_kernels import gdn_commit_aot
 
         return gdn_commit_aot
 
-    def constexprs(self, shapes, dtypes, attrs, cfg):
+    def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
         from trtllm_bole.kernels._common import pow2_at_least
 
         return {
@@ -382,11 +382,11 @@ class GDNCommitSpec(PluginSpec):
             "OUTER": cfg.outer,
         }
 
-    def grid(self, shapes, cfg, cdiv):
+    def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
         layers, requests = shapes["state"][0], shapes["accepted_leaf"][0]
         return (_const(shapes["state"][4]) // cfg.bv, _const(shapes["state"][2]), requests * layers)
 
-    def extra_values(self, shapes):
+    def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return (shapes["accepted_leaf"][0], shapes["state"][1], shapes["depth"][0], shapes["paths"][1])
 
 
@@ -411,10 +411,10 @@ class TreeConv1dSpec(PluginSpec):
     extra_args = ("num_nodes", "max_depth")
     attrs = (("silu", int),)
 
-    def output_descs(self, shapes, dtypes, attrs):
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
         return [(shapes["x"], dtypes["x"])]
 
-    def check(self, shapes, dtypes):
+    def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
         super().check(shapes, dtypes)
         _same(self.plugin_id, shapes, [
             ("weight", 0, "x", 1), ("conv_state", 1, "x", 1), ("request", 0, "x", 0), ("depth", 0, "x", 0),
@@ -425,10 +425,10 @@ class TreeConv1dSpec(PluginSpec):
         if ws != w - 1 or w < 2:
             raise ValueError(f"{self.plugin_id}: conv_state width {ws} must be weight width {w} - 1 (W >= 2)")
 
-    def tactics(self, shapes):
+    def tactics(self, shapes: Shapes) -> list[Any]:
         return [ConvConfig()]
 
-    def adapter(self):
+    def adapter(self) -> Any:
         from trtllm_bole.engine.aot_kernels import tree_conv1d_aot
 
         return tree_conv1d_aot
@@ -438,7 +438,7 @@ class TreeConv1dSpec(PluginSpec):
 
         return min(128, triton.next_power_of_2(_const(shapes["x"][1])))
 
-    def constexprs(self, shapes, dtypes, attrs, cfg):
+    def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
         return {
             "C": _const(shapes["x"][1]),
             "W": _const(shapes["weight"][1]),
@@ -447,11 +447,11 @@ class TreeConv1dSpec(PluginSpec):
             "SILU": bool(attrs.get("silu", 1)),
         }
 
-    def grid(self, shapes, cfg, cdiv):
+    def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
         c = _const(shapes["x"][1])
         return (_cdiv(c, self._bc(shapes)), cdiv(shapes["x"][0], cfg.bn), 1)
 
-    def extra_values(self, shapes):
+    def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return (shapes["x"][0], shapes["paths"][1])
 
 

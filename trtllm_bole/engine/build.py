@@ -137,7 +137,13 @@ def build_engine(
     return output, True
 
 
-def _build_id(sources, settings, calibration, tensorrt: bool, env: dict) -> str:
+def _build_id(
+    sources: dict,
+    settings: BuildSettings,
+    calibration: CalibrationSettings | None,
+    tensorrt: bool,
+    env: dict,
+) -> str:
     key = {
         "sources": sources,
         "settings": asdict(settings),

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from trtllm_bole.engine.aot import SPECS, AOTPayload, aot_payload
+from trtllm_bole.engine.aot import SPECS, AOTPayload, Shapes, aot_payload
 from trtllm_bole.models.config import Qwen35Config
 
 if TYPE_CHECKING:
@@ -80,5 +80,7 @@ def engine_payloads(config: Qwen35Config, settings: BuildSettings) -> dict[str, 
     return jobs
 
 
-def _payload(plugin_id: str, shapes, dtypes, attrs, tactic: int, arch: int) -> AOTPayload:
+def _payload(
+    plugin_id: str, shapes: Shapes, dtypes: dict[str, str], attrs: dict, tactic: int, arch: int
+) -> AOTPayload:
     return aot_payload(SPECS[plugin_id], shapes, dtypes, attrs, tactic, arch=arch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 @contextmanager
@@ -23,7 +24,7 @@ def recording_compiles() -> Iterator[list[str]]:
     compiled: list[str] = []
     previous = knobs.runtime.jit_post_compile_hook
 
-    def hook(*, fn, **kwargs):
+    def hook(*, fn: Any, **kwargs: Any) -> Any:
         compiled.append(fn.name)
         return previous(fn=fn, **kwargs) if previous else None
 

@@ -16,11 +16,15 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trtllm_bole.config import SamplingParams
 from trtllm_bole.spec.executor import Executor
 from trtllm_bole.spec.scheduler import Request, SpecStats
 from trtllm_bole.text import TextDelta
+
+if TYPE_CHECKING:  # the LLM module imports the whole stack; the engine needs only its executor
+    from trtllm_bole.llm import LLM
 
 
 @dataclass(slots=True)
@@ -84,7 +88,7 @@ class ServingEngine:
         self._thread.start()
 
     @classmethod
-    def for_llm(cls, llm) -> ServingEngine:
+    def for_llm(cls, llm: LLM) -> ServingEngine:
         """The engine of an :class:`~trtllm_bole.LLM`; the LLM must not generate by itself afterwards."""
         return cls(llm.executor, decode=llm.tokenizer.decode if llm.tokenizer else None)
 

@@ -19,6 +19,7 @@ Sampled requests draft eagerly: their draft distribution filters per request.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -79,7 +80,7 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         captured.graph.replay()
         return captured.pool
 
-    def capture(self, batch_sizes) -> list[int]:
+    def capture(self, batch_sizes: Iterable[int]) -> list[int]:
         """Capture the graphs of these batch sizes now (on placeholder inputs: a capture records kernels,
         not values), so that traffic meets none; returns the batch sizes captured by this call."""
         self._follow_cache()
@@ -93,7 +94,14 @@ class DraftGraphs(CacheGraphs[MTPHead]):
             )
         return new
 
-    def _capture_batch(self, pending, last_hidden, slots, mtp_context_lens, settings) -> _Captured:
+    def _capture_batch(
+        self,
+        pending: torch.Tensor,
+        last_hidden: torch.Tensor,
+        slots: torch.Tensor,
+        mtp_context_lens: torch.Tensor,
+        settings: DraftSettings,
+    ) -> _Captured:
         b = pending.numel()
         tables = torch.zeros(b, self.table_width, dtype=torch.int32, device=pending.device)
         inputs = (pending.clone(), last_hidden.clone(), slots.clone(), tables, mtp_context_lens.clone())

@@ -42,7 +42,14 @@ class CandidatePool:
     log_rho: torch.Tensor  # float32 [M]
     max_depth: int = 1
 
-    def extend(self, tokens, parents, request, depth: int, log_rho) -> torch.Tensor:
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        request: torch.Tensor,
+        depth: int,
+        log_rho: torch.Tensor,
+    ) -> torch.Tensor:
         """Append nodes, all at ``depth``; returns their pool indices."""
         start = self.tokens.numel()
         self.tokens = torch.cat([self.tokens, tokens])
@@ -67,7 +74,9 @@ class DraftSettings:
     all_greedy: bool = False
 
     @classmethod
-    def of(cls, temperature: list[float], top_k: list[int], top_p: list[float], device) -> DraftSettings:
+    def of(
+        cls, temperature: list[float], top_k: list[int], top_p: list[float], device: torch.device | str
+    ) -> DraftSettings:
         return cls(
             device_tensor(temperature, device),
             device_tensor(top_k, device),

@@ -22,8 +22,9 @@ free when no profiler runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -228,7 +229,9 @@ class Executor:
             events.append(self._emit(r, [first[i]]))
         return events
 
-    def _mtp_prefill(self, requests: list[Request], hidden, input_ids, tree: TreeBatch) -> None:
+    def _mtp_prefill(
+        self, requests: list[Request], hidden: torch.Tensor, input_ids: torch.Tensor, tree: TreeBatch
+    ) -> None:
         """MTP rows ``(hidden_p, token_{p+1})`` for p = 0 .. L-2 of each prompt (none for L = 1)."""
         rows = [
             (i, torch.arange(int(tree.cu_seqlens[i]), int(tree.cu_seqlens[i + 1]) - 1))
@@ -289,7 +292,15 @@ class Executor:
         return events
 
     def _mtp_follow(
-        self, tree, tokens, hidden, leaf_global, last_hidden, slots, tables, context_lens
+        self,
+        tree: TreeBatch,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        leaf_global: torch.Tensor,
+        last_hidden: torch.Tensor,
+        slots: torch.Tensor,
+        tables: torch.Tensor,
+        context_lens: torch.Tensor,
     ) -> None:
         """Write the MTP rows of each accepted path, built from the *target's* hidden states (as in
         prefill): row j pairs the hidden state before path node j with node j's token (row 0: the
@@ -315,7 +326,7 @@ class Executor:
     # Pieces                                                                                #
     # ------------------------------------------------------------------------------------ #
 
-    def capture_graphs(self, batch_sizes=None) -> int:
+    def capture_graphs(self, batch_sizes: Sequence[int] | None = None) -> int:
         """Capture, ahead of traffic, the CUDA graphs of these batch sizes (default: 1 .. max_batch_size):
         the greedy draft's, and the verify's of full trees (every request with its ``draft_tokens`` drafts
         and its pending token); returns how many were newly captured (none without graphs)."""
@@ -333,13 +344,21 @@ class Executor:
     def _gdn_scheme(self) -> str:
         return "serial" if self.bole.mode in ("chain", "tree-serial") else "bole"
 
-    def _verify(self, tokens, ctx: StepContext, scheme: str):
+    def _verify(self, tokens: torch.Tensor, ctx: StepContext, scheme: str) -> Any:
         """The target's verify of the step's forest: replayed from a graph on a GPU, else launched."""
         if self.verify_graphs is not None:
             return self.verify_graphs((tokens,), ctx, scheme)
         return self.model.verify(tokens, ctx, gdn_scheme=scheme)
 
-    def _draft(self, pending, last_hidden, slots, tables, mtp_context_lens, settings: DraftSettings):
+    def _draft(
+        self,
+        pending: torch.Tensor,
+        last_hidden: torch.Tensor,
+        slots: torch.Tensor,
+        tables: torch.Tensor,
+        mtp_context_lens: torch.Tensor,
+        settings: DraftSettings,
+    ) -> Any:
         """The step's candidate pool: replayed from a graph for a greedy batch on a GPU, else drafted."""
         inputs = (pending, last_hidden, slots, tables, mtp_context_lens, settings)
         if self.draft_graphs is not None and settings.all_greedy:
@@ -347,7 +366,12 @@ class Executor:
         return draft(self.model.mtp, *inputs, top_k=self.bole.branching, depth=self.bole.max_depth)
 
     def _accept(
-        self, requests, tree: TreeBatch, tokens, logits, settings: DraftSettings | None
+        self,
+        requests: list[Request],
+        tree: TreeBatch,
+        tokens: torch.Tensor,
+        logits: torch.Tensor,
+        settings: DraftSettings | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``settings``: the step's, when drafting made them (else made here, for sampled requests)."""
         if all(r.params.temperature <= 0 for r in requests):

@@ -25,7 +25,7 @@ replay.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -109,7 +109,7 @@ class ForestGraphs(CacheGraphs[Owner]):
         captured.graph.replay()
         return captured.outputs
 
-    def capture(self, shapes, variant: Hashable) -> list[tuple]:
+    def capture(self, shapes: Iterable[tuple[int, int, int]], variant: Hashable) -> list[tuple]:
         """Capture the graphs of these ``(requests, nodes, largest request)`` shapes now, so that traffic
         meets none; returns the keys captured by this call."""
         self._follow_cache()
@@ -136,10 +136,10 @@ class VerifyGraphs(ForestGraphs[Qwen35Model]):
     """The target's ``verify(tokens, ctx, gdn_scheme=...)``: inputs ``(tokens,)``, the variant is the
     GDN scheme."""
 
-    def _forward(self, inputs, ctx, variant):
+    def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
         return self.owner.verify(*inputs, ctx, gdn_scheme=variant)
 
-    def _placeholders(self, num_nodes):
+    def _placeholders(self, num_nodes: int) -> tuple[torch.Tensor, ...]:
         return (torch.zeros(num_nodes, dtype=torch.long, device=self.owner.device),)
 
 
@@ -147,10 +147,10 @@ class MTPGraphs(ForestGraphs[MTPHead]):
     """The MTP head's ``verify(hidden, token_ids, ctx)`` (the executor's follow-up over the accepted paths,
     padded to chains of one length): inputs ``(hidden, token_ids)``; one variant."""
 
-    def _forward(self, inputs, ctx, variant):
+    def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
         return self.owner.verify(*inputs, ctx)
 
-    def _placeholders(self, num_nodes):
+    def _placeholders(self, num_nodes: int) -> tuple[torch.Tensor, ...]:
         fc = self.owner.fc
         hidden = torch.zeros(num_nodes, self.owner.config.hidden_size, dtype=fc.dtype, device=fc.device)
         return hidden, torch.zeros(num_nodes, dtype=torch.long, device=fc.device)
