@@ -169,6 +169,29 @@ def test_corrupt_weight_file_is_caught_by_its_hash(engine, tmp_path):
     file.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"SHA-256 mismatch.*rebuild"):
         LLM(path)
+    with pytest.raises(ValueError, match=r"SHA-256 mismatch.*pass --force to rebuild it"):
+        build_engine(DEFAULT_MODEL, path, device="cpu", progress=False)  # the same build asked again
+    _, built = build_engine(DEFAULT_MODEL, path, device="cpu", force=True, progress=False)
+    assert built and load_engine(path)
+
+
+def test_a_weight_file_the_build_did_not_write_is_refused(engine, tmp_path):
+    path = copy_of(engine, tmp_path)
+    shutil.copyfile(weight_file(path), path / "weights" / "extra.safetensors")  # a stray or swapped-in file
+    with pytest.raises(ValueError, match=r"extra\.safetensors: not written by the build"):
+        load_engine(path)
+
+
+def test_an_edited_checkpoint_config_rebuilds(engine, tmp_path):
+    checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
+    path, _ = build_engine(checkpoint, tmp_path / "e", device="cpu", progress=False)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-5
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"different engine.*--force"):
+        build_engine(checkpoint, path, device="cpu", progress=False)
+    _, built = build_engine(checkpoint, path, device="cpu", force=True, progress=False)
+    assert built and load_engine(path).config["model"]["hf_config"]["rms_norm_eps"] == 1e-5
 
 
 def test_truncated_or_missing_files(engine, tmp_path):

@@ -101,6 +101,14 @@ def test_index_naming_an_absent_shard_names_it(tmp_path, tiny_settings):
         _load(tmp_path)
 
 
+def test_a_leftover_single_file_beside_shards_is_refused(tmp_path, tiny_settings):
+    _write(tmp_path, tiny_settings(), shard_bytes=20_000)
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[0]
+    (tmp_path / "model.safetensors").write_bytes(shard.read_bytes())  # e.g. a later unsharded save
+    with pytest.raises(ValueError, match=r"both model\.safetensors and model\.safetensors\.index\.json"):
+        _load(tmp_path)
+
+
 def test_missing_mtp_is_reported_not_fatal(tmp_path, tiny_settings, caplog):
     _write(tmp_path, tiny_settings(), mtp=False)
     with caplog.at_level(logging.WARNING, logger="trtllm_bole.models.loader"):

@@ -108,7 +108,9 @@ def build_engine(
     if not checkpoint.is_dir():
         raise ValueError(f"checkpoint {checkpoint} is not a directory (config.json + safetensors expected)")
     model_config = load_config(checkpoint)
-    sources = {f.name: fmt.sha256_file(f) for f in checkpoint_files(checkpoint)}
+    metadata = [checkpoint / name for name in ("config.json", *fmt.TOKENIZER_FILES)]
+    source_files = [*checkpoint_files(checkpoint), *(f for f in metadata if f.is_file())]
+    sources = {f.name: fmt.sha256_file(f) for f in source_files}  # an edited config rebuilds too
     env = fmt.environment(device)
     if calibration is not None:
         calibration = calibration.fitted(
@@ -178,9 +180,9 @@ def _keep_existing(output: Path, build_id: str, force: bool) -> bool:
 
         try:
             load_engine(output, check_device=False)
-        except ValueError:
+        except ValueError as e:
             if not force:
-                raise
+                raise ValueError(f"{e} (the same build is asked again: pass --force to rebuild it)") from None
             return False
         log.info("%s: an identical engine is already there; nothing to do", output)
         return True

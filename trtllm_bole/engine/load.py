@@ -91,7 +91,7 @@ class Engine:
         model = Qwen35Model(self.model_config, dtype=self.dtype, device=device, mtp=with_mtp)
         expected = dict(model.named_parameters())
         weights = self.path / fmt.WEIGHTS_DIR
-        files = sorted(weights.glob("*.safetensors"))
+        files = sorted(self.path / rel for rel in self.config["files"] if rel.endswith(".safetensors"))
         seen = set()
         with tqdm(
             total=len(expected), desc=f"loading {self.path.name}", unit="tensor", disable=not progress
@@ -102,8 +102,9 @@ class Engine:
                         if name.startswith("mtp.") and not with_mtp:
                             continue
                         param = expected.get(name)
-                        if param is None:
-                            raise ValueError(f"{file}: unexpected tensor {name}; {_REBUILD}")
+                        if param is None or name in seen:
+                            what = "unexpected" if param is None else "a second copy of"
+                            raise ValueError(f"{file}: {what} tensor {name}; {_REBUILD}")
                         tensor = f.get_tensor(name)
                         if tensor.shape != param.shape or tensor.dtype != param.dtype:
                             raise ValueError(
@@ -179,6 +180,13 @@ def check_device_compat(config: dict[str, Any], present: dict[str, Any], path: P
 
 
 def _check_files(path: Path, config: dict[str, Any]) -> None:
+    listed = {path / rel for rel in config["files"]}
+    stray = sorted(f for f in (path / fmt.WEIGHTS_DIR).rglob("*") if f.is_file() and f not in listed)
+    if stray:
+        raise ValueError(
+            f"{stray[0]}: not written by the build (the engine's files are listed in {fmt.CONFIG}); "
+            f"remove it or {_REBUILD}"
+        )
     for rel, entry in config["files"].items():
         file = path / rel
         if not file.is_file():

@@ -108,6 +108,11 @@ def _copy_into(model: Qwen35Model, slot: TensorSlot, tensor: torch.Tensor) -> No
 def checkpoint_files(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint directory (sharded or single), checked to exist."""
     index = path / INDEX_FILE
+    if index.exists() and (path / SINGLE_FILE).exists():
+        raise ValueError(
+            f"{path}: holds both {SINGLE_FILE} and {INDEX_FILE} (shards): one of them is left over from an "
+            "earlier save; remove it"
+        )
     if index.exists():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
