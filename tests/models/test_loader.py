@@ -222,6 +222,24 @@ def test_mixture_of_experts_is_refused_clearly(raw):
         load_config(raw)
 
 
+def test_quantized_checkpoints_are_refused_by_name(tmp_path, tiny_settings):
+    with pytest.raises(ValueError, match=r"quantized checkpoint \(quantization_config, fp8\).*dequantize"):
+        load_config(tiny_settings(quantization_config={"quant_method": "fp8"}))
+    weight = "model.norm.weight"
+    _write(tmp_path, tiny_settings(), model__norm__weight=torch.zeros(32).to(torch.float8_e4m3fn))
+    with pytest.raises(ValueError, match=rf"{weight} is torch.float8_e4m3fn; only float32, float16"):
+        _load(tmp_path)
+
+
+def test_the_wrapper_ties_embeddings_by_its_own_field(tiny_settings):
+    """transformers reads the vision-language wrapper's top-level tie_word_embeddings (default False),
+    not its text_config's."""
+    text = tiny_settings(tie_word_embeddings=True)
+    assert not load_config({"model_type": "qwen3_5", "text_config": text}).tie_word_embeddings
+    tied = {"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": True}
+    assert load_config(tied).tie_word_embeddings
+
+
 # ---------------------------------------------------------------------------------------------- #
 # build_scripts/make_checkpoint.py                                                                #
 # ---------------------------------------------------------------------------------------------- #

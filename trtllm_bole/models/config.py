@@ -179,6 +179,13 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
             f"(qwen3_5_text, or qwen3_5 with a dense text_config) is supported, and MoE checkpoints are "
             f"refused rather than half-loaded"
         )
+    quantized = raw.get("quantization_config") or text.get("quantization_config")
+    if quantized:
+        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else "?"
+        raise ValueError(
+            f"{source}: a quantized checkpoint (quantization_config, {method}); only float32, float16 and "
+            "bfloat16 weights are supported: dequantize it first"
+        )
     if model_type not in ("qwen3_5", "qwen3_5_text"):
         raise ValueError(
             f"{source}: model_type = {model_type!r}; expected 'qwen3_5_text' (Qwen3_5ForCausalLM) or "
@@ -233,7 +240,7 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
             f"{source}: {where}rope_parameters.rope_type = {rope_type!r}; only 'default' RoPE is supported "
             f"(Qwen3.5's multimodal sections reduce to plain 1-D positions for text)"
         )
-    tie = raw.get("tie_word_embeddings", get("tie_word_embeddings", False))
+    tie = raw.get("tie_word_embeddings", False)  # the wrapper's own field, as transformers reads it
     return Qwen35Config(
         vocab_size=get("vocab_size"),
         hidden_size=get("hidden_size"),

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 _IGNORED_PREFIXES = ("model.visual.", "visual.")
 
 
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def load_model(
     path: str | Path,
     *,
@@ -76,6 +79,11 @@ def load_model(
                         tensor = f.get_tensor(name)
                     except Exception as e:  # safetensors raises its own error type for bad data
                         raise ValueError(f"{file}: cannot read tensor {name} ({e})") from e
+                    if tensor.dtype not in WEIGHT_DTYPES:  # e.g. float8 without its scales: not weights
+                        raise ValueError(
+                            f"{file}: {name} is {tensor.dtype}; only float32, float16 and bfloat16 "
+                            "weights are loaded (dequantize the checkpoint first)"
+                        )
                     _copy_into(model, slot, tensor)
                     bar.update()
     return model
