@@ -140,6 +140,14 @@ def test_an_interrupted_build_leaves_no_half_written_engine(engine, tmp_path, mo
     assert load_engine(path).build["max_batch_size"] == 8
 
 
+def test_a_killed_builds_staging_folder_is_named_by_the_next_build(tmp_path, caplog):
+    killed = tmp_path / ".e.building-abc123"  # what SIGKILL leaves: no handler ran
+    killed.mkdir()
+    with caplog.at_level("WARNING"):
+        build_engine(DEFAULT_MODEL, tmp_path / "e", device="cpu", progress=False)
+    assert f"{killed}" in caplog.text and "remove them" in caplog.text
+
+
 # -------------------------------------------------------------------------------------------- #
 # Loading: every mismatch is a clear ValueError                                                 #
 # -------------------------------------------------------------------------------------------- #

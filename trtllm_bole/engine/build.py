@@ -110,7 +110,8 @@ def build_engine(
     model_config = load_config(checkpoint)
     metadata = [checkpoint / name for name in ("config.json", *fmt.TOKENIZER_FILES)]
     source_files = [*checkpoint_files(checkpoint), *(f for f in metadata if f.is_file())]
-    sources = {f.name: fmt.sha256_file(f) for f in source_files}  # an edited config rebuilds too
+    digests = fmt.sha256_files(source_files, desc=f"hashing {checkpoint.name}", progress=progress)
+    sources = {f.name: digests[f] for f in source_files}  # an edited config rebuilds too
     env = fmt.environment(device)
     if calibration is not None:
         calibration = calibration.fitted(
@@ -119,10 +120,18 @@ def build_engine(
             settings.max_batch_size * (settings.max_draft_nodes + 1),
         )
     build_id = _build_id(sources, settings, calibration, plan_builder is not None, env)
-    if _keep_existing(output, build_id, force):
+    if _keep_existing(output, build_id, force, progress):
         return output, False
 
     output.parent.mkdir(parents=True, exist_ok=True)
+    leftovers = sorted(output.parent.glob(f".{output.name}.building-*"))
+    if leftovers:  # a killed build (SIGKILL, out of memory) could not clean up: a whole copy of weights
+        log.warning(
+            "%s: staging folders of earlier builds that were killed: %s; remove them once no build of "
+            "this engine runs",
+            output,
+            ", ".join(map(str, leftovers)),
+        )
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
     try:
         config = _stage(checkpoint, staging, model_config, settings, device, calibration, env, progress)
@@ -130,7 +139,7 @@ def build_engine(
         if plan_builder is not None:
             config["tensorrt"] = plan_builder(staging, config)
         _make_readable(staging)
-        config["files"] = fmt.file_entries(staging)
+        config["files"] = fmt.file_entries(staging, progress=progress)
         (staging / fmt.CONFIG).write_text(json.dumps(fmt.seal(config), indent=2) + "\n")
         _swap_in(staging, output)
     except BaseException:
@@ -157,7 +166,7 @@ def _build_id(
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _keep_existing(output: Path, build_id: str, force: bool) -> bool:
+def _keep_existing(output: Path, build_id: str, force: bool, progress: bool) -> bool:
     """True when ``output`` already holds this very engine; raises when it must not be replaced."""
     if not output.exists():
         return False
@@ -179,7 +188,7 @@ def _keep_existing(output: Path, build_id: str, force: bool) -> bool:
         from trtllm_bole.engine.load import load_engine
 
         try:
-            load_engine(output, check_device=False)
+            load_engine(output, check_device=False, progress=progress)
         except ValueError as e:
             if not force:
                 raise ValueError(f"{e} (the same build is asked again: pass --force to rebuild it)") from None
@@ -246,7 +255,7 @@ def _stage(
         "tensorrt": None,
     }
     if calibration is not None:
-        table = calibrate_model(model, calibration, max_depth=settings.tree_depth)
+        table = calibrate_model(model, calibration, max_depth=settings.tree_depth, progress=progress)
         table.save(staging / fmt.BUDGET)
         config["budget"] = {
             "file": fmt.BUDGET,

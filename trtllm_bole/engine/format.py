@@ -24,6 +24,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 FORMAT = "trtllm_bole-engine"
 SCHEMA_VERSION = 1
 CONFIG = "config.json"
@@ -34,12 +36,20 @@ PLAN = "bole.plan"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+def sha256_files(paths: list[Path], *, desc: str = "hashing", progress: bool = True) -> dict[Path, str]:
+    """SHA-256 of each file, with one progress bar in bytes over all of them (a 27B engine is ~54 GB:
+    about a minute a pass)."""
+    digests = {}
+    total = sum(p.stat().st_size for p in paths)
+    with tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not progress, leave=False) as bar:
+        for path in paths:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while block := f.read(1 << 22):
+                    h.update(block)
+                    bar.update(len(block))
+            digests[path] = h.hexdigest()
+    return digests
 
 
 def canonical_hash(config: dict[str, Any]) -> str:
@@ -52,14 +62,11 @@ def seal(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, "config_sha256": canonical_hash(config)}
 
 
-def file_entries(root: Path) -> dict[str, dict[str, Any]]:
+def file_entries(root: Path, *, progress: bool = True) -> dict[str, dict[str, Any]]:
     """Relative path -> {bytes, sha256} for every file under ``root`` except ``config.json``."""
-    entries = {}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if rel != CONFIG:
-            entries[rel] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-    return entries
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() != CONFIG)
+    digests = sha256_files(files, desc="hashing the engine", progress=progress)
+    return {p.relative_to(root).as_posix(): {"bytes": p.stat().st_size, "sha256": digests[p]} for p in files}
 
 
 def environment(device: str) -> dict[str, Any]:

@@ -120,8 +120,11 @@ class Engine:
         return model
 
 
-def load_engine(path: str | Path, *, device: str = "cpu", check_device: bool = True) -> Engine:
-    """Validate the engine at ``path`` for use on ``device`` and return it (weights not loaded yet)."""
+def load_engine(
+    path: str | Path, *, device: str = "cpu", check_device: bool = True, progress: bool = True
+) -> Engine:
+    """Validate the engine at ``path`` for use on ``device`` and return it (weights not loaded yet;
+    every file hashed against the build's record, under a progress bar)."""
     path = Path(path)
     config_path = path / fmt.CONFIG
     try:
@@ -149,7 +152,7 @@ def load_engine(path: str | Path, *, device: str = "cpu", check_device: bool = T
             f"{path}: built by trtllm_bole {built['trtllm_bole']}, this is trtllm_bole {env['trtllm_bole']}; "
             f"{_REBUILD}"
         )
-    _check_files(path, config)
+    _check_files(path, config, progress)
     if check_device and str(device).startswith("cuda"):
         check_device_compat(config, fmt.environment(device), path)
     try:
@@ -179,7 +182,7 @@ def check_device_compat(config: dict[str, Any], present: dict[str, Any], path: P
         )
 
 
-def _check_files(path: Path, config: dict[str, Any]) -> None:
+def _check_files(path: Path, config: dict[str, Any], progress: bool) -> None:
     listed = {path / rel for rel in config["files"]}
     stray = sorted(f for f in (path / fmt.WEIGHTS_DIR).rglob("*") if f.is_file() and f not in listed)
     if stray:
@@ -196,7 +199,10 @@ def _check_files(path: Path, config: dict[str, Any]) -> None:
             raise ValueError(
                 f"{file}: {size} bytes, the build wrote {entry['bytes']} (truncated or replaced); {_REBUILD}"
             )
-        if fmt.sha256_file(file) != entry["sha256"]:
+    files = [path / rel for rel in config["files"]]
+    digests = fmt.sha256_files(files, desc=f"checking {path.name}", progress=progress)
+    for rel, entry in config["files"].items():
+        if digests[path / rel] != entry["sha256"]:
             raise ValueError(
-                f"{file}: content differs from the build (SHA-256 mismatch: corrupt); {_REBUILD}"
+                f"{path / rel}: content differs from the build (SHA-256 mismatch: corrupt); {_REBUILD}"
             )

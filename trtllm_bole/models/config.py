@@ -234,6 +234,8 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
         raise ValueError(f"{source}: {where}layer_types must be a list, got {layer_types!r}")
 
     rope = get("rope_parameters", None) or get("rope_scaling", None) or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"{source}: {where}rope_parameters = {rope!r} must be an object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise ValueError(

@@ -106,6 +106,7 @@ def calibrate(
     capacities: Sequence[int] = DEFAULT_CAPACITIES,
     batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
     kv_buckets: Sequence[int] = DEFAULT_KV_BUCKETS,
+    progress: bool = True,
 ) -> BudgetTable:
     """Measure every bucket with the given timers (seconds per step) and build the table.
 
@@ -117,7 +118,9 @@ def calibrate(
     start = time.perf_counter()
     table = BudgetTable(epsilon, list(capacities), max_depth, device)
     buckets = [(b, kv) for b in batch_buckets for kv in kv_buckets]
-    for batch, kv_len in tqdm(buckets, desc="calibrating verification budget", unit="bucket"):
+    for batch, kv_len in tqdm(
+        buckets, desc="calibrating verification budget", unit="bucket", disable=not progress
+    ):
         usable = [n for n in capacities if n >= batch]
         t_dec = time_decode(batch, kv_len)
         t_ver = [time_verify(batch, kv_len, n) for n in usable]

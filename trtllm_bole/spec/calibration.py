@@ -206,7 +206,9 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
 
 
-def calibrate_model(model: Qwen35Model, settings: CalibrationSettings, *, max_depth: int) -> BudgetTable:
+def calibrate_model(
+    model: Qwen35Model, settings: CalibrationSettings, *, max_depth: int, progress: bool = True
+) -> BudgetTable:
     """The budget table of ``model`` on its device (BOLE.md §5); ``gpu_seconds`` is what it cost."""
     s = settings
     timer = StepTimer(
@@ -222,4 +224,5 @@ def calibrate_model(model: Qwen35Model, settings: CalibrationSettings, *, max_de
         capacities=s.capacities,
         batch_buckets=s.batch_buckets,
         kv_buckets=s.kv_buckets,
+        progress=progress,
     )
