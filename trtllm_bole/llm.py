@@ -165,10 +165,8 @@ class LLM:
             while not request.finished:
                 for event in self.executor.step():
                     if event.request is request:
-                        out = self._output(request, prompt)
-                        out.outputs[0].token_ids = event.token_ids
-                        out.outputs[0].text = text(request.output_ids, event.finished)
-                        yield out
+                        delta = text(request.output_ids, event.finished), event.token_ids
+                        yield self._output(request, prompt, delta)
         finally:
             if not request.finished:
                 self.executor.abort(request)
@@ -218,19 +216,22 @@ class LLM:
             return self.tokenizer.encode(prompt)
         return [int(t) for t in prompt]
 
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids) if self.tokenizer else ""
-
-    def _output(self, request: Request, prompt: Prompt) -> RequestOutput:
-        text = self._text(request.output_ids)
-        for stop in request.params.stop:
-            if stop in text:
-                text = text[: text.index(stop)]
+    def _output(
+        self, request: Request, prompt: Prompt, delta: tuple[str, list[int]] | None = None
+    ) -> RequestOutput:
+        """The request's output: its whole text (cut at the first stop string) and tokens, or a
+        stream's ``delta`` of them."""
+        if delta is None:
+            text = self.tokenizer.decode(request.output_ids) if self.tokenizer else ""
+            for stop in request.params.stop:
+                if stop in text:
+                    text = text[: text.index(stop)]
+            delta = text, list(request.output_ids)
         return RequestOutput(
             request.request_id,
             prompt if isinstance(prompt, str) else None,
             request.prompt_ids,
-            [CompletionOutput(0, text, list(request.output_ids), request.finish_reason)],
+            [CompletionOutput(0, *delta, request.finish_reason)],
             request.finished,
             request.stats,
             request.error,
