@@ -33,6 +33,21 @@ def test_top_p_smallest_prefix_reaching_p():
     assert torch.allclose(row(logits, top_p=0.5), torch.tensor([1.0, 0.0, 0.0]))
 
 
+def test_top_p_one_keeps_the_whole_vocabulary():
+    """In float32 the mass before the tail tokens rounds to 1: top_p = 1 must still keep them."""
+    logits = torch.tensor([0.0, -30.0, -30.0])
+    assert torch.equal(row(logits.tolist()), logits.softmax(-1))
+    wide = torch.randn(151936, generator=torch.Generator().manual_seed(0)) * 5
+    assert bool((row(wide.tolist()) > 0).all())
+
+
+def test_top_p_applies_to_the_renormalised_top_k():
+    # probs 0.4, 0.3, 0.2, 0.1 with top_k = 2: renormalised 4/7, 3/7, so top_p = 0.5 keeps one token.
+    logits = torch.tensor([0.4, 0.3, 0.2, 0.1]).log().tolist()
+    assert torch.allclose(row(logits, top_k=2, top_p=0.5), torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    assert torch.allclose(row(logits, top_k=2, top_p=0.6), torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
+
+
 def test_ties_at_the_boundary_are_all_kept():
     p = row([1.0, 1.0, 1.0, 0.0], top_k=2)
     assert torch.allclose(p, torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0]))

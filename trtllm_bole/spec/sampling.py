@@ -18,7 +18,8 @@ def process_logits(
     """Probabilities ``[N, V]`` (float32) for rows of logits with per-row settings ``[N]``.
 
     ``temperature == 0`` rows become one-hot at the argmax (greedy); ``top_k <= 0`` and
-    ``top_p >= 1`` disable those filters. Ties at the top-k / top-p boundary keep every tied token, so
+    ``top_p >= 1`` disable those filters. Top-k first, then the nucleus of the renormalised top-k (as
+    Hugging Face and vLLM order them). Ties at the top-k / top-p boundary keep every tied token, so
     the result does not depend on how the sort orders equal values.
     """
     logits = logits.float()
@@ -28,10 +29,12 @@ def process_logits(
     vocab = logits.shape[-1]
     k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).long()
     kth = sorted_logits.gather(1, (k - 1)[:, None])
-    sorted_probs = sorted_logits.softmax(-1)
+    in_top_k = sorted_logits >= kth
+    sorted_probs = sorted_logits.masked_fill(~in_top_k, float("-inf")).softmax(-1)
     # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < p.
+    # top_p >= 1 keeps everything outright: in float32 the tail's mass before rounds up to 1.
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    in_nucleus = mass_before < top_p[:, None]
+    in_nucleus = in_top_k & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1))
     nucleus_floor = sorted_logits.masked_fill(~in_nucleus, float("inf")).amin(-1, keepdim=True)
     floor = torch.maximum(kth, nucleus_floor)
     probs = scaled.masked_fill(scaled < floor, float("-inf")).softmax(-1)
