@@ -44,8 +44,10 @@ def select_nodes(
     """Boolean keep-mask: the best nodes by ρ, at most ``per_request`` per request and ``total``
     over the whole batch (the batch-shared budget), always including the ``floor`` nodes.
 
-    The floor (BOLE.md §5's fairness floor: every live request keeps its root children) is kept
-    first and counts towards both limits; the rest of the capacity goes to the highest ρ across
+    The floor (BOLE.md §5's fairness floor: every live request keeps its root children, in §1's
+    sense the nodes without a parent, which in our trees is each request's pending token: a request
+    always advances by at least the one token plain decoding gives) is kept first and counts towards
+    both limits; the rest of the capacity goes to the highest ρ across
     the batch. With ``log_rho`` non-increasing along paths the result is prefix-connected.
     """
     n = log_rho.numel()
