@@ -25,7 +25,7 @@ from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
 from trtllm_bole.spec.scheduler import Request, SpecStats
-from trtllm_bole.text import TextDelta, Tokenizer
+from trtllm_bole.text import TextDelta, Tokenizer, cut_at_stop
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "qwen35-code-tiny"
 """The embedded default: a small Qwen3.5-architecture model trained on Python code (model card in
@@ -223,10 +223,7 @@ class LLM:
         stream's ``delta`` of them."""
         if delta is None:
             text = self.tokenizer.decode(request.output_ids) if self.tokenizer else ""
-            for stop in request.params.stop:
-                if stop in text:
-                    text = text[: text.index(stop)]
-            delta = text, list(request.output_ids)
+            delta = cut_at_stop(text, request.params.stop), list(request.output_ids)
         return RequestOutput(
             request.request_id,
             prompt if isinstance(prompt, str) else None,

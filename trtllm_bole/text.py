@@ -26,6 +26,11 @@ class Tokenizer:
         return self._tok.decode(list(ids))
 
 
+def cut_at_stop(text: str, stop: Sequence[str]) -> str:
+    """``text`` up to the first occurrence of any stop string (all of it when none occurs)."""
+    return text[: min((text.index(s) for s in stop if s in text), default=len(text))]
+
+
 class TextDelta:
     """Incremental detokenization that hands out only new text, decoding a short window per update.
 
@@ -56,8 +61,7 @@ class TextDelta:
                 else:  # the decoder rewrote earlier text: start over from the whole output
                     self.text = self.decode(output_ids)
                 self.prefix, self.read = self.read, len(output_ids)
-        text = self.text
-        text = text[: min((text.index(s) for s in self.stop if s in text), default=len(text))]
+        text = cut_at_stop(self.text, self.stop)
         if not finished:
             text = text[: len(text) - self._possible_stop(text)]
         delta = text[self.sent :]

@@ -195,8 +195,8 @@ class ServingEngine:
                 self._step()
 
     def _end(self, live: _Live, reason: str, error: str) -> None:
-        """Finish ``live`` on the way out: finished in the executor (unless it already was: then it
-        gets its own ending), then its final update (a bare one where even that fails)."""
+        """Finish ``live`` for a failure or the shutdown: finished in the executor (unless it already
+        was: then it gets its own ending), then its final update (a bare one where even that fails)."""
         try:
             if live.request is not None:
                 self.executor.scheduler.finish(live.request, reason, error)
@@ -235,12 +235,9 @@ class ServingEngine:
             events = self.executor.step()
         except Exception as e:  # never let one bad step take the server down: fail that batch
             traceback.print_exc(file=sys.stderr)
-            for live in list(self._live.values()):
-                if live.request.finished:  # ended earlier in this step (its prefill): deliver it
-                    self._finish(live)
-                elif live.request.slot >= 0:
-                    self.executor.scheduler.finish(live.request, "error", f"engine step failed: {e!r}")
-                    self._finish(live)
+            # The batch fails; a request that ended earlier in this step (its prefill) keeps its ending.
+            for live in [x for x in self._live.values() if x.request.finished or x.request.slot >= 0]:
+                self._end(live, "error", f"engine step failed: {e!r}")
             return
         for event in events:
             live = self._by_request.get(event.request.request_id)
