@@ -2,6 +2,7 @@
 
     python benchmarks/ab_executor.py outcome-queue    # H200: ~30 s -> results/ab_outcome_queue_<device>.json
     python benchmarks/ab_executor.py forest-kernel --trials 8 --batches 8,16,32 --out DIR
+    python benchmarks/ab_executor.py dispatcher --trials 6
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -10,7 +11,10 @@
   reproduced by waiting inside :meth:`StepOutcome.queue`;
 - ``forest-kernel``: drafting and tree selection derive their forests with :meth:`TreeBatch.on_device`'s
   ~65 torch kernels instead of :mod:`trtllm_bole.kernels.forest`'s one launch, reproduced by setting
-  the kernel's node limit to 0 (``ops.forest`` then falls back).
+  the kernel's node limit to 0 (``ops.forest`` then falls back);
+- ``dispatcher``: the ``bole::*`` operators (2026-12-01) against calling what they run directly (as
+  ``trtllm_bole.ops`` did before them), reproduced by replacing each operator of ``ops.library`` with
+  its implementation for the device (``library.IMPLEMENTATIONS``).
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request, at batch 8, 16 and 32 (``--batches``), a model for each side (warmed up and its graphs
@@ -33,6 +37,7 @@ import torch
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.kernels import forest
 from trtllm_bole.llm import LLM
+from trtllm_bole.ops import library
 from trtllm_bole.spec import executor as ex
 
 PROMPTS = Path("benchmarks/data/heldout_code_prompts.jsonl")
@@ -65,7 +70,24 @@ def forest_in_torch():
         forest.MAX_NODES = limit
 
 
-OLD = {"outcome-queue": outcome_waited_first, "forest-kernel": forest_in_torch}
+@contextmanager
+def operators_called_directly():
+    key = "CUDA" if torch.cuda.is_available() else "CPU"
+    operators = {name: getattr(library, name) for name in library.IMPLEMENTATIONS}
+    for name, impls in library.IMPLEMENTATIONS.items():
+        setattr(library, name, impls[key])
+    try:
+        yield
+    finally:
+        for name, operator in operators.items():
+            setattr(library, name, operator)
+
+
+OLD = {
+    "outcome-queue": outcome_waited_first,
+    "forest-kernel": forest_in_torch,
+    "dispatcher": operators_called_directly,
+}
 
 
 def _batches(text: str) -> list[int]:

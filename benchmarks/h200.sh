@@ -13,6 +13,7 @@
 #   bash benchmarks/h200.sh ratios    # the launcher's default vs SGLang, B = 1 and 16, five fresh-input rounds
 #   bash benchmarks/h200.sh ncu       # Nsight Compute on the verify's two kernels at batch 16 (what limits them)
 #   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
+#   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -77,6 +78,15 @@ depth)
     timeout 280 python benchmarks/factor_depth.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "depth rc=$?"
     tail -9 "$OUT/log.txt"
     ;;
+ops)
+    python -m pytest -q -m gpu tests/kernels tests/test_transfer.py tests/spec tests/models tests/test_tree.py \
+        -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    python -m pytest -q tests/test_ops_library.py tests/test_ops_validation.py -p no:cacheprovider \
+        > "$OUT/pytest_ops.txt" 2>&1; echo "ops tests rc=$?"; tail -3 "$OUT/pytest_ops.txt"
+    python benchmarks/op_dispatch.py --out "$OUT" > "$OUT/dispatch_log.txt" 2>&1; echo "dispatch rc=$?"
+    timeout 240 python benchmarks/ab_executor.py dispatcher --trials 6 --batches 1,8,32 --out "$OUT" \
+        >> "$OUT/dispatch_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/dispatch_log.txt"
+    ;;
 ratios)
     timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "ratios rc=$?"
     tail -4 "$OUT/log.txt"
@@ -91,6 +101,6 @@ ncu)
     python benchmarks/ncu_verify_phases.py summarize /tmp/details.csv /tmp/source.csv --out "$OUT"
     ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|depth" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|depth|ops" >&2
     exit 2 ;;
 esac

@@ -206,6 +206,12 @@ class TreeBatch:
     def num_nodes(self) -> int:
         return self.parents.numel()
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The forest's tensors in field order: ``TreeBatch(*tree.tensors(), max_depth, max_nodes)`` is
+        the same forest (how the ``bole::*`` operators, which take tensors and ints, receive one)."""
+        return [self.parents, self.cu_seqlens, self.depth, self.request, self.global_parents, self.paths,
+                self.dfs_order, self.subtree_size]  # fmt: skip
+
     def ancestor_mask(self, request: int | None = None) -> torch.Tensor:
         """``mask[i, j]``: node ``j`` is an ancestor of node ``i`` or ``i`` itself (bool ``[T, T]``).
 

@@ -1,7 +1,9 @@
-"""The one public dispatch point for Bole's operators: CPU tensors run the torch reference, CUDA
-tensors run the Triton kernels (``trtllm_bole.kernels``). Inputs are validated here, once (the slot
-indices' values excepted while a CUDA graph captures: a capture records kernels, and the capturing
-caller, :mod:`trtllm_bole.spec.verify_graphs`, owns the values it replays).
+"""Bole's operators, the one way into the compute: each function validates its inputs, once, and calls
+the ``bole::*`` operator of :mod:`.library`, whose CPU implementation is the torch reference and whose
+CUDA implementation is the Triton kernels (``trtllm_bole.kernels``), picked by PyTorch's dispatcher by
+the tensors' device. The slot indices' values are not checked while a CUDA graph captures: a capture
+records kernels, and the capturing caller, :mod:`trtllm_bole.spec.verify_graphs`, owns the values it
+replays.
 
 Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 
@@ -27,7 +29,9 @@ from trtllm_bole.kernels._common import (
     check_slot_count,
     check_state_indices,
 )
-from trtllm_bole.reference import conv_tree, gdn_tree, kv_cache, norms
+from trtllm_bole.ops import library
+from trtllm_bole.ops.library import tree_args
+from trtllm_bole.reference import gdn_tree, kv_cache, norms
 from trtllm_bole.tree import TreeBatch
 
 __all__ = [
@@ -80,11 +84,7 @@ def forest(
     ``max_depth`` and ``max_nodes`` bounds): on CUDA its metadata in one Triton launch
     (:mod:`trtllm_bole.kernels.forest`, requests of up to 128 nodes) instead of ~65 small torch
     kernels; the torch derivation elsewhere."""
-    from trtllm_bole.kernels import forest as kernel
-
-    if not parents.is_cuda or max_nodes > kernel.MAX_NODES:
-        return TreeBatch.on_device(parents, cu_seqlens, depth, max_depth=max_depth, max_nodes=max_nodes)
-    derived = kernel.forest_metadata(parents, cu_seqlens, depth, max_depth=max_depth, max_nodes=max_nodes)
+    derived = library.forest_metadata(parents, cu_seqlens, depth, max_depth, max_nodes)
     request, global_parents, paths, dfs_order, subtree_size = derived
     return TreeBatch(parents.long(), cu_seqlens.long(), depth.long(), request, global_parents, paths,
                      dfs_order, subtree_size, max_depth, max_nodes)  # fmt: skip
@@ -97,16 +97,12 @@ def forest(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3.5's zero-centred RMSNorm over the last dimension: ``x / rms(x) * (1 + w)`` in float32, in
-    x's dtype. One kernel on CUDA when no gradient is asked for; the torch reference otherwise (CPU, and
-    training, which differentiates it)."""
+    x's dtype. Training, which differentiates it, runs the torch reference on every device."""
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm weight must be [{x.shape[-1]}], got {list(weight.shape)}")
-    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    if x.is_cuda and not grad:
-        from trtllm_bole.kernels import norms as kernel
-
-        return kernel.rms_norm(x, weight, eps)
-    return norms.rms_norm(x, weight, eps)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return norms.rms_norm(x, weight, eps)
+    return library.rms_norm(x, weight, eps)
 
 
 # ----------------------------------------------------------------------------------------- #
@@ -134,17 +130,9 @@ def gdn_tree_verify(
     tree = as_tree(parents, cu_seqlens)
     _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
     _check_tree_device(tree, state.device)
-    if state.is_cuda:
-        from trtllm_bole.kernels import gdn_tree_verify as kernel
-
-        o, u, log_p = kernel.gdn_tree_verify(
-            q, k, v, g, beta, state, tree, scale=scale, state_indices=state_indices
-        )
-    else:
-        o, u, log_p = gdn_tree.closed_form_tree_verify(
-            q, k, v, g, beta, state, tree, scale=scale, state_indices=state_indices
-        )
-        u, log_p = u.to(state.dtype), log_p.to(state.dtype)
+    o, u, log_p = library.gdn_tree_verify(
+        q, k, v, g, beta, state, *tree_args(tree), scale=scale, state_indices=state_indices
+    )
     return o, GDNTreeFactors(tree, k, u, log_p)
 
 
@@ -159,8 +147,9 @@ def chunk_gated_delta_rule(
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole sequences ``[B, L, ...]`` through the recurrence, functionally and differentiably (the
-    model's training forward): the torch reference on every device, chunks of 64 in closed form.
-    Returns ``o [B, L, HV, dv]`` and the final state ``[B, HV, dk, dv]``."""
+    model's training forward): the torch reference on every device (autograd could not differentiate a
+    ``bole::`` operator), chunks of 64 in closed form. Returns ``o [B, L, HV, dv]`` and the final state
+    ``[B, HV, dk, dv]``."""
     return gdn_tree.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale=scale)
 
 
@@ -189,18 +178,15 @@ def gdn_commit(
     if stacked and state.shape[0] != factors.num_layers:
         raise ValueError(f"state holds {state.shape[0]} layers but the factors {factors.num_layers}")
     _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
-    if state.is_cuda:
-        from trtllm_bole.kernels import gdn_commit as kernel
-
-        kernel.gdn_commit(state, factors, accepted_leaf, state_indices=state_indices)
-        return
-    layers = (
-        zip(state, factors.k, factors.u, factors.log_decay, strict=True)
-        if stacked
-        else [(state, factors.k, factors.u, factors.log_decay)]
+    library.gdn_commit(
+        state,
+        factors.k,
+        factors.u,
+        factors.log_decay,
+        *tree_args(tree),
+        accepted_leaf,
+        state_indices=state_indices,
     )
-    for layer_state, k, u, log_p in layers:
-        gdn_tree.factored_commit(layer_state, k, u, log_p, tree, accepted_leaf, state_indices=state_indices)
 
 
 def gdn_tree_verify_serial(
@@ -221,16 +207,9 @@ def gdn_tree_verify_serial(
     tree = as_tree(parents, cu_seqlens)
     _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
     _check_tree_device(tree, state.device)
-    if state.is_cuda:
-        from trtllm_bole.kernels.baselines import tree_serial as kernel
-
-        return kernel.gdn_tree_verify_serial(
-            q, k, v, g, beta, state, tree, scale=scale, state_indices=state_indices
-        )
-    o, snapshots = gdn_tree.serial_tree_recurrence(
-        q, k, v, g, beta, state, tree, scale=scale, state_indices=state_indices
+    return library.gdn_tree_verify_serial(
+        q, k, v, g, beta, state, *tree_args(tree), scale=scale, state_indices=state_indices
     )
-    return o, snapshots.to(state.dtype)
 
 
 def gdn_snapshot_commit(
@@ -249,12 +228,9 @@ def gdn_snapshot_commit(
             f"snapshots must be [N={tree.num_nodes}, {', '.join(map(str, state.shape[1:]))}], "
             f"got {tuple(snapshots.shape)}"
         )
-    if state.is_cuda:
-        from trtllm_bole.kernels.baselines import tree_serial as kernel
-
-        kernel.gdn_snapshot_commit(state, snapshots, tree, accepted_leaf, state_indices=state_indices)
-    else:
-        gdn_tree.snapshot_commit(state, snapshots, tree, accepted_leaf, state_indices=state_indices)
+    library.gdn_snapshot_commit(
+        state, snapshots, *tree_args(tree), accepted_leaf, state_indices=state_indices
+    )
 
 
 def gdn_prefill(
@@ -280,17 +256,9 @@ def gdn_prefill(
     if int(cu_seqlens[0]) != 0 or bool((lengths <= 0).any()):
         raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {cu_seqlens.tolist()}")
     _check_gdn(q, k, v, g, beta, state, int(cu_seqlens[-1]), lengths.numel(), state_indices)
-    if state.is_cuda:
-        from trtllm_bole.kernels import gdn_prefill as kernel
-
-        return kernel.gdn_prefill(
-            q, k, v, g, beta, state, lengths.tolist(),
-            scale=scale, state_indices=state_indices, chunk_size=chunk_size,
-        )  # fmt: skip
-    return gdn_tree.chunked_prefill(
-        q, k, v, g, beta, state, cu_seqlens,
-        scale=scale, state_indices=state_indices, chunk_size=chunk_size,
-    )  # fmt: skip
+    return library.gdn_prefill(
+        q, k, v, g, beta, state, cu_seqlens, scale=scale, state_indices=state_indices, chunk_size=chunk_size
+    )
 
 
 # ----------------------------------------------------------------------------------------- #
@@ -315,14 +283,8 @@ def tree_conv1d(
     """
     tree = as_tree(parents, cu_seqlens)
     _check_conv(x, weight, conv_state, tree, state_indices)
-    if x.is_cuda:
-        from trtllm_bole.kernels import tree_conv1d as kernel
-
-        return kernel.tree_conv1d(
-            x, weight, conv_state, tree, bias=bias, activation=activation, state_indices=state_indices
-        )
-    return conv_tree.tree_conv1d(
-        x, weight, conv_state, tree, bias=bias, activation=activation, state_indices=state_indices
+    return library.tree_conv1d(
+        x, weight, conv_state, *tree_args(tree), bias=bias, activation=activation, state_indices=state_indices
     )
 
 
@@ -346,14 +308,7 @@ def conv_state_commit(
             f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
         )
     _check_slots(conv_state.shape[-3], tree.num_requests, state_indices, conv_state.device, values=check)
-    if conv_state.is_cuda:
-        from trtllm_bole.kernels import gdn_commit as kernel
-
-        kernel.conv_state_commit(conv_state, x, tree, accepted_leaf, state_indices=state_indices)
-        return
-    layers = zip(conv_state, x, strict=True) if x.dim() == 3 else [(conv_state, x)]
-    for layer_state, layer_x in layers:
-        conv_tree.conv_state_commit(layer_state, layer_x, tree, accepted_leaf, state_indices=state_indices)
+    library.conv_state_commit(conv_state, x, *tree_args(tree), accepted_leaf, state_indices=state_indices)
 
 
 # ----------------------------------------------------------------------------------------- #
@@ -389,13 +344,8 @@ def kv_commit(
         )
     if check:
         _check_kv_commit(k_cache.shape[1], k_cache.shape[2], tree, accepted_leaf, block_tables, context_lens)
-    if k_cache.is_cuda:
-        from trtllm_bole.kernels import kv_commit as kernel
-
-        kernel.kv_commit(k_cache, v_cache, new_k, new_v, tree, accepted_leaf, block_tables, context_lens)
-        return
-    kv_cache.write_accepted_kv(
-        k_cache, v_cache, new_k, new_v, tree, accepted_leaf, block_tables, context_lens
+    library.kv_commit(
+        k_cache, v_cache, new_k, new_v, *tree_args(tree), accepted_leaf, block_tables, context_lens
     )
 
 

@@ -1,0 +1,130 @@
+"""The ``bole::*`` operators: schemas that say what they mutate, fakes that agree with the real outputs
+(``torch.library.opcheck``), and a step of verify + commit that ``torch.compile`` captures whole, each
+operator one node, with the eager result. On CPU the operators run the reference; on the H200 the same
+tests run the kernels (tests/conftest.py's device)."""
+
+import pytest
+import torch
+
+from trtllm_bole import ops
+from trtllm_bole.ops import library
+from trtllm_bole.ops.library import tree_args
+from trtllm_bole.testing import forest, random_gdn_inputs, topk_parents
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def case(gen):
+    tree = forest([topk_parents(7, 2, 3), [-1, 0]], device=DEVICE)
+    x = random_gdn_inputs(tree.num_nodes, 2, 2, 4, 16, 16, generator=gen, device=DEVICE)
+    return tree, x.cast(torch.bfloat16)  # the serving mode: o in bf16, the state and factors in float32
+
+
+def _leaves(tree):
+    return torch.tensor([4, 1], device=tree.parents.device)
+
+
+def _samples(tree, x):
+    """One call of every operator, as ``(operator, args, kwargs)``."""
+    n, c, w = tree.num_nodes, 6, 4
+    t = tree_args(tree)
+    _, u, log_p = library.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, x.state, *t, scale=x.scale)
+    slots = torch.tensor([2, 0], device=DEVICE)
+    pool = torch.randn((3, *x.state.shape[1:]), device=DEVICE)
+    conv = torch.randn(3, c, w - 1, device=DEVICE)
+    caches = [torch.randn(2, 4, 4, 1, 8, device=DEVICE) for _ in range(2)]
+    new_kv = [torch.randn(2, n, 1, 8, device=DEVICE) for _ in range(2)]
+    tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
+    lengths = torch.tensor([2, 3], dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 5, n], device=DEVICE)
+    return [
+        (library.rms_norm, (x.v, torch.randn(x.v.shape[-1], device=DEVICE), 1e-6), {}),
+        (
+            library.forest_metadata,
+            (tree.parents, tree.cu_seqlens, tree.depth, tree.max_depth, tree.max_nodes),
+            {},
+        ),
+        (library.gdn_tree_verify, (x.q, x.k, x.v, x.g, x.beta, x.state, *t), {"scale": x.scale}),
+        (library.gdn_tree_verify_serial, (x.q, x.k, x.v, x.g, x.beta, pool, *t), {"state_indices": slots}),
+        (library.gdn_commit, (pool, x.k, u, log_p, *t, _leaves(tree)), {"state_indices": slots}),
+        (
+            library.gdn_snapshot_commit,
+            (pool, torch.randn(n, *pool.shape[1:], device=DEVICE), *t, _leaves(tree)),
+            {"state_indices": slots},
+        ),
+        (
+            library.gdn_prefill,
+            (x.q, x.k, x.v, x.g, x.beta, pool, cu),
+            {"state_indices": slots, "chunk_size": 4},
+        ),
+        (
+            library.tree_conv1d,
+            (torch.randn(n, c, device=DEVICE), torch.randn(c, w, device=DEVICE), conv, *t),
+            {"state_indices": slots},
+        ),
+        (
+            library.conv_state_commit,
+            (conv, torch.randn(n, c, device=DEVICE), *t, _leaves(tree)),
+            {"state_indices": slots},
+        ),
+        (library.kv_commit, (*caches, *new_kv, *t, _leaves(tree), tables, lengths), {}),
+    ]
+
+
+def test_every_operator_is_sampled(case):
+    defined = {
+        name
+        for name in dir(torch.ops.bole)
+        if isinstance(getattr(torch.ops.bole, name), torch._ops.OpOverloadPacket)
+    }
+    assert {op.name().split("::")[1] for op, _, _ in _samples(*case)} == defined
+
+
+@pytest.mark.parametrize("index", range(10))
+def test_opcheck(case, index):
+    """Schema (mutated arguments declared, nothing else written), fake against real outputs, and the
+    operator under AOT dispatch (what torch.compile runs)."""
+    op, args, kwargs = _samples(*case)[index]
+    torch.library.opcheck(op, args, kwargs)
+
+
+def test_a_compiled_step_is_the_eager_step(case):
+    """verify + conv + commit captured whole (``fullgraph``): each ``bole::`` operator one node of the
+    graph, the same outputs and committed state as eager."""
+    tree, x = case
+    weight, conv = torch.randn(6, 4, device=DEVICE), torch.randn(2, 6, 3, device=DEVICE)
+    mixed = torch.randn(tree.num_nodes, 6, device=DEVICE)
+
+    def step(state, conv_state):
+        o, factors = ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, state, tree, scale=x.scale)
+        y = ops.tree_conv1d(mixed, weight, conv_state, tree)
+        ops.gdn_commit(state, factors, _leaves(tree), check=False)
+        ops.conv_state_commit(conv_state, mixed, tree, _leaves(tree), check=False)
+        return o, y
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+
+    eager_state, eager_conv = x.state.clone(), conv.clone()
+    compiled_state, compiled_conv = x.state.clone(), conv.clone()
+    expected = step(eager_state, eager_conv)
+    got = torch.compile(step, backend=backend, fullgraph=True)(compiled_state, compiled_conv)
+    for a, b in zip((*got, compiled_state, compiled_conv), (*expected, eager_state, eager_conv), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    called = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
+    bole = [str(t) for t in called if str(t).startswith("bole.")]
+    assert bole == ["bole.gdn_tree_verify.default", "bole.tree_conv1d.default", "bole.gdn_commit.default",
+                    "bole.conv_state_commit.default"]  # fmt: skip
+
+
+def test_meta_tensors_give_shapes_without_compute(case):
+    tree, x = case
+    meta = [t.to("meta") for t in (x.q, x.k, x.v, x.g, x.beta, x.state)]
+    meta_tree = [t.to("meta") for t in tree.tensors()]
+    o, u, log_p = library.gdn_tree_verify(*meta, meta_tree, tree.max_depth, tree.max_nodes)
+    assert (o.shape, u.shape, log_p.shape) == (x.v.shape, x.v.shape, x.v.shape[:2])
+    assert (o.dtype, u.dtype, log_p.dtype) == (torch.bfloat16, torch.float32, torch.float32)

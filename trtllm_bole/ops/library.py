@@ -1,0 +1,280 @@
+"""The ``bole::*`` operators in PyTorch's dispatcher. Each has a CPU implementation (the torch reference,
+:mod:`trtllm_bole.reference`), a CUDA one (the Triton kernels, :mod:`trtllm_bole.kernels`, imported at
+the first call) and a fake that gives its outputs' shapes and dtypes without computing them, so that an
+operator is one opaque node under ``torch.compile`` and runs on meta tensors. The dispatcher picks the
+implementation by the tensors' device: this is the one place where CPU and GPU part.
+
+The operators take validated inputs (:mod:`trtllm_bole.ops` validates, then calls them) and a
+:class:`~trtllm_bole.tree.TreeBatch` as its tensors and its two host ints (``Tensor[] tree, int
+max_depth, int max_nodes``). They are defined with :class:`torch.library.Library` rather than the
+``torch.library.custom_op`` decorator: the same schemas and fakes for ~5 µs of dispatch a call instead of
+18-26 µs (the decorator's autograd and aliasing wrappers; both measured on this project's CI machine),
+which counts on the eager paths that call an operator per layer (prefill). None is differentiable: the
+training forward calls the reference itself (:func:`trtllm_bole.ops.rms_norm`,
+:func:`trtllm_bole.ops.chunk_gated_delta_rule`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trtllm_bole.kernels._common import GDNTreeFactors
+from trtllm_bole.reference import conv_tree, gdn_tree, kv_cache, norms
+from trtllm_bole.tree import TreeBatch
+
+_LIB = torch.library.Library("bole", "DEF")
+
+_TREE = "Tensor[] tree, int max_depth, int max_nodes"
+_QKV = "Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta"
+
+
+def tree_args(tree: TreeBatch) -> tuple[list[Tensor], int, int]:
+    """A forest as an operator's ``tree, max_depth, max_nodes`` arguments."""
+    return tree.tensors(), tree.max_depth, tree.max_nodes
+
+
+IMPLEMENTATIONS: dict[str, dict[str, Callable]] = {}
+"""``{operator name: {"CPU": fn, "CUDA": fn}}``: what the dispatcher runs for each device, callable with the
+operator's own arguments (benchmarks/op_dispatch.py and ab_executor.py time the dispatch by calling
+these directly)."""
+
+
+def _define(schema: str, *, cpu: Callable, cuda: Callable, fake: Callable, tree_at: int | None = None) -> Any:
+    """Defines ``bole::<schema>`` and returns its overload; ``tree_at``: the position of the forest's
+    tensors, which ``cpu`` and ``cuda`` receive as one :class:`TreeBatch` there (the fake as they come)."""
+    name = schema[: schema.index("(")]
+    _LIB.define(schema)
+    impls = {
+        key: fn if tree_at is None else _taking_forest(fn, tree_at)
+        for key, fn in (("CPU", cpu), ("CUDA", cuda))
+    }
+    for key, fn in impls.items():
+        _LIB.impl(name, fn, key)
+    torch.library.register_fake(f"bole::{name}", fake, lib=_LIB)
+    IMPLEMENTATIONS[name] = impls
+    return getattr(torch.ops.bole, name).default
+
+
+def _taking_forest(fn: Callable, at: int) -> Callable:
+    def impl(*args: Any, **kwargs: Any) -> Any:
+        forest = TreeBatch(*args[at], args[at + 1], args[at + 2])
+        return fn(*args[:at], forest, *args[at + 3 :], **kwargs)
+
+    return impl
+
+
+def _kernel(module: str, name: str) -> Callable:
+    """``trtllm_bole.kernels.<module>.<name>``, imported at its first call (only where a GPU runs it)."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(f"trtllm_bole.kernels.{module}"), name)(*args, **kwargs)
+
+    return run
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    """The fake of an in-place operator."""
+
+
+# ----------------------------------------------------------------------------------------- #
+# Norms and forests                                                                          #
+# ----------------------------------------------------------------------------------------- #
+
+rms_norm = _define(
+    "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    cpu=norms.rms_norm,
+    cuda=_kernel("norms", "rms_norm"),
+    fake=lambda x, weight, eps: x.new_empty(x.shape),
+)
+
+
+def _derived(parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int) -> tuple:
+    """``(request, global_parents, paths, dfs_order, subtree_size)``: torch's derivation, on any device."""
+    t = TreeBatch.on_device(parents, cu_seqlens, depth, max_depth=max_depth, max_nodes=max_nodes)
+    return t.request, t.global_parents, t.paths, t.dfs_order, t.subtree_size
+
+
+def _derived_cuda(
+    parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int
+) -> tuple:
+    """One Triton launch for requests of up to ``MAX_NODES`` nodes (~65 small torch kernels otherwise)."""
+    from trtllm_bole.kernels import forest as kernel
+
+    if max_nodes > kernel.MAX_NODES:
+        return _derived(parents, cu_seqlens, depth, max_depth, max_nodes)
+    return kernel.forest_metadata(parents, cu_seqlens, depth, max_depth=max_depth, max_nodes=max_nodes)
+
+
+def _derived_fake(
+    parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int
+) -> tuple:
+    n = parents.shape[0]
+    request, global_parents, dfs_order, subtree_size = (
+        parents.new_empty(n, dtype=torch.long) for _ in range(4)
+    )
+    return (
+        request,
+        global_parents,
+        parents.new_empty((n, max_depth), dtype=torch.long),
+        dfs_order,
+        subtree_size,
+    )
+
+
+forest_metadata = _define(
+    "forest_metadata(Tensor parents, Tensor cu_seqlens, Tensor depth, int max_depth, int max_nodes) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    cpu=_derived,
+    cuda=_derived_cuda,
+    fake=_derived_fake,
+)
+
+# ----------------------------------------------------------------------------------------- #
+# Gated DeltaNet                                                                             #
+# ----------------------------------------------------------------------------------------- #
+
+
+def _verify_reference(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """The closed form, its factors in the state's dtype (the reference computes in float64 or float32)."""
+    o, u, log_p = gdn_tree.closed_form_tree_verify(*args, **kwargs)
+    state = args[5]
+    return o, u.to(state.dtype), log_p.to(state.dtype)
+
+
+def _verify_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, *args: Any,
+                 **kwargs: Any) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """``o`` in v's dtype, the factors ``u`` and ``logP`` in the state's (float32 on CUDA)."""
+    return (
+        v.new_empty(v.shape),
+        v.new_empty(v.shape, dtype=state.dtype),
+        v.new_empty(v.shape[:2], dtype=state.dtype),
+    )
+
+
+gdn_tree_verify = _define(
+    f"gdn_tree_verify({_QKV}, Tensor state, {_TREE}, *, float? scale=None, Tensor? state_indices=None) "
+    "-> (Tensor, Tensor, Tensor)",
+    cpu=_verify_reference,
+    cuda=_kernel("gdn_tree_verify", "gdn_tree_verify"),
+    fake=_verify_fake,
+    tree_at=6,
+)
+
+
+def _serial_reference(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+    o, snapshots = gdn_tree.serial_tree_recurrence(*args, **kwargs)
+    return o, snapshots.to(args[5].dtype)
+
+
+def _serial_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, *args: Any,
+                 **kwargs: Any) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``o`` in v's dtype and one state snapshot per node ``[N, HV, dk, dv]`` in the state's."""
+    return v.new_empty(v.shape), state.new_empty((v.shape[0], *state.shape[1:]))
+
+
+gdn_tree_verify_serial = _define(
+    f"gdn_tree_verify_serial({_QKV}, Tensor state, {_TREE}, *, float? scale=None, "
+    "Tensor? state_indices=None) -> (Tensor, Tensor)",
+    cpu=_serial_reference,
+    cuda=_kernel("baselines.tree_serial", "gdn_tree_verify_serial"),
+    fake=_serial_fake,
+    tree_at=6,
+)
+
+
+def _commit_reference(state: Tensor, k: Tensor, u: Tensor, log_decay: Tensor, tree: TreeBatch,
+                      accepted_leaf: Tensor, state_indices: Tensor | None = None) -> None:  # fmt: skip
+    """Layer by layer when the factors are stacked (``state [L, S, HV, dk, dv]``)."""
+    layers = zip(state, k, u, log_decay, strict=True) if state.dim() == 5 else [(state, k, u, log_decay)]
+    for layer in layers:
+        gdn_tree.factored_commit(*layer, tree, accepted_leaf, state_indices=state_indices)
+
+
+def _commit_cuda(state: Tensor, k: Tensor, u: Tensor, log_decay: Tensor, tree: TreeBatch,
+                 accepted_leaf: Tensor, state_indices: Tensor | None = None) -> None:  # fmt: skip
+    """Every layer of a stacked commit in one launch."""
+    from trtllm_bole.kernels import gdn_commit as kernel
+
+    factors = GDNTreeFactors(tree, k, u, log_decay)
+    kernel.gdn_commit(state, factors, accepted_leaf, state_indices=state_indices)
+
+
+gdn_commit = _define(
+    f"gdn_commit(Tensor(a!) state, Tensor k, Tensor u, Tensor log_decay, {_TREE}, Tensor accepted_leaf, "
+    "*, Tensor? state_indices=None) -> ()",
+    cpu=_commit_reference,
+    cuda=_commit_cuda,
+    fake=_nothing,
+    tree_at=4,
+)
+
+gdn_snapshot_commit = _define(
+    f"gdn_snapshot_commit(Tensor(a!) state, Tensor snapshots, {_TREE}, Tensor accepted_leaf, "
+    "*, Tensor? state_indices=None) -> ()",
+    cpu=gdn_tree.snapshot_commit,
+    cuda=_kernel("baselines.tree_serial", "gdn_snapshot_commit"),
+    fake=_nothing,
+    tree_at=2,
+)
+
+
+def _prefill_cuda(*args: Any, **kwargs: Any) -> Tensor:
+    """The kernels take the prompts' lengths as host ints (one device sync)."""
+    from trtllm_bole.kernels import gdn_prefill as kernel
+
+    cu_seqlens = args[6]
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    return kernel.gdn_prefill(*args[:6], lengths, **kwargs)
+
+
+gdn_prefill = _define(
+    f"gdn_prefill({_QKV}, Tensor(a!) state, Tensor cu_seqlens, *, float? scale=None, "
+    "Tensor? state_indices=None, int chunk_size=64) -> Tensor",
+    cpu=gdn_tree.chunked_prefill,
+    cuda=_prefill_cuda,
+    fake=lambda q, k, v, *args, **kwargs: v.new_empty(v.shape),
+)
+
+# ----------------------------------------------------------------------------------------- #
+# Short causal conv and the paged KV cache                                                   #
+# ----------------------------------------------------------------------------------------- #
+
+tree_conv1d = _define(
+    f"tree_conv1d(Tensor x, Tensor weight, Tensor conv_state, {_TREE}, *, Tensor? bias=None, "
+    'str? activation="silu", Tensor? state_indices=None) -> Tensor',
+    cpu=conv_tree.tree_conv1d,
+    cuda=_kernel("tree_conv1d", "tree_conv1d"),
+    fake=lambda x, *args, **kwargs: x.new_empty(x.shape),
+    tree_at=3,
+)
+
+
+def _conv_commit_reference(conv_state: Tensor, x: Tensor, tree: TreeBatch, accepted_leaf: Tensor,
+                           state_indices: Tensor | None = None) -> None:  # fmt: skip
+    """Layer by layer when ``x`` holds every layer (``[L, N, C]``)."""
+    for layer_state, layer_x in zip(conv_state, x, strict=True) if x.dim() == 3 else [(conv_state, x)]:
+        conv_tree.conv_state_commit(layer_state, layer_x, tree, accepted_leaf, state_indices=state_indices)
+
+
+conv_state_commit = _define(
+    f"conv_state_commit(Tensor(a!) conv_state, Tensor x, {_TREE}, Tensor accepted_leaf, "
+    "*, Tensor? state_indices=None) -> ()",
+    cpu=_conv_commit_reference,
+    cuda=_kernel("gdn_commit", "conv_state_commit"),
+    fake=_nothing,
+    tree_at=2,
+)
+
+kv_commit = _define(
+    f"kv_commit(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor new_k, Tensor new_v, {_TREE}, "
+    "Tensor accepted_leaf, Tensor block_tables, Tensor context_lens) -> ()",
+    cpu=kv_cache.write_accepted_kv,
+    cuda=_kernel("kv_commit", "kv_commit"),
+    fake=_nothing,
+    tree_at=4,
+)
