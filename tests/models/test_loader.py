@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from trtllm_bole.models import loader
 from trtllm_bole.models.checkpoint import INDEX_FILE, random_tensors, write_safetensors
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import load_model
@@ -227,7 +228,19 @@ def test_quantized_checkpoints_are_refused_by_name(tmp_path, tiny_settings):
         load_config(tiny_settings(quantization_config={"quant_method": "fp8"}))
     weight = "model.norm.weight"
     _write(tmp_path, tiny_settings(), model__norm__weight=torch.zeros(32).to(torch.float8_e4m3fn))
-    with pytest.raises(ValueError, match=rf"{weight} is torch.float8_e4m3fn; only float32, float16"):
+    with pytest.raises(ValueError, match=rf"{weight} is F8_E4M3; only float32, float16 and bfloat16"):
+        _load(tmp_path)
+
+
+def test_weight_dtypes_are_refused_from_the_headers(tmp_path, tiny_settings, monkeypatch):
+    """As names and shapes: before the model is built or any tensor read."""
+    _write(tmp_path, tiny_settings(), model__norm__weight=torch.zeros(32).to(torch.float8_e4m3fn))
+
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built before the checkpoint's dtypes were checked")
+
+    monkeypatch.setattr(loader, "Qwen35Model", built)
+    with pytest.raises(ValueError, match="is F8_E4M3"):
         _load(tmp_path)
 
 

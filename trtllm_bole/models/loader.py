@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 _IGNORED_PREFIXES = ("model.visual.", "visual.")
 
 
-WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+WEIGHT_DTYPES = ("F32", "F16", "BF16")
+"""The safetensors dtypes loaded as weights (others, e.g. float8 without its scales, are refused)."""
 
 
 def load_model(
@@ -68,7 +69,7 @@ def load_model(
 
     model = Qwen35Model(config, dtype=dtype, device=device, mtp=load_mtp)
     with tqdm(total=len(layout), desc=f"loading {path.name}", unit="tensor", disable=not progress) as bar:
-        for file in sorted({file for file, _ in headers.values()}):
+        for file in sorted({file for file, _, _ in headers.values()}):
             with _open(file) as f:
                 names = f.keys()  # a list: safetensors' handle is not iterable
                 for name in names:
@@ -79,11 +80,6 @@ def load_model(
                         tensor = f.get_tensor(name)
                     except Exception as e:  # safetensors raises its own error type for bad data
                         raise ValueError(f"{file}: cannot read tensor {name} ({e})") from e
-                    if tensor.dtype not in WEIGHT_DTYPES:  # e.g. float8 without its scales: not weights
-                        raise ValueError(
-                            f"{file}: {name} is {tensor.dtype}; only float32, float16 and bfloat16 "
-                            "weights are loaded (dequantize the checkpoint first)"
-                        )
                     _copy_into(model, slot, tensor)
                     bar.update()
     return model
@@ -144,9 +140,9 @@ def _open(file: Path) -> safe_open:
         raise ValueError(f"{file}: cannot read the safetensors file ({e}); it is truncated or corrupt") from e
 
 
-def _read_headers(path: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """Tensor name -> (file, shape), from the headers alone."""
-    headers: dict[str, tuple[Path, tuple[int, ...]]] = {}
+def _read_headers(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+    """Tensor name -> (file, shape, safetensors dtype), from the headers alone."""
+    headers: dict[str, tuple[Path, tuple[int, ...], str]] = {}
     files = checkpoint_files(path)
     for file in files:
         with _open(file) as f:
@@ -154,7 +150,8 @@ def _read_headers(path: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
             for name in names:
                 if name in headers:
                     raise ValueError(f"{file}: tensor {name} is also in {headers[name][0]}")
-                headers[name] = (file, tuple(f.get_slice(name).get_shape()))
+                header = f.get_slice(name)
+                headers[name] = (file, tuple(header.get_shape()), header.get_dtype())
     index = path / INDEX_FILE
     if index.exists():
         for name, file in json.loads(index.read_text())["weight_map"].items():
@@ -168,7 +165,7 @@ def _read_headers(path: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
 def _check_names_and_shapes(
     path: Path,
     config: Qwen35Config,
-    headers: dict[str, tuple[Path, tuple[int, ...]]],
+    headers: dict[str, tuple[Path, tuple[int, ...], str]],
     layout: dict[str, TensorSlot],
     load_mtp: bool,
 ) -> None:
@@ -180,8 +177,14 @@ def _check_names_and_shapes(
             or (name.startswith("mtp.") and not load_mtp)
         )
 
+    for name, (file, _, dtype) in headers.items():
+        if name in layout and dtype not in WEIGHT_DTYPES:
+            raise ValueError(
+                f"{file}: {name} is {dtype}; only float32, float16 and bfloat16 (F32, F16, BF16) weights "
+                "are loaded (dequantize the checkpoint first)"
+            )
     problems = [f"missing tensor {name}" for name in layout if name not in headers]
-    for name, (file, shape) in headers.items():
+    for name, (file, shape, _) in headers.items():
         if name in layout:
             if shape != layout[name].shape:
                 problems.append(
