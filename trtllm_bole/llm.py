@@ -59,8 +59,9 @@ class LLM:
 
     ``device``: ``"cpu"`` or ``"cuda"``; ``dtype``: ``"auto"`` (float32 on CPU, bfloat16 on CUDA),
     ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
-    each; default 8); ``max_seq_len`` bounds prompt + output (default 1024); ``kv_cache_tokens`` sizes
-    the paged KV cache (default: every slot can hold ``max_seq_len`` tokens). ``cuda_graphs``: on a GPU,
+    each; default 8); ``max_seq_len`` bounds prompt + output (at most ``max_seq_len - 1`` tokens in
+    every mode; default 1024); ``kv_cache_tokens`` sizes the paged KV cache (default: every slot can hold
+    ``max_seq_len - 1`` tokens and one draft tree past them). ``cuda_graphs``: on a GPU,
     greedy drafting replays a CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`) and the
     target's verify one per forest shape (:mod:`trtllm_bole.spec.verify_graphs`), captured by
     :meth:`warm_up`; ``False`` launches every kernel from Python. An engine supplies its own dtype,

@@ -116,7 +116,7 @@ def test_missing_or_invalid_checkpoint(tmp_path):
             BuildSettings(max_draft_nodes=600),
             r"max_draft_nodes 600 cannot be served: .*less than or equal to 512",
         ),
-        (BuildSettings(max_seq_len=8), "max_seq_len"),
+        (BuildSettings(max_seq_len=1), "max_seq_len must be at least 2"),
     ],
 )
 def test_bad_build_settings(settings, message, tmp_path):

@@ -53,6 +53,19 @@ def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
         assert all(r.stats.steps < 20 for r in out)
 
 
+@pytest.mark.parametrize("mode", MODES[1:])
+def test_greedy_up_to_max_seq_len_is_token_for_token_autoregressive(config, mode):
+    """Near max_seq_len speculation runs as long as plain decoding: its trees' headroom lies past the
+    limit, where drafts are written but never kept, so the last steps verify full trees too."""
+    params, prompts = SamplingParams(max_tokens=40), [PROMPTS[2], PROMPTS[0]]  # 14 and 5 prompt tokens
+    ar = run(Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_seq_len=32), prompts, params)
+    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    out = run(Executor(random_model(config, seed=3), bole, max_batch_size=2, max_seq_len=32), prompts, params)
+    assert [len(r.output_ids) for r in ar] == [31 - 14, 31 - 5]  # max_seq_len - 1 in all
+    assert [r.output_ids for r in out] == [r.output_ids for r in ar]
+    assert all(r.finish_reason == "length" for r in out) and sum(r.stats.accepted for r in out) > 0
+
+
 def test_a_greedy_request_batched_behind_sampled_ones_decodes_as_plain_greedy(config):
     """Acceptance reads each request's own sampling settings: a greedy request sharing steps with
     sampled ones (the first of the batch among them) still decodes what plain greedy decoding does."""

@@ -42,12 +42,21 @@ def test_fifo_head_waits_for_blocks():
 
 def test_refusals_are_immediate_errors():
     s = make(max_seq_len=16, tree_tokens=4)
-    too_long, empty = req(0, 13), req(1, 0)
-    s.add(too_long)
-    s.add(empty)
+    too_long, longest, empty = req(0, 16), req(1, 15), req(2, 0)
+    for r in (too_long, longest, empty):
+        s.add(r)
     assert too_long.finish_reason == "error" and "exceeds the context limit" in too_long.error
     assert empty.error == "empty prompt"
-    assert not s.waiting
+    assert list(s.waiting) == [longest]  # the draft tree's headroom lies past max_seq_len, not inside it
+
+
+def test_the_context_limit_is_the_same_in_every_mode():
+    """Speculation stops where plain decoding does; a request's KV reservation adds its tree past it."""
+    ar, tree = make(max_seq_len=16, tree_tokens=1), make(max_seq_len=16, tree_tokens=4)
+    assert ar.context_limit == tree.context_limit == 15
+    assert (ar.kv_tokens, tree.kv_tokens) == (16, 19)
+    r = req(0, 10, max_tokens=100)
+    assert (ar._reservation(r), tree._reservation(r)) == (4, 5)  # ceil(16 / 4), ceil((15 + 4) / 4)
 
 
 def test_abort_while_waiting_and_everything_returns():

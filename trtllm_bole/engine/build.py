@@ -70,11 +70,8 @@ class BuildSettings:
                 f"max_draft_depth {self.max_draft_depth} / max_draft_nodes {self.max_draft_nodes} cannot "
                 f"be served: {reasons}"
             ) from None
-        if self.max_seq_len <= self.max_draft_depth + 1:
-            raise ValueError(
-                f"max_seq_len {self.max_seq_len} leaves no room for a prompt next to a draft tree of "
-                f"depth {self.max_draft_depth + 1}"
-            )
+        if self.max_seq_len < 2:
+            raise ValueError("max_seq_len must be at least 2 (a prompt token and an output token), got 1")
         return BuildSettings(
             dtype, self.max_batch_size, self.max_seq_len, self.max_draft_depth, self.max_draft_nodes
         )

@@ -102,9 +102,8 @@ class ServingEngine:
 
     @property
     def context_limit(self) -> int:
-        """Most prompt + output tokens one request may hold (``max_seq_len`` less one draft tree)."""
-        scheduler = self.executor.scheduler
-        return scheduler.max_seq_len - scheduler.tree_tokens
+        """Most prompt + output tokens one request may hold (``max_seq_len - 1``, in every mode)."""
+        return self.executor.scheduler.context_limit
 
     def submit(
         self,

@@ -133,8 +133,9 @@ class Executor:
         self.eos_token_id = eos_token_id
         self.decode_text = decode_text
         tree_tokens = bole.max_depth + 1 if bole.speculates else 1
+        kv_tokens = max_seq_len - 1 + tree_tokens  # Scheduler.kv_tokens
         if num_blocks is None:
-            num_blocks = max_batch_size * -(-max_seq_len // block_size)
+            num_blocks = max_batch_size * -(-kv_tokens // block_size)
         self.cache = model.allocate_cache(max_batch_size, num_blocks, block_size)
         self.scheduler = Scheduler(
             BlockManager(num_blocks, block_size),
@@ -145,7 +146,7 @@ class Executor:
         self._next_id = 0
         # Greedy drafts and every verify replay CUDA graphs (cuda_graphs=False: launched from Python).
         graphs = cuda_graphs and model.device.type == "cuda"
-        table_width = -(-max_seq_len // block_size)
+        table_width = -(-kv_tokens // block_size)
         self.draft_graphs = (
             DraftGraphs.of(model.mtp, top_k=bole.branching, depth=bole.max_depth, table_width=table_width)
             if graphs and bole.speculates
@@ -216,7 +217,7 @@ class Executor:
         for r in requests:
             seed = r.params.seed
             generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
-            room = self.scheduler.max_seq_len - self.scheduler.tree_tokens - len(r.prompt_ids)
+            room = self.scheduler.context_limit - len(r.prompt_ids)
             r.runtime = RequestRuntime(-1, hidden[0], generator, min(r.params.max_tokens, room))
         first = self._sample(logits, requests)
         if self.bole.speculates:

@@ -116,9 +116,21 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
+    @property
+    def context_limit(self) -> int:
+        """Most prompt + output tokens one request may hold: ``max_seq_len - 1`` whatever the mode, so that
+        speculation stops where plain decoding does."""
+        return self.max_seq_len - 1
+
+    @property
+    def kv_tokens(self) -> int:
+        """Most KV positions one request may use: its context and, past it, the deepest tree a step
+        verifies (drafts beyond the context limit are written, never kept)."""
+        return self.context_limit + self.tree_tokens
+
     def add(self, request: Request) -> None:
         """Queue a request, or finish it at once with an error if it can never fit."""
-        limit = self.max_seq_len - self.tree_tokens
+        limit = self.context_limit
         if not request.prompt_ids:
             self._fail(request, "empty prompt")
         elif len(request.prompt_ids) > limit:
@@ -167,8 +179,8 @@ class Scheduler:
         request.error = error
 
     def _reservation(self, request: Request) -> int:
-        tokens = min(len(request.prompt_ids) + request.params.max_tokens + self.tree_tokens, self.max_seq_len)
-        return self.blocks.blocks_for(tokens)
+        context = min(len(request.prompt_ids) + request.params.max_tokens, self.context_limit)
+        return self.blocks.blocks_for(context + self.tree_tokens)
 
     def _fail(self, request: Request, message: str) -> None:
         request.state = RequestState.FINISHED
