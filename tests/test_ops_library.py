@@ -90,17 +90,22 @@ def test_opcheck(case, index):
 
 
 def test_a_compiled_step_is_the_eager_step(case):
-    """verify + conv + commit captured whole (``fullgraph``): each ``bole::`` operator one node of the
-    graph, the same outputs and committed state as eager."""
+    """verify + conv + commit on a slot pool, as the executor calls them, captured whole (``fullgraph``;
+    the slot indices' values are checked by eager calls only): each ``bole::`` operator one node of
+    the graph, the same outputs and committed states as eager."""
     tree, x = case
-    weight, conv = torch.randn(6, 4, device=DEVICE), torch.randn(2, 6, 3, device=DEVICE)
+    weight, conv = torch.randn(6, 4, device=DEVICE), torch.randn(3, 6, 3, device=DEVICE)
     mixed = torch.randn(tree.num_nodes, 6, device=DEVICE)
+    slots = torch.tensor([2, 0], device=DEVICE)
+    x.state = torch.randn(3, *x.state.shape[1:], device=DEVICE)
 
     def step(state, conv_state):
-        o, factors = ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, state, tree, scale=x.scale)
-        y = ops.tree_conv1d(mixed, weight, conv_state, tree)
-        ops.gdn_commit(state, factors, _leaves(tree), check=False)
-        ops.conv_state_commit(conv_state, mixed, tree, _leaves(tree), check=False)
+        o, factors = ops.gdn_tree_verify(
+            x.q, x.k, x.v, x.g, x.beta, state, tree, scale=x.scale, state_indices=slots
+        )
+        y = ops.tree_conv1d(mixed, weight, conv_state, tree, state_indices=slots)
+        ops.gdn_commit(state, factors, _leaves(tree), state_indices=slots)
+        ops.conv_state_commit(conv_state, mixed, tree, _leaves(tree), state_indices=slots)
         return o, y
 
     graphs = []
@@ -128,3 +133,12 @@ def test_meta_tensors_give_shapes_without_compute(case):
     o, u, log_p = library.gdn_tree_verify(*meta, meta_tree, tree.max_depth, tree.max_nodes)
     assert (o.shape, u.shape, log_p.shape) == (x.v.shape, x.v.shape, x.v.shape[:2])
     assert (o.dtype, u.dtype, log_p.dtype) == (torch.bfloat16, torch.float32, torch.float32)
+
+
+def test_outputs_are_row_major_whatever_the_inputs_layout(case):
+    """The fakes promise row-major outputs; the kernels write them so, and so does the CPU side."""
+    tree, _ = case
+    transposed = torch.randn(16, tree.num_nodes, device=DEVICE).t()
+    torch.library.opcheck(library.rms_norm, (transposed, torch.randn(16, device=DEVICE), 1e-6))
+    conv = (torch.randn(6, tree.num_nodes, device=DEVICE).t(), torch.randn(6, 4, device=DEVICE))
+    torch.library.opcheck(library.tree_conv1d, (*conv, torch.randn(2, 6, 3, device=DEVICE), *tree_args(tree)))

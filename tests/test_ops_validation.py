@@ -93,6 +93,24 @@ def test_commit_rejects_mismatched_state_and_leaves(case):
         ops.stack_factors([])
 
 
+def test_commits_refuse_leaves_on_another_device(case, gen):
+    """The device is the dispatcher's choice (any CUDA argument picks the kernels): every tensor of a
+    commit must be where its state is."""
+    tree, x = case
+    _, factors = verify(x, tree)
+    elsewhere = torch.tensor([0, 0], device="meta")
+    with pytest.raises(ValueError, match="accepted_leaf is on meta but the data is on cpu"):
+        ops.gdn_commit(x.state, factors, elsewhere)
+    with pytest.raises(ValueError, match="accepted_leaf is on meta"):
+        ops.gdn_snapshot_commit(x.state, torch.zeros(tree.num_nodes, *x.state.shape[1:]), tree, elsewhere)
+    with pytest.raises(ValueError, match="accepted_leaf is on meta"):
+        ops.conv_state_commit(torch.zeros(2, 6, 3), torch.zeros(tree.num_nodes, 6), tree, elsewhere)
+    cache, new = torch.zeros(1, 4, 4, 1, 8), torch.zeros(1, tree.num_nodes, 1, 8)
+    tables, lengths = torch.tensor([[0, 1], [2, 3]]), torch.tensor([0, 0])
+    with pytest.raises(ValueError, match="context_lens is on meta"):
+        ops.kv_commit(cache, cache.clone(), new, new, tree, torch.tensor([0, 0]), tables, lengths.to("meta"))
+
+
 def test_conv_rejects(case, gen):
     tree, _ = case
     x = torch.randn(tree.num_nodes, 6, generator=gen)

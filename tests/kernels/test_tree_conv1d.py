@@ -50,6 +50,15 @@ def test_no_bias_bf16_and_slot_pool(activation, gen, nan_outputs):
     assert torch.equal(state, before)
 
 
+def test_inputs_laid_out_transposed(gen, nan_outputs):
+    """A full-size input whose strides are not row-major (a transpose) gives the same values, and the
+    output is row-major (as the operator's fake says)."""
+    tree, x, weight, bias, state = case(TREES["ragged"], 24, 4, gen)
+    transposed = x.t().contiguous().t()
+    y = tree_conv1d(transposed, weight, state, tree, bias=bias)
+    assert y.is_contiguous() and torch.equal(y, tree_conv1d(x, weight, state, tree, bias=bias))
+
+
 def test_rejects_bad_arguments(gen):
     tree, x, weight, bias, state = case(TREES["single"], 16, 4, gen)
     with pytest.raises(ValueError, match="activation must be"):

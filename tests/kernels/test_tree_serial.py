@@ -35,6 +35,15 @@ def test_outputs_and_snapshots(heads, cfg, gen, nan_outputs):
     assert rel_rms(o, o_ref) <= 1e-5 and rel_rms(snaps, states) <= 1e-5
 
 
+def test_values_laid_out_head_major(gen, nan_outputs):
+    """v with its heads outermost in memory gives the same outputs, row-major (as the fake says)."""
+    tree, x = make(TREES, 2, 4, 16, 16, gen)
+    head_major = x.v.permute(1, 0, 2).contiguous().permute(1, 0, 2)
+    o, _ = gdn_tree_verify_serial(x.q, x.k, head_major, x.g, x.beta, x.state, tree, scale=x.scale)
+    expected, _ = gdn_tree_verify_serial(x.q, x.k, x.v, x.g, x.beta, x.state, tree, scale=x.scale)
+    assert o.is_contiguous() and torch.equal(o, expected)
+
+
 def test_slot_pool_and_commit(gen, nan_outputs):
     tree, x = make(TREES, 2, 4, 16, 16, gen, num_slots=6)
     slots = torch.tensor([4, 0, 5, 2], device=DEVICE)

@@ -181,7 +181,8 @@ class VerifyCall:
         """Empty ``o`` (v's dtype), ``u`` (fp32, v's shape) and ``logP`` (fp32 ``[N, HV]``)."""
         v = self.v
         u = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-        return torch.empty_like(v), u, torch.empty(v.shape[:2], dtype=torch.float32, device=v.device)
+        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        return o, u, torch.empty(v.shape[:2], dtype=torch.float32, device=v.device)
 
 
 def pow2_at_least(n: int, floor: int = 1) -> int:

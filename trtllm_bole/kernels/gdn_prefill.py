@@ -96,7 +96,7 @@ def gdn_prefill(
         raise ValueError(f"lengths {list(lengths)} must be positive and cover the {v.shape[0]} rows")
     slots = torch.arange(len(lengths), device=state.device) if state_indices is None else state_indices.long()
     config = prefill_config(q.shape[-1], v.shape[-1], fp32_exact=q.dtype == v.dtype == torch.float32)
-    o = torch.empty_like(v)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     for r in prefill_rounds(tuple(lengths), chunk_size, state.device):
         chunk_slots = slots[r.requests]
         k_r = k[r.rows]

@@ -105,7 +105,7 @@ def tree_conv1d(
     check_device(tree, x.device, weight=weight, conv_state=conv_state, bias=bias)
     check_slot_count(conv_state.shape[0], tree.num_requests, state_indices, "conv_state")
     slots = slot_indices(state_indices, tree.num_requests, x.device)
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # row-major, as the kernel writes it
     bn, bc = 16, min(128, triton.next_power_of_2(c))
     grid = (triton.cdiv(c, bc), triton.cdiv(tree.num_nodes, bn))
     _tree_conv1d_kernel[grid](

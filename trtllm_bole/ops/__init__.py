@@ -26,6 +26,7 @@ import torch
 from trtllm_bole.kernels._common import (
     GDNTreeFactors,
     check_conv_shapes,
+    check_device,
     check_slot_count,
     check_state_indices,
 )
@@ -178,6 +179,7 @@ def gdn_commit(
     if stacked and state.shape[0] != factors.num_layers:
         raise ValueError(f"state holds {state.shape[0]} layers but the factors {factors.num_layers}")
     _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
+    check_device(tree, state.device, accepted_leaf=accepted_leaf, k=factors.k, u=factors.u)
     library.gdn_commit(
         state,
         factors.k,
@@ -223,6 +225,7 @@ def gdn_snapshot_commit(
 ) -> None:
     """Copy each request's accepted snapshot into its state slot (the serial schemes' commit)."""
     _check_slots(state.shape[0], tree.num_requests, state_indices, state.device, values=check)
+    check_device(tree, state.device, accepted_leaf=accepted_leaf, snapshots=snapshots)
     if snapshots.shape[0] != tree.num_nodes or snapshots.shape[1:] != state.shape[1:]:
         raise ValueError(
             f"snapshots must be [N={tree.num_nodes}, {', '.join(map(str, state.shape[1:]))}], "
@@ -308,6 +311,7 @@ def conv_state_commit(
             f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
         )
     _check_slots(conv_state.shape[-3], tree.num_requests, state_indices, conv_state.device, values=check)
+    check_device(tree, conv_state.device, accepted_leaf=accepted_leaf, x=x)
     library.conv_state_commit(conv_state, x, *tree_args(tree), accepted_leaf, state_indices=state_indices)
 
 
@@ -342,6 +346,8 @@ def kv_commit(
             f"new_k/new_v must be [L={k_cache.shape[0]}, N={tree.num_nodes}, KVH, d], got "
             f"{tuple(new_k.shape)} and {tuple(new_v.shape)}"
         )
+    check_device(tree, k_cache.device, v_cache=v_cache, new_k=new_k, new_v=new_v, accepted_leaf=accepted_leaf,
+                 block_tables=block_tables, context_lens=context_lens)  # fmt: skip
     if check:
         _check_kv_commit(k_cache.shape[1], k_cache.shape[2], tree, accepted_leaf, block_tables, context_lens)
     library.kv_commit(
@@ -439,8 +445,8 @@ def _check_slots(
     check_state_indices(state_indices, num_requests, device)
     if not values:
         return
-    if state_indices.is_cuda and torch.cuda.is_current_stream_capturing():
-        return  # a CUDA graph records kernels, not values: the capturing caller owns its slots' values
+    if torch.compiler.is_compiling() or (state_indices.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return  # a graph records kernels, not values: the capturing (compiling) caller owns the values
     version = None if state_indices.is_inference() else state_indices._version
     if _passed_before(state_indices, version, num_slots):
         return

@@ -7,10 +7,10 @@ implementation by the tensors' device: this is the one place where CPU and GPU p
 The operators take validated inputs (:mod:`trtllm_bole.ops` validates, then calls them) and a
 :class:`~trtllm_bole.tree.TreeBatch` as its tensors and its two host ints (``Tensor[] tree, int
 max_depth, int max_nodes``). They are defined with :class:`torch.library.Library` rather than the
-``torch.library.custom_op`` decorator: the same schemas and fakes for ~5 µs of dispatch a call instead of
-18-26 µs (the decorator's autograd and aliasing wrappers; both measured on this project's CI machine),
-which counts on the eager paths that call an operator per layer (prefill). None is differentiable: the
-training forward calls the reference itself (:func:`trtllm_bole.ops.rms_norm`,
+``torch.library.custom_op`` decorator: the same schemas and fakes without the decorator's autograd and
+aliasing wrappers around every call, which the eager paths (prefill calls operators layer by layer)
+would pay; what the dispatch costs on the H200 is measured by benchmarks/op_dispatch.py. None has an
+autograd formula: the training forward calls the reference itself (:func:`trtllm_bole.ops.rms_norm`,
 :func:`trtllm_bole.ops.chunk_gated_delta_rule`).
 """
 
@@ -85,32 +85,40 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 # Norms and forests                                                                          #
 # ----------------------------------------------------------------------------------------- #
 
+
+def _rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Row-major whatever x's layout, as the kernel's output (and the fake) is."""
+    return norms.rms_norm(x, weight, eps).contiguous()
+
+
 rms_norm = _define(
     "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
-    cpu=norms.rms_norm,
+    cpu=_rms_norm_reference,
     cuda=_kernel("norms", "rms_norm"),
     fake=lambda x, weight, eps: x.new_empty(x.shape),
 )
 
 
-def _derived(parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int) -> tuple:
+def _forest_metadata_torch(
+    parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int
+) -> tuple:
     """``(request, global_parents, paths, dfs_order, subtree_size)``: torch's derivation, on any device."""
     t = TreeBatch.on_device(parents, cu_seqlens, depth, max_depth=max_depth, max_nodes=max_nodes)
     return t.request, t.global_parents, t.paths, t.dfs_order, t.subtree_size
 
 
-def _derived_cuda(
+def _forest_metadata_cuda(
     parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int
 ) -> tuple:
     """One Triton launch for requests of up to ``MAX_NODES`` nodes (~65 small torch kernels otherwise)."""
     from trtllm_bole.kernels import forest as kernel
 
     if max_nodes > kernel.MAX_NODES:
-        return _derived(parents, cu_seqlens, depth, max_depth, max_nodes)
+        return _forest_metadata_torch(parents, cu_seqlens, depth, max_depth, max_nodes)
     return kernel.forest_metadata(parents, cu_seqlens, depth, max_depth=max_depth, max_nodes=max_nodes)
 
 
-def _derived_fake(
+def _forest_metadata_fake(
     parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int
 ) -> tuple:
     n = parents.shape[0]
@@ -129,9 +137,9 @@ def _derived_fake(
 forest_metadata = _define(
     "forest_metadata(Tensor parents, Tensor cu_seqlens, Tensor depth, int max_depth, int max_nodes) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-    cpu=_derived,
-    cuda=_derived_cuda,
-    fake=_derived_fake,
+    cpu=_forest_metadata_torch,
+    cuda=_forest_metadata_cuda,
+    fake=_forest_metadata_fake,
 )
 
 # ----------------------------------------------------------------------------------------- #
@@ -139,10 +147,10 @@ forest_metadata = _define(
 # ----------------------------------------------------------------------------------------- #
 
 
-def _verify_reference(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor]:
+def _verify_reference(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                      tree: TreeBatch, **kwargs: Any) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """The closed form, its factors in the state's dtype (the reference computes in float64 or float32)."""
-    o, u, log_p = gdn_tree.closed_form_tree_verify(*args, **kwargs)
-    state = args[5]
+    o, u, log_p = gdn_tree.closed_form_tree_verify(q, k, v, g, beta, state, tree, **kwargs)
     return o, u.to(state.dtype), log_p.to(state.dtype)
 
 
@@ -166,9 +174,10 @@ gdn_tree_verify = _define(
 )
 
 
-def _serial_reference(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
-    o, snapshots = gdn_tree.serial_tree_recurrence(*args, **kwargs)
-    return o, snapshots.to(args[5].dtype)
+def _serial_reference(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                      tree: TreeBatch, **kwargs: Any) -> tuple[Tensor, Tensor]:  # fmt: skip
+    o, snapshots = gdn_tree.serial_tree_recurrence(q, k, v, g, beta, state, tree, **kwargs)
+    return o, snapshots.to(state.dtype)
 
 
 def _serial_fake(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, *args: Any,
@@ -223,13 +232,13 @@ gdn_snapshot_commit = _define(
 )
 
 
-def _prefill_cuda(*args: Any, **kwargs: Any) -> Tensor:
+def _prefill_cuda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, cu_seqlens: Tensor,
+                  **kwargs: Any) -> Tensor:  # fmt: skip
     """The kernels take the prompts' lengths as host ints (one device sync)."""
     from trtllm_bole.kernels import gdn_prefill as kernel
 
-    cu_seqlens = args[6]
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    return kernel.gdn_prefill(*args[:6], lengths, **kwargs)
+    return kernel.gdn_prefill(q, k, v, g, beta, state, lengths, **kwargs)
 
 
 gdn_prefill = _define(

@@ -148,7 +148,7 @@ def gdn_tree_verify_serial(
     cfg = config or SerialConfig(tile_dividing(dv, 32), 2)
     if dv % cfg.bv:
         raise ValueError(f"{cfg} does not tile dv={dv}")
-    o = torch.empty_like(v)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # row-major, as the kernel writes it
     snapshots = torch.empty((n, hv, dk, dv), dtype=torch.float32, device=v.device)
     grid = (dv // cfg.bv, hv, tree.num_requests)
     _tree_serial_kernel[grid](
