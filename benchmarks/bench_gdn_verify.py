@@ -22,7 +22,8 @@ of triton's do_bench (warm-up, L2 flushed between runs, CUDA events) over rotati
 from the host (``--timing eager``, the full run's default) or replayed from CUDA graphs (``--timing
 graph``, the focused run's default: the host's launch overhead, tens of µs of Python per call, is out of
 the window, as in an engine that captures its verify step). Results
-go to <out>/gdn_verify_h200.json (rewritten after every section) and <out>/gdn_verify_h200.png.
+go to <out>/gdn_verify_<device>.json (rewritten after every section) and its .png; <device> is
+``h200`` on the H200, ``smoke`` for ``--smoke``.
 """
 
 from __future__ import annotations
@@ -102,13 +103,13 @@ class Bench:
         self.gen = torch.Generator(device=self.device).manual_seed(args.seed)
         self.checked: dict[tuple, bool] = {}
         self.mem_cap = int(0.35 * torch.cuda.get_device_properties(0).total_memory) if self.cuda else 2**62
-        out = Path(args.out)
-        self.png = out / "gdn_verify_h200.png"
         import triton
 
         device = torch.cuda.get_device_name(0) if self.cuda else f"CPU interpreter ({platform.machine()})"
+        stem = Path(args.out) / f"gdn_verify_{result_tag(device)}"
+        self.png = stem.with_suffix(".png")
         self.r = U.Results(
-            out / "gdn_verify_h200.json",
+            stem.with_suffix(".json"),
             {
                 "device": device, "torch": torch.__version__, "triton": triton.__version__,
                 "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),
@@ -277,6 +278,14 @@ class Bench:
         print(U.plot(self.r.data, self.png), flush=True)
         print(json.dumps(self.r.data["summary"], indent=1), flush=True)
         return 0
+
+
+def result_tag(device: str) -> str:
+    """Results are named by the device that measured them: ``h200``, ``smoke`` for the interpreter (so
+    a smoke run never overwrites a GPU's results), else the GPU's name."""
+    if "H200" in device:
+        return "h200"
+    return "smoke" if device.startswith("CPU") else device.lower().replace(" ", "_")
 
 
 def main(argv: list[str] | None = None) -> int:

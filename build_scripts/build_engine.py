@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -140,8 +141,13 @@ def parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the build, which removes its staging folder
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)  # timeout, docker stop, a cancelled CI job: clean up as Ctrl-C
     import torch
 
     from trtllm_bole.engine import BuildSettings, build_engine
@@ -188,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written", file=sys.stderr)
+        return 130
     config = json.loads((path / "config.json").read_text())
     summary = {
         "engine": str(path),

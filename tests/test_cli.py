@@ -25,3 +25,24 @@ def test_memory_table_writes_json(tmp_path):
     # 100 nodes x 24 GDN layers x 32 heads x 128 x 128 fp32 = 5.03e9 bytes (paper: 4.7 GiB)
     assert nine_b_100["snapshots"] == 100 * 24 * 32 * 128 * 128 * 4
     assert nine_b_100["ratio"] > 60
+
+
+def test_bad_generate_settings_end_in_one_error_line():
+    """A value out of range is the user's to fix: a one-line reason and exit code 2, no traceback."""
+    for args in (["--depth", "20"], ["--max-tokens", "0"], ["--model", "/nonexistent"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "trtllm_bole", "generate", *args], capture_output=True, text=True
+        )
+        assert done.returncode == 2 and "\nerror: " in "\n" + done.stderr and "Traceback" not in done.stderr
+
+
+def test_cuda_without_a_gpu_is_refused_by_name():
+    import pytest
+    import torch
+
+    from trtllm_bole import LLM
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="sees no CUDA GPU; use device='cpu'"):
+        LLM(device="cuda")

@@ -81,10 +81,17 @@ def stream(
     url: str, inputs: list[grpcclient.InferInput], *, model: str = "bole", timeout: float = 600.0
 ) -> Iterator[Chunk]:
     """Send one request on a gRPC stream and yield its responses until the final one. Raises
-    :class:`InferenceServerException` on an error response; closing the generator early (or an
-    exception in the caller) cancels the request on the server."""
+    :class:`InferenceServerException` on an error response, or naming the URL when no server answers
+    there or the model is not ready; closing the generator early (or an exception in the caller)
+    cancels the request on the server."""
     responses: queue.Queue = queue.Queue()
     with grpcclient.InferenceServerClient(url) as client:
+        try:
+            ready = client.is_model_ready(model)
+        except InferenceServerException as e:
+            raise InferenceServerException(f"no Triton server answers at {url} ({e.message()})") from None
+        if not ready:
+            raise InferenceServerException(f"the server at {url} has no ready model {model!r}")
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
         try:
@@ -162,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     s = last.stats if last else {}
     print(
-        f"\n\n[{args.model}] finish: {last.finish_reason if last else '?'}; "
+        f"\n\n[model {args.model}] finish: {last.finish_reason if last else '?'}; "
         f"{count} tokens in {elapsed:.2f} s "
         f"(first after {(first or start) - start:.2f} s); drafted {s.get('total_draft_tokens', 0)}, "
         f"accepted {s.get('total_accepted_draft_tokens', 0)} (rate {s.get('acceptance_rate', 0):.2f}); "

@@ -9,6 +9,18 @@ DEFAULT_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""
 
 
 def _generate(args: argparse.Namespace) -> int:
+    """Bad settings (a pydantic ValidationError is a ValueError too) end in one ``error:`` line."""
+    try:
+        return _stream(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def _stream(args: argparse.Namespace) -> int:
     from trtllm_bole import LLM, BoleConfig, SamplingParams
 
     drafts = {"top_k": args.branching, "max_depth": args.depth, "max_nodes": args.max_nodes}
@@ -30,10 +42,11 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"\nerror: {last.error if last else 'no output'}", file=sys.stderr)
         return 1
     s = last.stats
+    forwards = f"target forwards {s.steps + 1} (prefill + {s.steps} step{'' if s.steps == 1 else 's'})"
     print(
-        f"\n\n[{args.mode}] finish: {last.outputs[0].finish_reason}; target forwards: {s.steps + 1} "
-        f"(1 prefill + {s.steps} steps); drafted {s.drafted}, accepted {s.accepted} "
-        f"(rate {s.acceptance_rate:.2f}); mean accepted tokens per step {s.mean_accepted_tokens:.2f}",
+        f"\n\n[{args.mode}] finish: {last.outputs[0].finish_reason}; {forwards}; "
+        f"drafted {s.drafted}, accepted by verification {s.accepted} (rate {s.acceptance_rate:.2f}; the last "
+        f"step's may run past --max-tokens); mean accepted tokens per step {s.mean_accepted_tokens:.2f}",
         file=sys.stderr,
     )
     return 0
@@ -48,22 +61,28 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )  # fmt: skip
     gen.add_argument("--model", default=None, help="checkpoint or engine dir (default: the embedded model)")
-    gen.add_argument("--prompt", default=DEFAULT_PROMPT)
+    gen.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue")
     gen.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of --prompt")
-    gen.add_argument("--mode", choices=["ar", "chain", "tree-serial", "bole"], default="bole")
+    gen.add_argument(
+        "--mode", choices=["ar", "chain", "tree-serial", "bole"], default="bole",
+        help="plain decoding, a drafted chain, or a drafted tree verified node by node or in closed form",
+    )  # fmt: skip
     gen.add_argument("--branching", type=int, default=None, help="draft tree top-k (unset: 4)")
     gen.add_argument("--depth", type=int, default=None, help="draft tree depth (unset: the engine's, else 8)")
     gen.add_argument(
         "--max-nodes", type=int, default=None,
         help="draft tokens per step (unset: the engine's, else 63; +1 pending: 64)",
     )  # fmt: skip
-    gen.add_argument("--max-tokens", type=int, default=96)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--device", default="cpu")
-    gen.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    gen.add_argument("--max-tokens", type=int, default=96, help="tokens to generate at most")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--top-k", type=int, default=0, help="0: off")
+    gen.add_argument("--top-p", type=float, default=1.0, help="1: off")
+    gen.add_argument("--seed", type=int, default=None, help="a sampled request's seed")
+    gen.add_argument("--device", default="cpu", help="cpu or cuda")
+    gen.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+        help="auto: float32 on CPU, bfloat16 on CUDA",
+    )  # fmt: skip
 
     demo = commands.add_parser("demo", help="verify a demo draft forest through the exact core (CPU)")
     demo.add_argument("--seed", type=int, default=0)

@@ -34,7 +34,9 @@ class SamplingParams(BaseModel):
     @classmethod
     def _temperature_greedy_or_finite(cls, t: float) -> float:
         if 0.0 < t < MIN_TEMPERATURE:
-            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {t!r}")
+            raise ValueError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}"
+            )  # pydantic shows the input
         return t
 
 

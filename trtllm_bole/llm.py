@@ -82,6 +82,11 @@ class LLM:
         cuda_graphs: bool = True,
     ) -> None:
         path = Path(model) if model is not None else DEFAULT_MODEL
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(
+                f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
+                "use device='cpu' (or install a CUDA build of torch on a GPU machine)"
+            )
         if not path.is_dir():
             raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
         self.model_dir = path

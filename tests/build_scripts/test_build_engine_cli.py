@@ -1,6 +1,8 @@
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,3 +35,19 @@ def test_cli_builds_then_keeps_then_refuses(tmp_path):
     assert other.returncode == 1 and "--force" in other.stderr
     bad = subprocess.run([*cmd, "--checkpoint", str(tmp_path / "missing")], capture_output=True, text=True)
     assert bad.returncode == 1 and "not a directory" in bad.stderr
+
+
+def test_a_terminated_build_leaves_nothing_behind(tmp_path):
+    """SIGTERM (timeout, docker stop, a cancelled job) unwinds the build as Ctrl-C does: no staging
+    folder, no engine, exit 128 + 15."""
+    output = tmp_path / "engine"
+    cmd = [sys.executable, str(ROOT / "build_scripts" / "build_engine.py"), "--output", str(output),
+           "--device", "cpu", "--calibrate", "--quiet"]  # fmt: skip
+    build = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".engine.building-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(tmp_path.glob(".engine.building-*")), "the build never started staging"
+    build.send_signal(signal.SIGTERM)
+    assert build.wait(timeout=60) == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []

@@ -238,6 +238,20 @@ def test_client_cli(server, llm):
     assert "finish: length" in done.stderr and "mean accepted tokens per step" in done.stderr
     bad = subprocess.run([*client, "--prompt", "x", "--max-tokens", "0"], capture_output=True, text=True)
     assert bad.returncode == 1 and "error: max_tokens" in bad.stderr
+    nobody = [
+        sys.executable,
+        str(ROOT / "triton_server" / "client.py"),
+        "--url",
+        "127.0.0.1:9",
+        "--prompt",
+        "x",
+    ]
+    unreachable = subprocess.run(nobody, capture_output=True, text=True)
+    assert (
+        unreachable.returncode == 1 and "error: no Triton server answers at 127.0.0.1:9" in unreachable.stderr
+    )
+    wrong = subprocess.run([*client, "--model", "llama", "--prompt", "x"], capture_output=True, text=True)
+    assert wrong.returncode == 1 and "has no ready model 'llama'" in wrong.stderr
 
 
 def test_launch_help_runs_without_a_server():
