@@ -25,7 +25,13 @@ class SamplingParams(BaseModel):
     )
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 = off.")
-    seed: int | None = Field(None, description="Per-request RNG seed for reproducible sampling.")
+    seed: int | None = Field(
+        None,
+        description="Per-request RNG seed: the same request, served with the same drafts, samples the same "
+        "tokens. Speculation draws a coin per draft it tries, so under a batch-shared budget (whose trees "
+        "depend on the batch) or another mode the draws, and so the tokens, can differ; each is still a "
+        "sample of the target distribution.",
+    )
     stop_token_ids: list[int] = Field(default_factory=list, description="Stop after emitting any of these.")
     stop: list[str] = Field(default_factory=list, description="Stop when the text ends with any of these.")
     ignore_eos: bool = Field(False, description="Keep generating past the tokenizer's end-of-text token.")
