@@ -164,7 +164,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
 
 
-def context_limit(dataset) -> int:
+def max_seq_len_for(dataset) -> int:
     """The executor's ``max_seq_len`` for a dataset: its longest prompt plus output, and some room."""
     return max(len(p) + n for p, n in dataset) + 32
 
@@ -181,9 +181,9 @@ def run(
     llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequential: bool, max_seq_len: int = 0
 ) -> dict:
     """Serve the dataset once; returns metrics and every request's output tokens. ``max_seq_len``:
-    default :func:`context_limit` of the dataset (a warm-up passes the timed dataset's: the same cache
+    default :func:`max_seq_len_for` of the dataset (a warm-up passes the timed dataset's: the same cache
     sizes and draft graphs as the timed runs)."""
-    executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or context_limit(dataset))
+    executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or max_seq_len_for(dataset))
     graphs = [g for g in (executor.draft_graphs, executor.verify_graphs) if g is not None]
     captured_before = sum(len(g.captured) for g in graphs)
     sync = torch.cuda.synchronize if llm.model.device.type == "cuda" else (lambda: None)
@@ -253,7 +253,7 @@ def warm_up(llm: LLM, mode: str, bole_args: dict, dataset, batch: int, tokens: i
     second or more that must not land inside a timed run; then capture the CUDA graphs (greedy drafting's,
     the verify's of full trees) of every batch size up to ``batch`` (the timed runs' executors meet the
     same cache and graphs)."""
-    limit = context_limit(dataset)
+    limit = max_seq_len_for(dataset)
     if tokens > 0:
         prompts = [prompt for prompt, _ in itertools.islice(itertools.cycle(dataset), batch)]
         run(llm, mode, bole_args, [(p, tokens) for p in prompts], batch, sequential=False, max_seq_len=limit)

@@ -23,7 +23,7 @@ from the host (``--timing eager``, the full run's default) or replayed from CUDA
 graph``, the focused run's default: the host's launch overhead, tens of µs of Python per call, is out of
 the window, as in an engine that captures its verify step). Results
 go to <out>/gdn_verify_<device>.json (rewritten after every section) and its .png; <device> is
-``h200`` on the H200, ``smoke`` for ``--smoke``.
+``h200`` on the H200, ``smoke`` in Triton's interpreter (``--smoke``), else the GPU's name.
 """
 
 from __future__ import annotations

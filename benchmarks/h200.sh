@@ -81,7 +81,7 @@ depth)
 ops)
     python -m pytest -q -m gpu tests/kernels tests/test_transfer.py tests/spec tests/models tests/test_tree.py \
         -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
-    python -m pytest -q tests/test_ops_library.py tests/test_ops_validation.py -p no:cacheprovider \
+    python -m pytest -q tests/ops -p no:cacheprovider \
         > "$OUT/pytest_ops.txt" 2>&1; echo "ops tests rc=$?"; tail -3 "$OUT/pytest_ops.txt"
     python benchmarks/op_dispatch.py --out "$OUT" > "$OUT/dispatch_log.txt" 2>&1; echo "dispatch rc=$?"
     timeout 240 python benchmarks/ab_executor.py dispatcher --trials 6 --batches 1,8,32 --out "$OUT" \

@@ -28,12 +28,14 @@ def test_memory_table_writes_json(tmp_path):
 
 
 def test_bad_generate_settings_end_in_one_error_line():
-    """A value out of range is the user's to fix: a one-line reason and exit code 2, no traceback."""
-    for args in (["--depth", "20"], ["--max-tokens", "0"], ["--model", "/nonexistent"]):
+    """A value out of range is the user's to fix: one line naming it, exit code 2, before any loading."""
+    cases = {"--depth": "max_depth: ", "--max-tokens": "max_tokens: ", "--model": "is not a directory"}
+    for flag, value in (("--depth", "20"), ("--max-tokens", "0"), ("--model", "/nonexistent")):
         done = subprocess.run(
-            [sys.executable, "-m", "trtllm_bole", "generate", *args], capture_output=True, text=True
+            [sys.executable, "-m", "trtllm_bole", "generate", flag, value], capture_output=True, text=True
         )
-        assert done.returncode == 2 and "\nerror: " in "\n" + done.stderr and "Traceback" not in done.stderr
+        assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
+        assert cases[flag] in done.stderr
 
 
 def test_cuda_without_a_gpu_is_refused_by_name():

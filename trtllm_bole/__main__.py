@@ -4,33 +4,52 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtllm_bole import LLM, SamplingParams
 
 DEFAULT_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
 
 def _generate(args: argparse.Namespace) -> int:
-    """Bad settings (a pydantic ValidationError is a ValueError too) end in one ``error:`` line."""
+    """Bad settings end in one ``error:`` line (exit 2) before any weight is loaded where they can."""
     try:
-        return _stream(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        llm, prompt, params = _setup(args)
+    except ValueError as e:  # a pydantic ValidationError is one too
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
+    try:
+        return _stream(args, llm, prompt, params)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
 
 
-def _stream(args: argparse.Namespace) -> int:
+def _one_line(e: ValueError) -> str:
+    from pydantic import ValidationError
+
+    if not isinstance(e, ValidationError):
+        return str(e)
+    return "; ".join(
+        f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})" for err in e.errors()
+    )
+
+
+def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingParams]:
     from trtllm_bole import LLM, BoleConfig, SamplingParams
 
     drafts = {"top_k": args.branching, "max_depth": args.depth, "max_nodes": args.max_nodes}
     bole = BoleConfig(mode=args.mode, **{name: v for name, v in drafts.items() if v is not None})
-    llm = LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype)
-    prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else args.prompt
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed,
     )  # fmt: skip
+    prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else args.prompt
+    return LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype), prompt, params
+
+
+def _stream(args: argparse.Namespace, llm: LLM, prompt: str | list[int], params: SamplingParams) -> int:
     if isinstance(prompt, str):
         sys.stdout.write(prompt)
     last = None

@@ -53,14 +53,27 @@ def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
         assert all(r.stats.steps < 20 for r in out)
 
 
+def run_to_max_seq_len(model_of, mode: str, monkeypatch) -> list:
+    """Two requests run into max_seq_len = 32; every step checks that each request's KV blocks hold its
+    context and a whole tree past it (where the last steps' drafts are written)."""
+    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    ex = Executor(model_of(), bole, max_batch_size=2, max_seq_len=32, block_size=4)
+    speculate = Executor._speculate
+
+    def checked(self, requests):
+        for r in requests:
+            assert len(r.blocks) * 4 >= r.context_len + self.scheduler.tree_tokens
+        return speculate(self, requests)
+
+    monkeypatch.setattr(Executor, "_speculate", checked)
+    return run(ex, [PROMPTS[2], PROMPTS[0]], SamplingParams(max_tokens=40))  # 14 and 5 prompt tokens
+
+
 @pytest.mark.parametrize("mode", MODES[1:])
-def test_greedy_up_to_max_seq_len_is_token_for_token_autoregressive(config, mode):
+def test_greedy_up_to_max_seq_len_is_token_for_token_autoregressive(config, mode, monkeypatch):
     """Near max_seq_len speculation runs as long as plain decoding: its trees' headroom lies past the
     limit, where drafts are written but never kept, so the last steps verify full trees too."""
-    params, prompts = SamplingParams(max_tokens=40), [PROMPTS[2], PROMPTS[0]]  # 14 and 5 prompt tokens
-    ar = run(Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_seq_len=32), prompts, params)
-    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
-    out = run(Executor(random_model(config, seed=3), bole, max_batch_size=2, max_seq_len=32), prompts, params)
+    ar, out = (run_to_max_seq_len(lambda: random_model(config, seed=3), m, monkeypatch) for m in ("ar", mode))
     assert [len(r.output_ids) for r in ar] == [31 - 14, 31 - 5]  # max_seq_len - 1 in all
     assert [r.output_ids for r in out] == [r.output_ids for r in ar]
     assert all(r.finish_reason == "length" for r in out) and sum(r.stats.accepted for r in out) > 0
@@ -234,6 +247,20 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
         outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
     assert outputs[0] == outputs[1]
     assert spec.verify_graphs.captured and (spec.draft_graphs is None) == (mode == "ar")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES[1:])
+def test_graphs_up_to_max_seq_len_are_token_for_token_autoregressive(gpu_config, mode, monkeypatch):
+    """The same on the kernels and CUDA graphs, whose block tables are padded to the widest reservation:
+    a tree written past a request's blocks would land in another request's (block 0)."""
+
+    def model():
+        return random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+
+    ar, out = (run_to_max_seq_len(model, m, monkeypatch) for m in ("ar", mode))
+    assert [r.output_ids for r in out] == [r.output_ids for r in ar]
+    assert [len(r.output_ids) for r in out] == [31 - 14, 31 - 5]
 
 
 @pytest.mark.gpu

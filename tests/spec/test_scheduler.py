@@ -42,10 +42,10 @@ def test_fifo_head_waits_for_blocks():
 
 def test_refusals_are_immediate_errors():
     s = make(max_seq_len=16, tree_tokens=4)
-    too_long, longest, empty = req(0, 16), req(1, 15), req(2, 0)
+    too_long, longest, empty = req(0, 15), req(1, 14), req(2, 0)  # 15 prompt + output tokens at most
     for r in (too_long, longest, empty):
         s.add(r)
-    assert too_long.finish_reason == "error" and "exceeds the context limit" in too_long.error
+    assert too_long.finish_reason == "error" and "so a prompt of at most 14" in too_long.error
     assert empty.error == "empty prompt"
     assert list(s.waiting) == [longest]  # the draft tree's headroom lies past max_seq_len, not inside it
 

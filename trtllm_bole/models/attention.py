@@ -11,9 +11,9 @@ This is the torch path (SDPA with an explicit boolean mask over a padded batch):
 the reference for a fused tree-attention kernel. The committed window it gathers is the whole block
 table width, so no host sync is needed for the context length: launched eagerly, the executor's
 table is as wide as the largest block reservation in the batch (a request reserves blocks for its
-prompt, its ``max_tokens`` and a tree); replayed from CUDA graphs it is ``max_seq_len / block_size``
-wide (:mod:`trtllm_bole.spec.verify_graphs`). Either way its cost grows with the reservation, not
-with the tokens committed so far.
+prompt, its ``max_tokens`` and a tree); replayed from CUDA graphs it is as wide as the largest
+reservation can be (``spec.scheduler.kv_tokens`` over the block size; :mod:`trtllm_bole.spec.verify_graphs`).
+Either way its cost grows with the reservation, not with the tokens committed so far.
 """
 
 from __future__ import annotations

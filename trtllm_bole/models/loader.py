@@ -65,7 +65,7 @@ def load_model(
             path,
         )
     layout = checkpoint_layout(config, mtp=load_mtp)
-    _check_names_and_shapes(path, config, headers, layout, load_mtp)
+    _check_headers(path, config, headers, layout, load_mtp)
 
     model = Qwen35Model(config, dtype=dtype, device=device, mtp=load_mtp)
     with tqdm(total=len(layout), desc=f"loading {path.name}", unit="tensor", disable=not progress) as bar:
@@ -162,7 +162,7 @@ def _read_headers(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
     return headers
 
 
-def _check_names_and_shapes(
+def _check_headers(
     path: Path,
     config: Qwen35Config,
     headers: dict[str, tuple[Path, tuple[int, ...], str]],

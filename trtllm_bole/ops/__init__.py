@@ -179,7 +179,8 @@ def gdn_commit(
     if stacked and state.shape[0] != factors.num_layers:
         raise ValueError(f"state holds {state.shape[0]} layers but the factors {factors.num_layers}")
     _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
-    check_device(tree, state.device, accepted_leaf=accepted_leaf, k=factors.k, u=factors.u)
+    check_device(tree, state.device, accepted_leaf=accepted_leaf, k=factors.k, u=factors.u,
+                 log_decay=factors.log_decay)  # fmt: skip
     library.gdn_commit(
         state,
         factors.k,
@@ -285,7 +286,7 @@ def tree_conv1d(
     weight ``[C, W]``; conv_state ``[S, C, W - 1]``, the committed last inputs (oldest first), read-only.
     """
     tree = as_tree(parents, cu_seqlens)
-    _check_conv(x, weight, conv_state, tree, state_indices)
+    _check_conv(x, weight, conv_state, bias, tree, state_indices)
     return library.tree_conv1d(
         x, weight, conv_state, *tree_args(tree), bias=bias, activation=activation, state_indices=state_indices
     )
@@ -405,14 +406,12 @@ def _check_conv(
     x: torch.Tensor,
     weight: torch.Tensor,
     conv_state: torch.Tensor,
+    bias: torch.Tensor | None,
     tree: TreeBatch,
     state_indices: torch.Tensor | None,
 ) -> None:
     check_conv_shapes(x, weight, conv_state, tree)
-    for name, t in (("weight", weight), ("conv_state", conv_state)):
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
-    _check_tree_device(tree, x.device)
+    check_device(tree, x.device, weight=weight, conv_state=conv_state, bias=bias)
     _check_slots(conv_state.shape[0], tree.num_requests, state_indices, x.device)
 
 

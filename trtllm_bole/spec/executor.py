@@ -36,7 +36,7 @@ from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.draft_graphs import DraftGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
-from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool
+from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool, kv_tokens
 from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs
 from trtllm_bole.transfer import HostCopy, device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
@@ -133,9 +133,9 @@ class Executor:
         self.eos_token_id = eos_token_id
         self.decode_text = decode_text
         tree_tokens = bole.max_depth + 1 if bole.speculates else 1
-        kv_tokens = max_seq_len - 1 + tree_tokens  # Scheduler.kv_tokens
+        request_blocks = -(-kv_tokens(max_seq_len, tree_tokens) // block_size)
         if num_blocks is None:
-            num_blocks = max_batch_size * -(-kv_tokens // block_size)
+            num_blocks = max_batch_size * request_blocks
         self.cache = model.allocate_cache(max_batch_size, num_blocks, block_size)
         self.scheduler = Scheduler(
             BlockManager(num_blocks, block_size),
@@ -146,7 +146,7 @@ class Executor:
         self._next_id = 0
         # Greedy drafts and every verify replay CUDA graphs (cuda_graphs=False: launched from Python).
         graphs = cuda_graphs and model.device.type == "cuda"
-        table_width = -(-kv_tokens // block_size)
+        table_width = request_blocks
         self.draft_graphs = (
             DraftGraphs.of(model.mtp, top_k=bole.branching, depth=bole.max_depth, table_width=table_width)
             if graphs and bole.speculates

@@ -105,6 +105,13 @@ class SlotPool:
         self._free.append(slot)
 
 
+def kv_tokens(max_seq_len: int, tree_tokens: int) -> int:
+    """Most KV positions one request may use: a context of at most ``max_seq_len - 1`` tokens (the
+    limit in every mode, so that speculation stops where plain decoding does) and, past it, the deepest
+    tree a step verifies (drafts beyond the limit are written, never kept)."""
+    return max_seq_len - 1 + tree_tokens
+
+
 class Scheduler:
     """FIFO admission of waiting requests into a bounded running batch."""
 
@@ -124,20 +131,19 @@ class Scheduler:
 
     @property
     def kv_tokens(self) -> int:
-        """Most KV positions one request may use: its context and, past it, the deepest tree a step
-        verifies (drafts beyond the context limit are written, never kept)."""
-        return self.context_limit + self.tree_tokens
+        return kv_tokens(self.max_seq_len, self.tree_tokens)
 
     def add(self, request: Request) -> None:
         """Queue a request, or finish it at once with an error if it can never fit."""
-        limit = self.context_limit
+        limit = self.context_limit - 1  # the prefill emits a token, whatever max_tokens says
         if not request.prompt_ids:
             self._fail(request, "empty prompt")
         elif len(request.prompt_ids) > limit:
             self._fail(
                 request,
                 f"prompt of {len(request.prompt_ids)} tokens exceeds the context limit: "
-                f"max_seq_len {self.max_seq_len} leaves {limit} tokens for the prompt",
+                f"max_seq_len {self.max_seq_len} holds {self.context_limit} prompt + output tokens, so a "
+                f"prompt of at most {limit}",
             )
         elif self._reservation(request) > self.blocks.num_blocks:
             self._fail(request, "request needs more KV blocks than the whole cache holds")

@@ -101,6 +101,12 @@ def test_commits_refuse_leaves_on_another_device(case, gen):
     elsewhere = torch.tensor([0, 0], device="meta")
     with pytest.raises(ValueError, match="accepted_leaf is on meta but the data is on cpu"):
         ops.gdn_commit(x.state, factors, elsewhere)
+    moved = ops.GDNTreeFactors(tree, factors.k, factors.u, factors.log_decay.to("meta"))
+    with pytest.raises(ValueError, match="log_decay is on meta"):
+        ops.gdn_commit(x.state, moved, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="bias is on meta"):
+        ops.tree_conv1d(torch.zeros(tree.num_nodes, 6), torch.zeros(6, 4), torch.zeros(2, 6, 3), tree,
+                        bias=torch.zeros(6, device="meta"))  # fmt: skip
     with pytest.raises(ValueError, match="accepted_leaf is on meta"):
         ops.gdn_snapshot_commit(x.state, torch.zeros(tree.num_nodes, *x.state.shape[1:]), tree, elsewhere)
     with pytest.raises(ValueError, match="accepted_leaf is on meta"):
