@@ -48,6 +48,18 @@ def test_calibrate_builds_lookup_table(tmp_path):
     assert BudgetTable.load(path).lookup(2, 10) == 128
 
 
+def test_another_epsilon_needs_the_timings_to_derive_it():
+    """An entry without timings for its capacities serves the table's epsilon and says why not another."""
+    from trtllm_bole.spec.budget import BudgetEntry
+
+    table = BudgetTable(0.2, [8], 8, "test", [BudgetEntry(64, 10**6, 8, 1.0, [1.0])])
+    assert table.lookup(4, 100) == table.lookup(4, 100, epsilon=0.2) == 8
+    with pytest.raises(
+        ValueError, match=r"cannot re-derive a budget at epsilon 0\.5.*serve at its own epsilon 0\.2"
+    ):
+        table.lookup(4, 100, epsilon=0.5)
+
+
 def test_load_rejects_corrupt_tables(tmp_path):
     path = tmp_path / "budget.json"
     path.write_text("{not json")

@@ -79,6 +79,12 @@ class BudgetTable:
         if epsilon is None or epsilon == self.epsilon:
             return entry.budget
         usable = [n for n in self.capacities if n >= entry.batch_max][: len(entry.t_ver_ms)]
+        if len(usable) != len(entry.t_ver_ms) or not usable:
+            raise ValueError(
+                f"the budget table cannot re-derive a budget at epsilon {epsilon}: its entry for batches "
+                f"up to {entry.batch_max} holds {len(entry.t_ver_ms)} verify timings for {len(usable)} "
+                f"capacities >= {entry.batch_max}; serve at its own epsilon {self.epsilon} or recalibrate"
+            )
         return budget_from_timings(usable, entry.t_ver_ms, entry.t_dec_ms, epsilon)
 
     def save(self, path: Path) -> None:
