@@ -130,7 +130,7 @@ def gdn_tree_verify(
     """
     tree = as_tree(parents, cu_seqlens)
     _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
-    _check_tree_device(tree, state.device)
+    check_device(tree, state.device)
     o, u, log_p = library.gdn_tree_verify(
         q, k, v, g, beta, state, *tree_args(tree), scale=scale, state_indices=state_indices
     )
@@ -209,7 +209,7 @@ def gdn_tree_verify_serial(
     writes a full state snapshot per node. Returns ``o`` and ``snapshots [N, HV, dk, dv]``."""
     tree = as_tree(parents, cu_seqlens)
     _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
-    _check_tree_device(tree, state.device)
+    check_device(tree, state.device)
     return library.gdn_tree_verify_serial(
         q, k, v, g, beta, state, *tree_args(tree), scale=scale, state_indices=state_indices
     )
@@ -395,11 +395,6 @@ def _check_gdn(
         if t.device != state.device:
             raise ValueError(f"{name} is on {t.device} but state is on {state.device}")
     _check_slots(state.shape[0], num_requests, state_indices, state.device)
-
-
-def _check_tree_device(tree: TreeBatch, device: torch.device) -> None:
-    if tree.parents.device != device:
-        raise ValueError(f"the tree is on {tree.parents.device} but the data is on {device}")
 
 
 def _check_conv(
