@@ -6,6 +6,7 @@ import torch
 from tests.kernels.helpers import DEVICE
 from trtllm_bole import ops
 from trtllm_bole.kernels.kv_commit import kv_commit
+from trtllm_bole.models.cache import NO_BLOCK
 from trtllm_bole.reference.kv_cache import write_accepted_kv
 from trtllm_bole.testing import chain_parents, forest, topk_parents
 
@@ -63,3 +64,23 @@ def test_value_checks(gen):
         ops.kv_commit(*args, chain_leaf, bad, lens)
     with pytest.raises(ValueError, match=r"new_k/new_v must be \[L=3"):
         ops.kv_commit(k_cache, v_cache, new_k[:2], new_v[:2], tree, chain_leaf, tables, lens)
+
+
+@pytest.mark.parametrize("commit", [kv_commit, write_accepted_kv], ids=["kernel", "reference"])
+def test_unchecked_writes_outside_a_request_s_blocks_are_dropped(commit, gen):
+    """An unchecked caller's stray write (past a request's own blocks: a ``NO_BLOCK`` entry, or past the
+    table) lands nowhere, least of all in another request's blocks."""
+    tree, k_cache, v_cache, new_k, new_v, tables, _ = case(gen)
+    tables[1, 2:] = NO_BLOCK  # request 1 owns positions 0-7 (its table padded, as the executor pads)
+    lens = torch.tensor([21, 5, 0], device=DEVICE)
+    leaf = torch.tensor([13, 6, 0], device=DEVICE)  # paths at positions 21-25 (table: 0-23), 5-11, 0
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    commit(k_cache, v_cache, new_k, new_v, tree, leaf, tables, lens)
+    changed = (k_cache != k_before).any(dim=(0, 3, 4)) | (v_cache != v_before).any(dim=(0, 3, 4))
+    written = {(int(block), int(row)) for block, row in torch.nonzero(changed)}
+    inside = {  # (block, row) of each position inside its request's own blocks
+        (int(tables[b, p // PAGE]), p % PAGE)
+        for b, positions in ((0, (21, 22, 23)), (1, (5, 6, 7)), (2, (0,)))
+        for p in positions
+    }
+    assert written == inside

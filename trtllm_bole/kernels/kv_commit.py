@@ -28,11 +28,11 @@ def _kv_commit_kernel(
     node = tl.load(paths + (tl.maximum(leaf, 0) + tl.load(cu_seqlens + b).to(tl.int64)) * depth + j).to(
         tl.int64
     )
-    keep = (leaf >= 0) & (node >= 0)
     pos = tl.load(context_lens + b).to(tl.int64) + j
-    column = tl.minimum(pos // PAGE, table_width - 1)
-    block = tl.load(block_tables + b * table_width + column).to(tl.int64)
+    column = pos // PAGE
+    block = tl.load(block_tables + b * table_width + column, mask=column < table_width, other=-1).to(tl.int64)
     row = block * PAGE + pos % PAGE
+    keep = (leaf >= 0) & (node >= 0) & (block >= 0) & (row < cache_rows)  # drop writes outside the blocks
     cols = tl.arange(0, BLOCK)
     mask = cols < tl.where(keep, ROW, 0)  # nothing off the accepted path
     src = (layer * n_nodes + tl.maximum(node, 0)) * ROW + cols
@@ -52,7 +52,8 @@ def kv_commit(
     context_lens: torch.Tensor,
 ) -> None:
     """Caches ``[L, num_blocks, block_size, KVH, d]``, new entries ``[L, N, KVH, d]``; in place, no sync
-    (the arguments' values are checked by :func:`trtllm_bole.ops.kv_commit`)."""
+    (the arguments' values are checked by :func:`trtllm_bole.ops.kv_commit`; unchecked, a position
+    outside the request's table or on a negative entry (no block) is dropped)."""
     check_contiguous(k_cache=k_cache, v_cache=v_cache)
     layers, num_blocks, page = k_cache.shape[:3]
     row = k_cache.shape[3] * k_cache.shape[4]

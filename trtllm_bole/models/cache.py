@@ -12,6 +12,7 @@ Ownership: the executor owns slot and block allocation and advances ``context_le
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,12 +21,26 @@ from trtllm_bole import ops
 from trtllm_bole.models.config import Qwen35Config
 from trtllm_bole.tree import TreeBatch
 
+NO_BLOCK = -1
+"""A block table's entry past a request's own blocks (tables are as wide as the batch's widest): reads
+there are masked by ``context_lens``, and a KV commit refuses (``check=True``) or drops (``check=False``)
+a write there, so a stray write never lands in another request's blocks."""
+
+
+def block_table(blocks: Sequence[Sequence[int]]) -> torch.Tensor:
+    """int32 ``[B, widest]`` (host): each request's blocks, then :data:`NO_BLOCK`."""
+    table = torch.full((len(blocks), max(map(len, blocks), default=0)), NO_BLOCK, dtype=torch.int32)
+    for row, own in zip(table, blocks, strict=True):
+        row[: len(own)] = torch.tensor(own, dtype=torch.int32)
+    return table
+
 
 @dataclass(frozen=True, slots=True)
 class StepContext:
     """What one model step works on (built by the executor).
 
-    ``slots`` int ``[B]``: state slot of each request; ``block_tables`` int32 ``[B, max_blocks]``;
+    ``slots`` int ``[B]``: state slot of each request; ``block_tables`` int32 ``[B, max_blocks]``
+    (:data:`NO_BLOCK` past a request's own blocks);
     ``context_lens`` int ``[B]``: tokens already committed to the caches; ``tree``: the new tokens as
     a packed forest (prefill = one chain per request, decode = one node per request).
     """

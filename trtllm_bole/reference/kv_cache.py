@@ -13,8 +13,8 @@ def accepted_positions(
     tree: TreeBatch, accepted_leaf: torch.Tensor, context_lens: torch.Tensor, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per request and path slot ``[B, D]``: the node (``paths`` of the accepted leaf), whether it is
-    written (on the path, and something accepted), its position, and its block-table column (one past
-    the table is an error where ``keep`` holds: :func:`trtllm_bole.ops.kv_commit` checks it)."""
+    written (on the path, and something accepted), its position, and its block-table column (past the
+    table is an error where ``keep`` holds: :func:`trtllm_bole.ops.kv_commit` checks it)."""
     leaf = accepted_leaf.long()
     accepted = torch.where(leaf >= 0, leaf + tree.cu_seqlens[:-1], -1)
     paths = tree.paths[accepted.clamp(min=0)]
@@ -34,10 +34,14 @@ def write_accepted_kv(
     context_lens: torch.Tensor,
 ) -> None:
     """Caches ``[L, num_blocks, block_size, KVH, d]``, new entries ``[L, N, KVH, d]`` (every layer in one
-    indexed copy); ``accepted_leaf == -1`` writes nothing."""
-    block_size = k_cache.shape[2]
+    indexed copy); ``accepted_leaf == -1`` writes nothing. A position past the request's table or on a
+    negative entry (no block) is dropped: the checked op refuses it, and an unchecked caller's stray
+    write lands in no other request's blocks."""
+    num_blocks, block_size = k_cache.shape[1:3]
     paths, keep, pos, column = accepted_positions(tree, accepted_leaf, context_lens, block_size)
+    in_table = column < block_tables.shape[1]
     blocks = block_tables.long().gather(1, column.clamp(max=block_tables.shape[1] - 1))
+    keep = keep & in_table & (blocks >= 0) & (blocks < num_blocks)
     rows = (blocks * block_size + pos % block_size)[keep]
     nodes = paths[keep]
     k_cache.flatten(1, 2)[:, rows] = new_k[:, nodes].to(k_cache.dtype)

@@ -6,8 +6,8 @@ microseconds each: launched one by one from Python it costs the host tens of mil
 queues no device sync (``tests/models/test_tree_verify.py``), so the whole loop captures.
 
 Every launch of a graph reads fixed addresses: the step's inputs are copied into static buffers of
-the captured shape (the block tables padded to the widest a request can need, ``table_width``; the
-padding is masked by the context lengths like any block beyond a request's own), and the MTP's KV
+the captured shape (the block tables padded with ``NO_BLOCK`` to the widest a request can need,
+``table_width``: reads there are masked by the context lengths, writes dropped), and the MTP's KV
 cache must be the one captured: graphs are kept per MTP head and configuration
 (:meth:`DraftGraphs.of`) and dropped when the model's cache is reallocated (a model zeroes and keeps
 a cache that covers the sizes asked, so executors that follow one another reuse them). A graph is
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trtllm_bole.models.cache import NO_BLOCK
 from trtllm_bole.models.mtp import MTPHead
 from trtllm_bole.spec.drafter import CandidatePool, DraftSettings, draft
 from trtllm_bole.spec.graphs import CacheGraphs
@@ -74,7 +75,7 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         static_pending.copy_(pending)
         static_hidden.copy_(last_hidden)
         static_slots.copy_(slots)
-        static_tables.zero_()
+        static_tables.fill_(NO_BLOCK)
         static_tables[:, : block_tables.shape[1]].copy_(block_tables)
         static_lens.copy_(mtp_context_lens)
         captured.graph.replay()
@@ -103,7 +104,7 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         settings: DraftSettings,
     ) -> _Captured:
         b = pending.numel()
-        tables = torch.zeros(b, self.table_width, dtype=torch.int32, device=pending.device)
+        tables = torch.full((b, self.table_width), NO_BLOCK, dtype=torch.int32, device=pending.device)
         inputs = (pending.clone(), last_hidden.clone(), slots.clone(), tables, mtp_context_lens.clone())
         settings = DraftSettings(
             *(t.clone() for t in (settings.temperature, settings.top_k, settings.top_p)), True

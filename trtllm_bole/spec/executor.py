@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trtllm_bole.config import BoleConfig, SamplingParams
-from trtllm_bole.models.cache import StepContext
+from trtllm_bole.models.cache import StepContext, block_table
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.spec.acceptance import greedy_accept, sample_accept
 from trtllm_bole.spec.budget import BudgetTable
@@ -418,10 +418,7 @@ class Executor:
 
     def _slots_and_tables(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.model.device
-        width = max(len(r.blocks) for r in requests)
-        tables = torch.zeros(len(requests), width, dtype=torch.int32)
-        for i, r in enumerate(requests):
-            tables[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+        tables = block_table([r.blocks for r in requests])
         return device_tensor([r.slot for r in requests], device), to_device(tables, device)
 
     def _emit(self, request: Request, new_tokens: list[int]) -> StepEvent:

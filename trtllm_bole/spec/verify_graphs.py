@@ -11,8 +11,8 @@ the accepted paths, which the executor pads to chains of one length so that its 
 A graph is kept per ``(variant, requests, nodes, largest request)`` (the variant: the target's GDN
 scheme): the shapes of every tensor of the forward. Everything else is copied into the graph's static
 inputs before a replay: the per-node inputs (tokens, and the MTP's hidden rows),
-the slots, the context lengths, the block tables (padded to ``table_width`` blocks, the widest a
-request can need; the padding is masked by the context lengths like any block beyond a request's own)
+the slots, the context lengths, the block tables (padded with ``NO_BLOCK`` to ``table_width`` blocks,
+the widest a request can need: reads there are masked by the context lengths, writes dropped)
 and the forest's metadata, its paths padded to ``max_depth`` columns (``-1``, as for any path shorter
 than the deepest). A deeper ``max_depth`` than the forest's own changes no value: the kernels read a
 node's path up to its depth, and the closed form's extra squarings multiply by ``I + G^(2^j)`` with
@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from trtllm_bole.models.cache import StepContext
+from trtllm_bole.models.cache import NO_BLOCK, StepContext
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.models.mtp import MTPHead
 from trtllm_bole.spec.graphs import CacheGraphs
@@ -124,7 +124,7 @@ class ForestGraphs(CacheGraphs[Owner]):
         tree = placeholder_forest(batch, num_nodes, max_nodes, self.max_depth).to(device)
         tree = replace(tree, **{f: getattr(tree, f).clone() for f in (*_TREE_FIELDS, "paths")})
         slots = torch.arange(batch, device=device)  # distinct slots: the warm-up run checks them
-        tables = torch.zeros(batch, self.table_width, dtype=torch.int32, device=device)
+        tables = torch.full((batch, self.table_width), NO_BLOCK, dtype=torch.int32, device=device)
         ctx = StepContext(slots, tables, torch.zeros(batch, dtype=torch.long, device=device), tree)
         inputs = self._placeholders(num_nodes)
         graph, outputs = self._capture(lambda: self._forward(inputs, ctx, variant))
@@ -163,7 +163,7 @@ def _load(captured: _Captured, inputs: tuple[torch.Tensor, ...], ctx: StepContex
         buffer.copy_(value)
     static.slots.copy_(ctx.slots)
     static.context_lens.copy_(ctx.context_lens)
-    static.block_tables.zero_()
+    static.block_tables.fill_(NO_BLOCK)
     static.block_tables[:, : ctx.block_tables.shape[1]].copy_(ctx.block_tables)
     for name in _TREE_FIELDS:
         getattr(static.tree, name).copy_(getattr(tree, name))
