@@ -11,12 +11,13 @@ inter-token (streaming event) latency percentiles, plus mean accepted tokens per
 acceptance rate. Requests ignore EOS so each produces exactly its ``output_tokens``.
 
 Greedy outputs of every mode are compared with ``ar`` in the same run; a mode whose tokens differ
-is reported as failed and gets no speed-up. ``--repeats N`` times each (batch, mode) N times, the
-modes interleaved, and reports the median run with every run's tokens/s beside it. Kernel variants
-Triton compiles inside a timed run are counted (``kernel_compiles``, with a warning): a compile there
-is a latency spike of a tenth of a second or more that the warm-up should have taken. So are the CUDA
-graphs captured inside it (``graph_captures``: greedy drafting's, one per new batch size, and the
-verify's, one per new forest shape, e.g. as a run's last requests finish).
+gets no speed-up, unless every parting is a near-tie (the two tokens are the top two of a cache-less
+forward over the prompt and ``ar``'s tokens, within ``NEAR_TIE_LOGITS``; ``exact_up_to_near_ties``).
+``--repeats N`` times each (batch, mode) N times, the modes interleaved, and reports the median run with every
+run's tokens/s beside it. Kernel variants Triton compiles inside a timed run are counted (``kernel_compiles``,
+with a warning): a compile there is a latency spike of a tenth of a second or more that the warm-up should
+have taken. So are the CUDA graphs captured inside it (``graph_captures``: greedy drafting's, one per new
+batch size, and the verify's, one per new forest shape, e.g. as a run's last requests finish).
 Writes JSON (+ PNG) to ``--out``.
 """
 

@@ -184,11 +184,11 @@ class LLM:
         GPU the powers of two up to ``max_batch_size`` and ``max_batch_size`` itself. Returns the batch
         sizes served.
 
-        Measured on the H200 (embedded model, tree-serial, batch 8): 164 tokens/s in a first, cold run
-        (``benchmarks/results/profile_step_h200_cold.json``) against 258-275 warmed up
-        (``bench_throughput_h200.json``, ``profile_step_h200.json``). On a GPU it then captures the
-        greedy draft's CUDA graph of every batch size up to ``max_batch_size`` (a tenth of a second
-        each, that a request would otherwise wait for), and the verify's of full trees."""
+        Measured on the H200 (embedded model, tree-serial, batch 8, at 414b82f, before the CUDA graphs): 164
+        tokens/s in a first, cold run (``benchmarks/results/profile_step_h200_cold.json``) against 258-275
+        warmed up in that code's runs (the files now hold later, faster runs). On a GPU it then captures the
+        greedy draft's CUDA graph of every batch size up to ``max_batch_size`` (a tenth of a second each, that
+        a request would otherwise wait for), and the verify's of full trees."""
         limit = self.executor.max_batch_size
         if batch_sizes is None and self.model.device.type != "cuda":
             batch_sizes = [1]

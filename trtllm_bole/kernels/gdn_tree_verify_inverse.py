@@ -451,8 +451,9 @@ prefill's chains of up to 64) take the dense factor kernel's squarings."""
 
 
 def compact_factors(max_depth: int) -> bool:
-    """Whether the factors of trees of at most ``bt`` nodes are formed on compact path tiles
-    (:func:`_path_factors`: the factor kernel of two launches, every program of one launch)."""
+    """Whether the factors of trees ``max_depth`` deep (rounded up to a power of two, at most
+    :data:`COMPACT_MAX_DEPTH`) are formed on compact path tiles (:func:`_path_factors`: the factor
+    kernel of two launches, every program of one launch)."""
     return pow2_at_least(max_depth) <= COMPACT_MAX_DEPTH
 
 

@@ -76,7 +76,6 @@ class StepTimer:
         self.model = model
         self.settings = settings or TimingSettings()
         self.max_batch, self.max_kv_len, self.max_tokens = max_batch, max_kv_len, max_tokens
-        self.block_size = block_size
         self.blocks_per_request = -(-(max_kv_len + max_tokens) // block_size)
         self.cache = model.allocate_cache(max_batch, max_batch * self.blocks_per_request, block_size)
         self.generator = torch.Generator().manual_seed(self.settings.seed)
