@@ -97,7 +97,10 @@ def stream(
         try:
             client.async_stream_infer(model, inputs, enable_empty_final_response=True)
             while not finished:
-                result, error = responses.get(timeout=timeout)
+                try:
+                    result, error = responses.get(timeout=timeout)
+                except queue.Empty:
+                    raise InferenceServerException(f"no response within {timeout:g} s (--timeout)") from None
                 if error is not None:
                     finished = True
                     raise error
@@ -147,9 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
     args = p.parse_args(argv)
 
-    ids = [int(t) for t in args.ids.split(",")] if args.ids else None
+    ids = None
+    if args.ids is not None:
+        try:
+            ids = [int(t) for t in args.ids.split(",")]
+        except ValueError:
+            p.error(f"--ids takes comma-separated integers, got {args.ids!r}")
     inputs = build_inputs(
-        None if ids else args.prompt, ids, max_tokens=args.max_tokens, temperature=args.temperature,
+        args.prompt if ids is None else None, ids, max_tokens=args.max_tokens, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, end_id=args.end_id, stop_words=args.stop,
         stream=not args.no_stream,
     )  # fmt: skip
@@ -158,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         for last in stream(args.url, inputs, model=args.model, timeout=args.timeout):
             first = first or time.perf_counter()
             count += len(last.token_ids)
-            sys.stdout.write("".join(f"{t} " for t in last.token_ids) if ids else last.text)
+            sys.stdout.write("".join(f"{t} " for t in last.token_ids) if ids is not None else last.text)
             sys.stdout.flush()
     except InferenceServerException as e:
         print(f"\nerror: {e.message()}", file=sys.stderr)

@@ -16,6 +16,13 @@ NumPy 1.26 and adds this venv's site-packages (torch, trtllm_bole, ...) behind i
 environment is made once, under this venv (``--prepare-only`` makes it and exits; it needs pip and
 the package index once). Needs ``pip install --no-deps nvidia-pytriton==0.7.0`` (README, "Serving
 with Triton").
+
+Stopping drains: Triton neither unloads a model nor calls its ``finalize`` while requests are in
+flight, so on SIGTERM/SIGINT the launcher first writes ``--drain-grace`` into the model's drain file
+(its ``drain_file`` parameter; a repository filled from the template has one): the model refuses new
+requests, lets those in flight run for up to that many seconds, then ends the rest with an
+UNAVAILABLE error ("the serving engine shut down"), and Triton stops. The exit code is 0 when
+tritonserver stopped by itself with 0, non-zero when it failed or had to be killed.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import importlib.util
+import math
 import os
 import shutil
 import signal
@@ -136,6 +144,7 @@ def server_command(
     *,
     log_verbose: int,
     shm_prefix: str,
+    exit_timeout: int,
 ) -> list[str]:
     http_port, grpc_port = ports
     return [
@@ -152,7 +161,7 @@ def server_command(
         "--cuda-memory-pool-byte-size=0:0",
         # Servers sharing /dev/shm need distinct Python-backend shared-memory names.
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
-        "--exit-timeout-secs=10",
+        f"--exit-timeout-secs={exit_timeout}",
         f"--log-verbose={log_verbose}",
     ]
 
@@ -180,8 +189,8 @@ def wait_ready(process: subprocess.Popen, http_port: int, timeout: float) -> flo
     raise TimeoutError(f"tritonserver was not ready within {timeout:.0f} s")
 
 
-def stop(process: subprocess.Popen, timeout: float = 30.0) -> int:
-    """SIGTERM, then SIGKILL after ``timeout`` (the server itself gives up on models after 10 s)."""
+def stop(process: subprocess.Popen, timeout: float) -> int | None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code, or None if it had to be killed."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -189,7 +198,15 @@ def stop(process: subprocess.Popen, timeout: float = 30.0) -> int:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+            return None
     return process.returncode
+
+
+def request_drain(drain_file: Path, grace: float) -> None:
+    """Tell the model to drain (atomically: it never reads a half-written file)."""
+    partial = drain_file.with_suffix(".partial")
+    partial.write_text(f"{grace}\n")
+    partial.replace(drain_file)
 
 
 def _die_with_parent() -> None:
@@ -225,12 +242,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the stub Python environment (default: triton-server-env in this venv)")  # fmt: skip
     p.add_argument("--prepare-only", action="store_true", help="make the server environment and exit")
     p.add_argument("--ready-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--drain-grace",
+        type=float,
+        default=10.0,
+        help="on SIGTERM/SIGINT: seconds in-flight requests may still run (default: 10)",
+    )
     p.add_argument("--log-verbose", type=int, default=0)
     return p.parse_args(argv)
 
 
-def template_values(args: argparse.Namespace) -> dict[str, str]:
+def template_values(args: argparse.Namespace, drain_file: Path) -> dict[str, str]:
     return {
+        "drain_file": str(drain_file),
         # Triton's own batch bound: each request carries one prompt, so any value >= 1 serves.
         "triton_max_batch_size": str(args.max_batch_size or 64),
         "instance_kind": args.instance_kind,
@@ -249,23 +273,29 @@ def template_values(args: argparse.Namespace) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not 0 <= args.drain_grace <= 3600:
+        raise SystemExit(f"error: --drain-grace must lie in [0, 3600] seconds, got {args.drain_grace}")
     root = triton_root()
     server_dir = prepare_server_env(args.server_env or default_server_env_dir(), root)
     if args.prepare_only:
         print(f"server environment ready: {server_dir}")
         return 0
     workdir = Path(tempfile.mkdtemp(prefix="bole-triton-")) if args.workdir is None else args.workdir
+    drain_file = None  # an existing repository's model may watch no drain file
     if args.model_repository is not None:
         repository = args.model_repository.resolve()
     else:
-        repository = make_repository(workdir / "model_repository", template_values(args))
+        drain_file = workdir / "drain"
+        drain_file.unlink(missing_ok=True)
+        repository = make_repository(workdir / "model_repository", template_values(args, drain_file))
     ports = (args.http_port or free_port(), args.grpc_port or free_port())
     shm_prefix = f"bole{os.getpid()}_"
-    command = server_command(
-        root, server_dir, repository, ports, log_verbose=args.log_verbose, shm_prefix=shm_prefix
-    )
+    exit_timeout = math.ceil(args.drain_grace) + 10  # Triton's wait for in-flight requests
+    command = server_command(root, server_dir, repository, ports, log_verbose=args.log_verbose,
+                             shm_prefix=shm_prefix, exit_timeout=exit_timeout)  # fmt: skip
     try:
-        return serve(command, server_env(server_dir, root), ports, repository, args.ready_timeout)
+        return serve(command, server_env(server_dir, root), ports, repository, args.ready_timeout,
+                     drain=(drain_file, args.drain_grace), stop_timeout=exit_timeout + 20)  # fmt: skip
     finally:
         for leftover in Path("/dev/shm").glob(f"{shm_prefix}*"):  # left behind when a stub dies
             leftover.unlink(missing_ok=True)
@@ -274,9 +304,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(
-    command: list[str], env: dict[str, str], ports: tuple[int, int], repository: Path, ready_timeout: float
+    command: list[str],
+    env: dict[str, str],
+    ports: tuple[int, int],
+    repository: Path,
+    ready_timeout: float,
+    *,
+    drain: tuple[Path | None, float],
+    stop_timeout: float,
 ) -> int:
-    """Run the server until it exits or we are told to stop; 0 on a requested stop."""
+    """Run the server until it exits or we are told to stop (then drain and stop it); its exit code,
+    1 if it had to be killed."""
     http_port, grpc_port = ports
     process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
     stopping = False
@@ -302,11 +340,18 @@ def serve(
         pass
     except (RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        stop(process)
+        stop(process, stop_timeout)
         return 1
-    code = stop(process)
+    drain_file, grace = drain
+    if stopping and drain_file is not None and process.poll() is None:
+        request_drain(drain_file, grace)
+    code = stop(process, stop_timeout)
+    if code is None:
+        print(f"error: tritonserver did not stop within {stop_timeout:.0f} s and was killed", file=sys.stderr,
+              flush=True)  # fmt: skip
+        return 1
     print(f"tritonserver stopped (exit code {code})", flush=True)
-    return 0 if stopping or code == 0 else code
+    return code if code >= 0 else 1
 
 
 if __name__ == "__main__":

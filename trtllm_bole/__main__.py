@@ -29,11 +29,9 @@ def _generate(args: argparse.Namespace) -> int:
 def _one_line(e: ValueError) -> str:
     from pydantic import ValidationError
 
-    if not isinstance(e, ValidationError):
-        return str(e)
-    return "; ".join(
-        f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})" for err in e.errors()
-    )
+    from trtllm_bole.config import one_line
+
+    return one_line(e) if isinstance(e, ValidationError) else str(e)
 
 
 def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingParams]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import reprlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Mode = Literal["ar", "chain", "tree-serial", "bole"]
 MIN_TEMPERATURE = 1e-5  # logits / temperature stays finite in float32 for |logits| < 3e33
+MAX_STOPS, MAX_STOP_LENGTH = 16, 1024  # stop strings are matched on the engine thread, after every token
 
 
 class SamplingParams(BaseModel):
@@ -20,6 +23,7 @@ class SamplingParams(BaseModel):
     temperature: float = Field(
         0.0,
         ge=0.0,
+        allow_inf_nan=False,
         description=f"0 = greedy; otherwise softmax temperature, at least {MIN_TEMPERATURE} (below it the "
         "scaled logits overflow float32: sample greedily with 0 instead).",
     )
@@ -33,7 +37,12 @@ class SamplingParams(BaseModel):
         "sample of the target distribution.",
     )
     stop_token_ids: list[int] = Field(default_factory=list, description="Stop after emitting any of these.")
-    stop: list[str] = Field(default_factory=list, description="Stop when the text ends with any of these.")
+    stop: list[Annotated[str, Field(max_length=MAX_STOP_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_STOPS,
+        description=f"Stop when the text ends with any of these (at most {MAX_STOPS}, of at most "
+        f"{MAX_STOP_LENGTH} characters each: every new token is checked against them).",
+    )
     ignore_eos: bool = Field(False, description="Keep generating past the tokenizer's end-of-text token.")
 
     @field_validator("temperature")
@@ -108,3 +117,16 @@ class BoleConfig(BaseModel):
         if self.mode == "ar":
             return 0
         return self.max_depth if self.mode == "chain" else self.max_nodes
+
+
+def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> str:
+    """A validation error on one line: each failure's field (``names`` renames the first part), the
+    reason, and the input it got, shortened."""
+    names = names or {}
+    short = reprlib.Repr()  # keyword arguments only from Python 3.12
+    short.maxstring, short.maxlist = 60, 8
+    return "; ".join(
+        f"{'.'.join([names.get(str(e['loc'][0]), str(e['loc'][0])), *map(str, e['loc'][1:])])}: {e['msg']} "
+        f"(got {short.repr(e['input'])})"
+        for e in error.errors()
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -21,6 +22,13 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text).ids
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """At least the UTF-8 bytes any one token stands for (its vocabulary entry's own bytes: a
+        byte-level or SentencePiece entry spells its bytes with at least as many), so a text of ``n``
+        bytes takes at least ``n / max_token_bytes`` tokens."""
+        return max(len(entry.encode()) for entry in self._tok.get_vocab(with_added_tokens=True))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
@@ -69,5 +77,16 @@ class TextDelta:
         return delta
 
     def _possible_stop(self, text: str) -> int:
-        """Length of the longest tail of ``text`` that begins a stop string."""
-        return max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+        """Length of the longest tail of ``text`` that begins (and is shorter than) a stop string: only
+        the places of the stop string's first character in the last ``len(s) - 1`` characters are
+        tried, longest first."""
+        longest = 0
+        for s in self.stop:
+            tail = text[max(0, len(text) - len(s) + 1) :]
+            start = tail.find(s[0])
+            while start >= 0 and len(tail) - start > longest:
+                if s.startswith(tail[start:]):
+                    longest = len(tail) - start
+                    break
+                start = tail.find(s[0], start + 1)
+        return longest

@@ -254,6 +254,47 @@ def test_client_cli(server, llm):
     assert wrong.returncode == 1 and "has no ready model 'llama'" in wrong.stderr
 
 
+def test_stopping_the_server_drains_requests_in_flight(tmp_path):
+    """SIGTERM while a request streams: it gets the drain grace, then UNAVAILABLE ("shut down"), so that
+    Triton unloads the model and stops by itself with 0 (it used to wait for the request, give up,
+    and be killed while the launcher still exited 0)."""
+    from client import build_inputs, stream
+    from tritonclient.utils import InferenceServerException
+
+    args = [a if a != str(MAX_SEQ_LEN) else "2048" for a in SERVER_ARGS]
+    server = start_server(tmp_path, [*args, "--drain-grace", "0.5"])
+    chunks, errors, streaming = [], [], threading.Event()
+
+    def client() -> None:  # 2,000 tokens: a minute on CPU
+        try:
+            for chunk in stream(server.grpc_url, build_inputs(PROMPTS[0], max_tokens=2000, end_id=-1)):
+                chunks.append(chunk)
+                streaming.set()
+        except InferenceServerException as e:
+            errors.append(e.message())
+        finally:
+            streaming.set()
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    assert streaming.wait(120) and not errors, errors
+    start = time.monotonic()
+    stop_server(server)  # the launcher and tritonserver exit 0, nothing outlives them
+    thread.join(60)
+    assert time.monotonic() - start < 20, server.log_tail()
+    assert errors and "the serving engine shut down" in errors[0], errors
+    assert 0 < sum(len(c.token_ids) for c in chunks) < 2000
+
+
+@pytest.mark.parametrize("ids", ["", "1,,2", "a"])
+def test_client_refuses_malformed_ids_by_name(ids, capsys):
+    from client import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ids", ids])
+    assert exit_info.value.code == 2 and "--ids takes comma-separated integers" in capsys.readouterr().err
+
+
 def test_launch_help_runs_without_a_server():
     done = subprocess.run([sys.executable, str(LAUNCH), "--help"], capture_output=True, text=True, check=True)
     assert "--engine-dir" in done.stdout

@@ -9,7 +9,7 @@ import pytest
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
-from trtllm_bole.serving import ServingEngine, TextDelta, Update
+from trtllm_bole.serving import ServingEngine, TextDelta, Update, close_on_drain_file
 from trtllm_bole.spec.executor import Executor
 from trtllm_bole.testing import TINY_MTP_CONFIG
 
@@ -44,6 +44,30 @@ class Collector:
         return self.updates[-1]
 
 
+def until(condition, timeout: float = 30.0) -> bool:
+    """Poll ``condition`` (the engine thread's state, read from the test's) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def settled(engine: ServingEngine) -> bool:
+    """Nothing live, every slot and block back in its pool."""
+    scheduler = engine.executor.scheduler
+
+    def done() -> bool:
+        return (
+            not engine._live
+            and scheduler.slots.num_free == scheduler.slots.num_slots
+            and scheduler.blocks.num_free == scheduler.blocks.num_blocks
+        )
+
+    return until(done)
+
+
 @pytest.fixture
 def engine():
     engine = ServingEngine(make_executor())
@@ -73,7 +97,7 @@ def test_concurrent_submissions_give_the_executors_tokens(engine):
         t.join()
     finals = [c.final for c in collectors]
     assert [c.ids for c in collectors] == reference(PROMPTS, params)
-    assert all(f.finish_reason == "length" and f.num_output_tokens == 12 for f in finals)
+    assert all(f.finish_reason == "length" for f in finals) and all(len(c.ids) == 12 for c in collectors)
     assert all(f.stats.steps > 0 and f.stats.drafted > 0 for f in finals)
     assert all(not u.finished for c in collectors for u in c.updates[:-1])
 
@@ -99,18 +123,16 @@ def test_requests_share_steps():
 
 
 def test_cancel_frees_the_slot_at_once(engine):
-    long = Collector()
-    key = engine.submit(PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True), long)
-    deadline = time.monotonic() + 30
-    while not long.updates and time.monotonic() < deadline:
-        time.sleep(0.01)
-    engine.cancel(key)
+    long, cancel = Collector(), threading.Event()
+    engine.submit(
+        PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True), long, is_cancelled=cancel.is_set
+    )
+    assert until(lambda: long.updates)
+    cancel.set()
     final = long.final
     assert final.finish_reason == "abort" and final.error is None
     assert len(long.ids) < 100
-    assert engine.wait_idle(30)
-    scheduler = engine.executor.scheduler
-    assert scheduler.slots.num_free == 4 and scheduler.blocks.num_free == scheduler.blocks.num_blocks
+    assert settled(engine)
     # A burst that needs every slot is admitted in one step.
     burst = [Collector() for _ in range(4)]
     for p, c in zip(PROMPTS[:4], burst, strict=True):
@@ -162,8 +184,7 @@ def test_a_failing_callback_loses_only_its_request(engine):
     good = Collector()
     engine.submit(PROMPTS[1], SamplingParams(max_tokens=6, ignore_eos=True), good)
     assert good.final.finish_reason == "length" and len(good.ids) == 6
-    assert engine.wait_idle(30)
-    assert engine.executor.scheduler.slots.num_free == 4
+    assert settled(engine)
 
 
 def test_a_failing_step_fails_its_batch_not_the_engine(engine, monkeypatch):
@@ -189,10 +210,11 @@ def test_a_failing_step_fails_its_batch_not_the_engine(engine, monkeypatch):
 def test_a_request_finished_in_a_failing_step_still_gets_its_tokens(engine, monkeypatch):
     """B's prefill ends it (one token) in the step whose speculation for A then raises: B's final
     update must still come, with its token, and A's with an error; nothing stays live."""
-    executor, armed = engine.executor, threading.Event()
+    executor, armed, seen = engine.executor, threading.Event(), {}
     real_prefill, real_speculate = executor._prefill, executor._speculate
 
     def prefill(requests):
+        seen.update((tuple(r.prompt_ids), r) for r in requests)
         events = real_prefill(requests)
         if any(r.prompt_ids == PROMPTS[1] for r in requests):
             armed.set()
@@ -215,9 +237,8 @@ def test_a_request_finished_in_a_failing_step_still_gets_its_tokens(engine, monk
     engine.submit(PROMPTS[1], SamplingParams(max_tokens=1, ignore_eos=True), short)
     assert short.final.finish_reason == "length" and len(short.ids) == 1
     assert running.final.finish_reason == "error" and "device lost" in running.final.error
-    assert len(running.ids) == running.final.num_output_tokens
-    assert engine.wait_idle(30) and not engine._live
-    assert executor.scheduler.slots.num_free == 4
+    assert running.ids == seen[tuple(PROMPTS[0])].output_ids  # every committed token was handed out
+    assert settled(engine)
 
 
 def test_close_aborts_in_flight_requests():
@@ -231,6 +252,50 @@ def test_close_aborts_in_flight_requests():
         assert c.final.finish_reason == "abort" and "shut down" in c.final.error
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit(PROMPTS[0], SamplingParams(), Collector())
+
+
+def slowed(engine: ServingEngine, seconds: float) -> ServingEngine:
+    """Each step takes at least ``seconds`` more: requests of many steps outlast a short grace."""
+    real_step = engine.executor.step
+
+    def step():
+        time.sleep(seconds)
+        return real_step()
+
+    engine.executor.step = step
+    return engine
+
+
+def test_close_with_a_grace_lets_short_requests_finish_and_aborts_the_rest():
+    engine = slowed(ServingEngine(make_executor()), 0.05)
+    short, long = Collector(), Collector()
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=1, ignore_eos=True), short)  # its prefill step
+    engine.submit(PROMPTS[1], SamplingParams(max_tokens=100, ignore_eos=True), long)  # dozens of steps
+    assert until(lambda: engine._live)
+    start = time.monotonic()
+    engine.close(grace=1.0)
+    assert not engine.alive and time.monotonic() - start < 10
+    assert short.final.finish_reason == "length" and len(short.ids) == 1
+    assert long.final.finish_reason == "abort" and "shut down" in long.final.error and len(long.ids) < 100
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit(PROMPTS[0], SamplingParams(), Collector())
+
+
+@pytest.mark.parametrize(("content", "finished"), [("30\n", "length"), ("soon", "abort")])
+def test_the_drain_file_closes_the_engine_with_its_grace(tmp_path, content, finished):
+    """The Triton launcher's stop: a grace lets a request finish, a file without one closes at once."""
+    engine = slowed(ServingEngine(make_executor()), 0.02)
+    drain = tmp_path / "drain"
+    watcher = close_on_drain_file(engine, drain, poll=0.01)
+    request = Collector()
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True), request)
+    assert until(lambda: request.updates)
+    (tmp_path / "partial").write_text(content)
+    (tmp_path / "partial").replace(drain)  # whole, as the launcher writes it
+    watcher.join(60)
+    assert not watcher.is_alive() and not engine.alive
+    assert request.final.finish_reason == finished
+    assert (len(request.ids) == 40) == (finished == "length")
 
 
 def test_text_delta_holds_back_what_may_still_change():

@@ -9,6 +9,7 @@ from trtllm_bole.serving.protocol import (
     OUTPUT_NAMES,
     RequestError,
     ResponseStream,
+    check_prompt_text,
     check_request,
     llm_kwargs,
     parse_request,
@@ -56,6 +57,13 @@ def test_ids_prompt_trimmed_by_input_lengths_and_parameters_as_fallback():
     assert parse_request({"text_input": text("x")}, {"triton_enable_empty_final_response": True}).params
 
 
+def test_the_smallest_temperature_arrives_as_the_client_wrote_it():
+    """An FP32 tensor holds 1e-5 as 9.9999997e-06; read as that double it fell below the minimum."""
+    params = parse_request({"text_input": text("x"), "temperature": scalar(1e-5, np.float32)}).params
+    assert params.temperature == 1e-5
+    assert parse_request({"text_input": text("x"), "top_p": scalar(0.7, np.float32)}).params.top_p == 0.7
+
+
 def test_end_id_replaces_the_models_end_token():
     assert parse_request({"text_input": text("x"), "end_id": scalar(7, np.int32)}).params.stop_token_ids == [
         7
@@ -80,6 +88,17 @@ def test_end_id_replaces_the_models_end_token():
         ({"text_input": text("x")}, {"max_tokens": "5"}, "must be int"),
         ({"text_input": text("x")}, {"stream": 1}, "must be bool"),
         ({"text_input": text("x")}, {"temperature": "hot"}, "must be float"),
+        ({"text_input": text("x"), "temperature": scalar(np.inf, np.float32)}, {}, "temperature.*finite"),
+        (
+            {"text_input": text("x"), "stop_words": np.array([[b"x" * 1025]], np.object_)},
+            {},
+            r"stop_words\.0: .*1024 char",
+        ),
+        (
+            {"text_input": text("x"), "stop_words": np.array([[b"%d" % i for i in range(17)]], np.object_)},
+            {},
+            "stop",
+        ),
         (
             {"text_input": text("x"), "temperature": scalar(1e-40, np.float32)},
             {},
@@ -114,7 +133,7 @@ def test_limits_are_checked_against_the_engine():
 
 
 def update(ids, text_delta, finished=False, reason=None, error=None) -> Update:
-    return Update(0, ids, text_delta, finished, reason, error, SpecStats(2, 8, 3), 0)
+    return Update(0, ids, text_delta, finished, reason, error, SpecStats(2, 8, 3))
 
 
 def test_streaming_sends_every_delta_and_flags_the_last():
@@ -174,3 +193,26 @@ def test_model_parameters_become_llm_arguments():
         llm_kwargs({"max_batch_size": "0"})
     with pytest.raises(ValueError, match="must be an integer"):
         llm_kwargs({"max_seq_len": "lots"})
+
+
+def test_a_text_prompt_that_cannot_fit_is_refused_before_tokenizing():
+    check_prompt_text("é" * 20, context_limit=10, max_token_bytes=4)  # 40 bytes: may be 10 tokens
+    with pytest.raises(RequestError, match="prompt text of 42 bytes is too long"):
+        check_prompt_text("é" * 21, context_limit=10, max_token_bytes=4)
+
+
+def test_max_token_bytes_bounds_the_real_tokenizers_token_count():
+    """The bound behind that refusal: no text takes fewer than bytes / max_token_bytes tokens."""
+    import random
+
+    from trtllm_bole.llm import DEFAULT_MODEL
+    from trtllm_bole.text import Tokenizer
+
+    tokenizer = Tokenizer.find(DEFAULT_MODEL)
+    vocab = tokenizer._tok.get_vocab(with_added_tokens=True)
+    longest = max(vocab, key=lambda entry: len(entry.encode()))
+    rng = random.Random(0)
+    texts = [tokenizer.decode([vocab[longest]]) * 50, " " * 5000, "\n" * 3000, "x" * 4000]
+    texts += ["".join(rng.choice("ab \n\t{}éあ") for _ in range(2000)) for _ in range(5)]
+    for text in texts:
+        assert len(tokenizer.encode(text)) * tokenizer.max_token_bytes >= len(text.encode())

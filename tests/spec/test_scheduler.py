@@ -59,6 +59,17 @@ def test_the_context_limit_is_the_same_in_every_mode():
     assert (ar._reservation(r), tree._reservation(r)) == (4, 5)  # ceil(16 / 4), ceil((15 + 4) / 4)
 
 
+def test_a_cache_smaller_than_one_context_lowers_the_request_limit():
+    s = make(n_blocks=4, block_size=4, max_seq_len=32, tree_tokens=4)  # 16 positions, 4 of them headroom
+    assert (s.context_limit, s.request_limit) == (31, 12)
+    fits, too_big = req(0, 4, max_tokens=8), req(1, 4, max_tokens=9)
+    s.add(fits)
+    s.add(too_big)
+    assert list(s.waiting) == [fits]
+    assert "need 5 KV blocks" in too_big.error and "at most 12 prompt + output tokens" in too_big.error
+    assert make().request_limit == make().context_limit  # a cache that holds a whole context
+
+
 def test_abort_while_waiting_and_everything_returns():
     s = make()
     rs = [req(i, 3) for i in range(5)]

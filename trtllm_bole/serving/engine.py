@@ -1,11 +1,12 @@
 """A thread-safe serving engine: one background thread owns an :class:`Executor` and runs it.
 
-Any thread may :meth:`ServingEngine.submit` requests and :meth:`ServingEngine.cancel` them; both only
-queue a message. The engine thread is the only one that touches the executor (which is not
-thread-safe): it applies the queued messages, aborts requests whose ``is_cancelled`` predicate turns
-true, runs :meth:`Executor.step` while there is work (every running request advances in the same
-batched step: continuous batching), and hands each request's committed tokens to its callback as an
-:class:`Update`. With nothing to do it sleeps on a condition variable.
+Any thread may :meth:`ServingEngine.submit` requests (it only queues them) and close the engine (at
+once, or draining: :meth:`ServingEngine.close`, :func:`close_on_drain_file`). The engine thread is the
+only one that touches the executor (which is not thread-safe): it starts the queued requests, aborts
+those whose ``is_cancelled`` predicate turns true, runs :meth:`Executor.step` while there is work (every
+running request advances in the same batched step: continuous batching), and hands each request's
+committed tokens to its callback as an :class:`Update`. With nothing to do it sleeps on a condition
+variable.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtllm_bole.config import SamplingParams
@@ -31,9 +34,9 @@ if TYPE_CHECKING:  # the LLM module imports the whole stack; the engine needs on
 class Update:
     """What one request gained since its previous update; ``finished`` on the last one.
 
-    ``token_ids`` and ``text`` are deltas; ``stats`` and ``num_output_tokens`` are running totals.
-    ``finish_reason`` is ``"length"``, ``"stop"``, ``"abort"`` (cancelled or engine shut down) or
-    ``"error"`` (then ``error`` says why).
+    ``token_ids`` and ``text`` are deltas; ``stats`` are running totals. ``finish_reason`` is
+    ``"length"``, ``"stop"``, ``"abort"`` (cancelled or engine shut down) or ``"error"`` (then
+    ``error`` says why).
     """
 
     key: int
@@ -43,7 +46,6 @@ class Update:
     finish_reason: str | None = None
     error: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
-    num_output_tokens: int = 0
 
 
 OnUpdate = Callable[[Update], None]
@@ -64,7 +66,7 @@ class ServingEngine:
 
     ``decode`` turns token ids into text (the tokenizer's); without it updates carry ids only.
     Callbacks run on the engine thread: they must be quick and must not call back into the engine
-    synchronously except through :meth:`submit` / :meth:`cancel`, which only queue.
+    synchronously except through :meth:`submit`, which only queues.
     """
 
     def __init__(
@@ -77,13 +79,12 @@ class ServingEngine:
         self.executor = executor
         self.decode = decode
         self._cv = threading.Condition()
-        self._inbox: list[tuple[str, int, object]] = []
+        self._inbox: list[tuple[_Live, list[int], SamplingParams]] = []  # submitted, not started
         self._live: dict[int, _Live] = {}  # by key; engine thread only
         self._by_request: dict[int, _Live] = {}  # by the executor's request id; engine thread only
         self._keys = itertools.count()
         self._closing = False
-        self._idle = threading.Event()
-        self._idle.set()
+        self._deadline = 0.0  # closing: when the requests still running are aborted (time.monotonic)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -102,8 +103,9 @@ class ServingEngine:
 
     @property
     def context_limit(self) -> int:
-        """Most prompt + output tokens one request may hold (``max_seq_len - 1``, in every mode)."""
-        return self.executor.scheduler.context_limit
+        """Most prompt + output tokens one request may hold: ``max_seq_len - 1`` in every mode, unless the
+        whole KV cache holds fewer (:attr:`Scheduler.request_limit`)."""
+        return self.executor.scheduler.request_limit
 
     def submit(
         self,
@@ -117,42 +119,27 @@ class ServingEngine:
         has ``finished=True``), ``is_cancelled`` is polled once per step and aborts the request when
         it returns true. Raises :class:`RuntimeError` once the engine is closed."""
         live = _Live(0, on_update, is_cancelled, TextDelta(self.decode, params.stop))
-        return self._post("submit", (live, list(prompt_ids), params))
+        with self._cv:
+            if self._closing or not self.alive:
+                raise RuntimeError("the serving engine is shut down")
+            live.key = next(self._keys)
+            self._inbox.append((live, list(prompt_ids), params))
+            self._cv.notify()
+        return live.key
 
-    def cancel(self, key: int) -> None:
-        """Abort a request: its slot and KV blocks are free before the next step; its callback gets
-        a final update with ``finish_reason="abort"``. Unknown or finished keys are ignored."""
+    def close(self, timeout: float = 30.0, *, grace: float = 0.0) -> None:
+        """Refuse new requests, let those already submitted run for up to ``grace`` seconds, abort the
+        rest (final updates with ``finish_reason="abort"``) and stop the thread (waiting up to
+        ``grace + timeout`` seconds). Closing again changes nothing."""
         with self._cv:
             if not self._closing:
-                self._inbox.append(("cancel", key, None))
-                self._idle.clear()
-                self._cv.notify()
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until no request is queued or running; False on timeout."""
-        return self._idle.wait(timeout)
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Abort every request (final updates with ``finish_reason="abort"``) and stop the thread."""
-        with self._cv:
-            self._closing = True
+                self._closing, self._deadline = True, time.monotonic() + grace
             self._cv.notify()
-        self._thread.join(timeout)
+        self._thread.join(grace + timeout)
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
-
-    def _post(self, kind: str, payload: tuple) -> int:
-        with self._cv:
-            if self._closing or not self._thread.is_alive():
-                raise RuntimeError("the serving engine is shut down")
-            key = next(self._keys)
-            payload[0].key = key
-            self._inbox.append((kind, key, payload))
-            self._idle.clear()
-            self._cv.notify()
-        return key
 
     # ------------------------------------------------------------------------------------ #
     # Engine thread                                                                         #
@@ -169,26 +156,21 @@ class ServingEngine:
             with self._cv:
                 self._closing = True  # submit() refuses from now on
                 inbox, self._inbox = self._inbox, []
-            queued = [payload[0] for kind, _, payload in inbox if kind == "submit"]
+            queued = [live for live, _, _ in inbox]
             for live in queued + list(self._live.values()):
                 self._end(live, reason, error)
-            self._idle.set()
 
     def _serve(self) -> None:
         while True:
             with self._cv:
                 while not (self._inbox or self._closing or self.executor.has_unfinished):
-                    self._idle.set()
                     self._cv.wait()
                 inbox, self._inbox = self._inbox, []
                 closing = self._closing
-            for kind, key, payload in inbox:
-                if kind == "submit":
-                    self._start(*payload)
-                else:
-                    self._abort(key)
-            if closing:
-                return
+            for submitted in inbox:
+                self._start(*submitted)
+            if closing and (not self.executor.has_unfinished or time.monotonic() >= self._deadline):
+                return  # _run aborts what is left
             self._poll_cancellations()
             if self.executor.has_unfinished:
                 self._step()
@@ -272,7 +254,6 @@ class ServingEngine:
             r.finish_reason if finished else None,
             r.error if finished else None,
             SpecStats(r.stats.steps, r.stats.drafted, r.stats.accepted),
-            len(r.output_ids),
         )
 
     def _deliver(self, live: _Live, update: Update) -> None:
@@ -284,3 +265,32 @@ class ServingEngine:
                 self.executor.abort(live.request)
                 del self._live[live.key]
                 del self._by_request[live.request.request_id]
+
+
+def close_on_drain_file(engine: ServingEngine, path: Path, *, poll: float = 0.1) -> threading.Thread:
+    """Watch for ``path`` (a daemon thread, every ``poll`` seconds) and close ``engine`` when it appears,
+    with the grace in seconds that the file holds (``triton_server/launch.py`` writes it on SIGTERM:
+    Triton neither unloads a model nor calls its ``finalize`` while requests are in flight). The file
+    must appear whole (written elsewhere, then renamed): one without a grace closes at once."""
+
+    def watch() -> None:
+        while engine.alive and not path.exists():
+            time.sleep(poll)
+        if not engine.alive:
+            return
+        text = path.read_text().strip()
+        try:
+            grace = float(text)
+        except ValueError:
+            grace = float("nan")
+        if not 0 <= grace < float("inf"):
+            print(
+                f"bole: drain file {path} holds {text!r}, not a grace in seconds: closing now",
+                file=sys.stderr,
+            )
+            grace = 0.0
+        engine.close(grace=grace)
+
+    thread = threading.Thread(target=watch, name="bole-drain-watch", daemon=True)
+    thread.start()
+    return thread

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
-from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.config import BoleConfig, SamplingParams, one_line
 from trtllm_bole.serving.engine import Update
 
 # SamplingParams field -> (tensor name, Python type of its value)
@@ -100,15 +101,21 @@ def parse_request(
     try:
         params = SamplingParams(**values)
     except ValidationError as e:
-        names = {f: n for f, (n, _) in SCALARS.items()}
-        raise RequestError(
-            "; ".join(
-                f"{names.get(str(err['loc'][0]), err['loc'][0])}: {err['msg']} (got {err['input']!r})"
-                for err in e.errors()
-            )
-        ) from None
+        names = {"stop": "stop_words", **{f: n for f, (n, _) in SCALARS.items()}}
+        raise RequestError(one_line(e, names)) from None
     stream = _scalar(tensors, parameters, "stream", bool)
     return ParsedRequest(prompt, params, bool(stream))
+
+
+def check_prompt_text(text: str, *, context_limit: int, max_token_bytes: int) -> None:
+    """Refuse a text prompt that cannot fit before tokenizing it (tokenizing megabytes takes seconds,
+    and the model's ``execute`` tokenizes on the thread that takes every new request)."""
+    size = len(text.encode())
+    if size > context_limit * max_token_bytes:
+        raise RequestError(
+            f"prompt text of {size} bytes is too long: this server holds at most {context_limit} prompt + "
+            f"output tokens per request, and no token stands for more than {max_token_bytes} bytes"
+        )
 
 
 def check_request(
@@ -253,6 +260,8 @@ def _one(array: np.ndarray, name: str, kind: type) -> Any:
     want = {bool: "b", int: "iu", float: "f"}[kind]
     if array.dtype.kind not in want:
         raise RequestError(f"input {name!r} must be {kind.__name__}, got {array.dtype}")
+    if kind is float:  # the shortest decimal of its own precision: FP32 1e-5 is 1e-5, not 9.9999997e-06
+        return float(str(value))
     return kind(value)
 
 
@@ -265,7 +274,7 @@ def llm_kwargs(
     directory) decides. ``device`` defaults to ``cpu`` for a CPU instance and to the instance's GPU
     for a GPU instance (``cuda`` is bound to that GPU too).
     """
-    given = {k: v.strip() for k, v in parameters.items() if v.strip() and not v.strip().startswith("${")}
+    given = _given(parameters)
     kwargs: dict[str, Any] = {"model": given.get("engine_dir")}
     device = given.get("device", "cuda" if "GPU" in instance_kind.upper() else "cpu")
     kwargs["device"] = f"cuda:{device_id}" if device == "cuda" else device
@@ -287,6 +296,18 @@ def llm_kwargs(
     if bole:
         kwargs["speculative_config"] = BoleConfig(**bole)
     return kwargs
+
+
+def drain_file(parameters: Mapping[str, str]) -> Path | None:
+    """The file whose appearance tells the model to drain (``triton_server/launch.py`` writes it on
+    SIGTERM), from the ``drain_file`` parameter; None where it is unset."""
+    path = _given(parameters).get("drain_file")
+    return None if path is None else Path(path)
+
+
+def _given(parameters: Mapping[str, str]) -> dict[str, str]:
+    """The parameters that are set: neither empty nor still a ``${...}`` placeholder."""
+    return {k: v.strip() for k, v in parameters.items() if v.strip() and not v.strip().startswith("${")}
 
 
 def _positive_int(name: str, text: str) -> int:

@@ -133,6 +133,12 @@ class Scheduler:
     def kv_tokens(self) -> int:
         return kv_tokens(self.max_seq_len, self.tree_tokens)
 
+    @property
+    def request_limit(self) -> int:
+        """Most prompt + output tokens one request can be served: the context limit, or fewer where the
+        whole KV cache cannot hold that many and a tree's headroom past them."""
+        return min(self.context_limit, self.blocks.num_blocks * self.blocks.block_size - self.tree_tokens)
+
     def add(self, request: Request) -> None:
         """Queue a request, or finish it at once with an error if it can never fit."""
         limit = self.context_limit - 1  # the prefill emits a token, whatever max_tokens says
@@ -145,8 +151,13 @@ class Scheduler:
                 f"max_seq_len {self.max_seq_len} holds {self.context_limit} prompt + output tokens, so a "
                 f"prompt of at most {limit}",
             )
-        elif self._reservation(request) > self.blocks.num_blocks:
-            self._fail(request, "request needs more KV blocks than the whole cache holds")
+        elif (needed := self._reservation(request)) > self.blocks.num_blocks:
+            self._fail(
+                request,
+                f"prompt + max_tokens of {len(request.prompt_ids) + request.params.max_tokens} tokens need "
+                f"{needed} KV blocks (with {self.tree_tokens} of tree headroom) and the whole cache holds "
+                f"{self.blocks.num_blocks}: at most {self.request_limit} prompt + output tokens per request",
+            )
         else:
             self.waiting.append(request)
 

@@ -3,7 +3,9 @@
 ``execute`` only parses each request and hands it to one shared :class:`ServingEngine` (continuous
 batching on its own thread) and returns at once; the engine's callbacks send each committed delta
 through the request's response sender (decoupled mode) and the final flag with the last one. Bad
-requests get an error response; client cancellation aborts the request and frees its slot.
+requests get an error response; client cancellation aborts the request and frees its slot. When
+the launcher stops the server it writes the drain file: requests in flight get a grace period, then
+an UNAVAILABLE error, so that Triton can unload the model.
 """
 
 import json
@@ -12,12 +14,14 @@ import traceback
 import triton_python_backend_utils as pb_utils
 
 from trtllm_bole import LLM
-from trtllm_bole.serving import ServingEngine
+from trtllm_bole.serving import ServingEngine, close_on_drain_file
 from trtllm_bole.serving.protocol import (
     INPUT_NAMES,
     Reply,
     ResponseStream,
+    check_prompt_text,
     check_request,
+    drain_file,
     llm_kwargs,
     parse_request,
 )
@@ -39,6 +43,9 @@ class TritonPythonModel:
         # every batch size class (compiled on first use, seconds each).
         warmed = self.llm.warm_up(use_tqdm=False)
         self.engine = ServingEngine.for_llm(self.llm)
+        drain = drain_file(parameters)
+        if drain is not None:  # the launcher's way to end requests in flight when it stops the server
+            close_on_drain_file(self.engine, drain)
         bole = self.llm.speculative_config
         pb_utils.Logger.log_info(
             f"bole: serving {self.llm.model_dir} on {kwargs['device']}, mode {bole.mode} "
@@ -66,6 +73,12 @@ class TritonPythonModel:
             if tensor is not None:
                 tensors[name] = tensor.as_numpy()
         parsed = parse_request(tensors, json.loads(request.parameters() or "{}"))
+        if isinstance(parsed.prompt, str) and self.llm.tokenizer is not None:
+            check_prompt_text(
+                parsed.prompt,
+                context_limit=self.engine.context_limit,
+                max_token_bytes=self.llm.tokenizer.max_token_bytes,
+            )
         prompt_ids = self.llm.encode(parsed.prompt)
         check_request(
             prompt_ids,
