@@ -174,7 +174,7 @@ def executor_for(llm: LLM, mode: str, bole_args: dict, max_batch: int, max_seq_l
     """A fresh executor of ``mode`` on the LLM's model (the model keeps its cache and draft graphs)."""
     return Executor(
         llm.model, BoleConfig(mode=mode, **bole_args), max_batch_size=max_batch, max_seq_len=max_seq_len,
-        eos_token_id=None, budget=llm.executor.budget,
+        eos_token_ids=(), budget=llm.executor.budget,
     )  # fmt: skip
 
 

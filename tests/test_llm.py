@@ -1,7 +1,14 @@
 """The LLM API: warm-up serves and leaves nothing behind, streams join up to generate's text, and
 failures leave nothing queued."""
 
+import itertools
+import json
+import shutil
+import threading
+
+import numpy as np
 import pytest
+import torch
 
 from trtllm_bole import LLM, SamplingParams
 
@@ -43,7 +50,7 @@ def test_stream_texts_join_up_to_generates_text_with_and_without_a_stop_string(l
 
 
 def test_generate_leaves_nothing_queued_when_a_prompt_or_a_step_fails(llm, monkeypatch):
-    with pytest.raises(ValueError, match="invalid literal"):
+    with pytest.raises(ValueError, match="integer token ids"):
         llm.generate(["def f(x):", ["not a token id"]], use_tqdm=False)
     assert not llm.executor.has_unfinished  # the first prompt was never submitted
 
@@ -54,3 +61,93 @@ def test_generate_leaves_nothing_queued_when_a_prompt_or_a_step_fails(llm, monke
     with pytest.raises(RuntimeError, match="device lost"):
         llm.generate(["def f(x):", "class A:"], use_tqdm=False)
     assert not llm.executor.has_unfinished
+
+
+def settled(llm) -> bool:
+    scheduler = llm.executor.scheduler
+    return (
+        not llm.executor.has_unfinished
+        and scheduler.slots.num_free == scheduler.slots.num_slots
+        and scheduler.blocks.num_free == scheduler.blocks.num_blocks
+    )
+
+
+def test_interleaved_streams_and_a_generate_between_them_keep_every_token(llm):
+    """Every step advances every running request: a stream must take its tokens from its request, not
+    from the events of the steps it ran itself (it lost them, and never finished, before)."""
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone = [o.outputs[0].token_ids for o in llm.generate(["def f(x):", "class A:"], params, use_tqdm=False)]
+    a, b = llm.generate_stream("def f(x):", params), llm.generate_stream("class A:", params)
+    got = {0: [], 1: []}
+    for outputs in itertools.zip_longest(a, b):
+        for i, out in enumerate(outputs):
+            if out is not None:
+                got[i].append(out)
+    c = llm.generate_stream("def f(x):", params)
+    first = next(c)
+    llm.generate(["class A:"], params, use_tqdm=False)  # runs c's request to its end meanwhile
+    got[2] = [first, *c]
+    for i, ref in ((0, alone[0]), (1, alone[1]), (2, alone[0])):
+        assert [t for o in got[i] for t in o.outputs[0].token_ids] == ref, i
+        assert got[i][-1].finished and not any(o.finished for o in got[i][:-1]), i
+    assert settled(llm)
+
+
+def test_generate_from_several_threads(llm):
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    alone = [o.outputs[0].token_ids for o in llm.generate(["def f(x):", "import os"], params, use_tqdm=False)]
+    results = [None] * 4
+
+    def call(i: int) -> None:
+        outputs = llm.generate(["def f(x):", "import os"], params, use_tqdm=False)
+        results[i] = [o.outputs[0].token_ids for o in outputs]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == [alone] * 4
+    assert settled(llm)
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda llm: llm.generate([[1.7, 2.9]], use_tqdm=False), "integer token ids, got \\[1.7, 2.9\\]"),
+        (lambda llm: list(llm.generate_stream(["a", "b"])), "one prompt, got 2"),
+        (lambda llm: list(llm.generate_stream([])), "one prompt, got 0"),
+        (lambda llm: llm.generate(["a"], [None], use_tqdm=False), "must be SamplingParams, got None"),
+        (lambda llm: LLM(max_batch_size=0), "max_batch_size must be an integer of at least 1, got 0"),
+        (lambda llm: LLM(max_seq_len=1), "max_seq_len must be an integer of at least 2, got 1"),
+        (lambda llm: LLM(device="meta"), "device must be 'cpu', 'cuda' or 'cuda:N', got 'meta'"),
+        (lambda llm: SamplingParams(seed=2**64), "seed"),
+        (lambda llm: SamplingParams(top_k=2**31), "top_k"),
+        (lambda llm: SamplingParams(stop=[""]), "at least 1 character"),
+    ],
+)
+def test_bad_inputs_are_refused_by_name(llm, call, words):
+    with pytest.raises(ValueError, match=words):
+        call(llm)
+
+
+def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
+    params = SamplingParams(max_tokens=4)
+    ref = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids
+    for prompt in (np.array([5, 6, 7]), torch.tensor([5, 6, 7])):
+        assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == ref
+
+
+def test_every_end_token_of_the_checkpoint_stops(tmp_path):
+    from trtllm_bole.llm import DEFAULT_MODEL
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(DEFAULT_MODEL, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["eos_token_id"] = [7, 11]
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    assert LLM(checkpoint).executor.eos_token_ids == {7, 11}
+    config["eos_token_id"] = "</s>"
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="eos_token_id must be a token id"):
+        LLM(checkpoint)

@@ -27,17 +27,21 @@ class SamplingParams(BaseModel):
         description=f"0 = greedy; otherwise softmax temperature, at least {MIN_TEMPERATURE} (below it the "
         "scaled logits overflow float32: sample greedily with 0 instead).",
     )
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
+    top_k: int = Field(0, ge=0, le=2**31 - 1, description="Keep the k most likely tokens; 0 = off.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 = off.")
     seed: int | None = Field(
         None,
+        ge=-(2**63),
+        lt=2**64,  # torch.Generator's range
         description="Per-request RNG seed: the same request, served with the same drafts, samples the same "
         "tokens. Speculation draws a coin per draft it tries, so under a batch-shared budget (whose trees "
         "depend on the batch) or another mode the draws, and so the tokens, can differ; each is still a "
         "sample of the target distribution.",
     )
-    stop_token_ids: list[int] = Field(default_factory=list, description="Stop after emitting any of these.")
-    stop: list[Annotated[str, Field(max_length=MAX_STOP_LENGTH)]] = Field(
+    stop_token_ids: list[int] = Field(
+        default_factory=list, description="Stop at any of these tokens (not included in the output)."
+    )
+    stop: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]] = Field(
         default_factory=list,
         max_length=MAX_STOPS,
         description=f"Stop when the text ends with any of these (at most {MAX_STOPS}, of at most "
@@ -130,3 +134,20 @@ def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> 
         f"(got {short.repr(e['input'])})"
         for e in error.errors()
     )
+
+
+def check_device(device: str) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N``, and a CUDA device only where torch sees a GPU."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
+            "use device='cpu' (or install a CUDA build of torch on a GPU machine)"
+        )

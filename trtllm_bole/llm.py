@@ -10,6 +10,9 @@ for out in llm.generate(["def fib(n):"], SamplingParams(max_tokens=64)):
 from __future__ import annotations
 
 import json
+import numbers
+import operator
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.config import BoleConfig, SamplingParams, check_device
 from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
@@ -66,6 +69,10 @@ class LLM:
     target's verify one per forest shape (:mod:`trtllm_bole.spec.verify_graphs`), captured by
     :meth:`warm_up`; ``False`` launches every kernel from Python. An engine supplies its own dtype,
     limits, draft settings and budget table, and refuses requests beyond its build.
+
+    Thread-safe: calls from several threads (or interleaved streams) share the executor's steps, each
+    returning its own requests' tokens; :class:`~trtllm_bole.serving.ServingEngine` serves many callers
+    from one thread instead.
     """
 
     def __init__(
@@ -82,11 +89,7 @@ class LLM:
         cuda_graphs: bool = True,
     ) -> None:
         path = Path(model) if model is not None else DEFAULT_MODEL
-        if str(device).startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(
-                f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
-                "use device='cpu' (or install a CUDA build of torch on a GPU machine)"
-            )
+        _check_settings(device, max_batch_size, max_seq_len, kv_cache_tokens, block_size)
         if not path.is_dir():
             raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
         self.model_dir = path
@@ -99,7 +102,8 @@ class LLM:
             self._hf_config = self.engine.hf_config
         else:
             self.speculative_config = speculative_config or BoleConfig()
-            max_batch_size, max_seq_len = max_batch_size or 8, max_seq_len or 1024
+            max_batch_size = 8 if max_batch_size is None else max_batch_size
+            max_seq_len = 1024 if max_seq_len is None else max_seq_len
             torch_dtype = _resolve_dtype(dtype, device)
             self.model = load_model(
                 path, dtype=torch_dtype, device=device, mtp=self.speculative_config.speculates
@@ -116,10 +120,11 @@ class LLM:
             num_blocks=num_blocks,
             block_size=block_size,
             budget=budget,
-            eos_token_id=self._eos_token_id(),
+            eos_token_ids=self._eos_token_ids(),
             decode_text=self.tokenizer.decode if self.tokenizer else None,
             cuda_graphs=cuda_graphs,
         )
+        self._lock = threading.Lock()  # the executor is one thread's at a time
 
     def generate(
         self,
@@ -138,20 +143,19 @@ class LLM:
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
         prompt_ids = [self.encode(p) for p in prompts]
-        requests = [self.executor.submit(ids, sp) for ids, sp in zip(prompt_ids, params, strict=True)]
+        with self._lock:
+            requests = [self.executor.submit(ids, sp) for ids, sp in zip(prompt_ids, params, strict=True)]
         try:
             with tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm) as bar:
                 done = sum(r.finished for r in requests)
                 bar.update(done)
-                while self.executor.has_unfinished:
-                    self.executor.step()
+                while done < len(requests):  # other callers' requests may still run after this returns
+                    self._step()
                     now = sum(r.finished for r in requests)
                     bar.update(now - done)
                     done = now
         finally:
-            for r in requests:
-                if not r.finished:
-                    self.executor.abort(r)
+            self._abort_unfinished(requests)
         return [self._output(r, p) for r, p in zip(requests, prompts, strict=True)]
 
     def generate_stream(
@@ -161,21 +165,30 @@ class LLM:
         ``finished=True``. ``outputs[0].token_ids`` and ``.text`` hold only what is new in that yield;
         the texts join up to :meth:`generate`'s (text that may still change, such as the start of a
         stop string or half of a multi-byte character, waits for the next yield)."""
+        prompts = _as_prompt_list(prompt)
+        if len(prompts) != 1:
+            raise ValueError(
+                f"generate_stream takes one prompt, got {len(prompts)}: use generate for several"
+            )
         params = sampling_params or SamplingParams()
-        request = self.executor.submit(self.encode(_as_prompt_list(prompt)[0]), params)
+        prompt_ids = self.encode(prompts[0])
+        with self._lock:
+            request = self.executor.submit(prompt_ids, params)
         text = TextDelta(self.tokenizer.decode if self.tokenizer else None, params.stop)
+        sent = 0
         try:
-            if request.finished:
-                yield self._output(request, prompt)
-                return
-            while not request.finished:
-                for event in self.executor.step():
-                    if event.request is request:
-                        delta = text(request.output_ids, event.finished), event.token_ids
-                        yield self._output(request, prompt, delta)
+            while True:
+                with self._lock:  # whoever stepped, the request's tokens are in it
+                    finished, output_ids = request.finished, list(request.output_ids)
+                if len(output_ids) > sent or finished:
+                    delta = text(output_ids, finished), output_ids[sent:]
+                    sent = len(output_ids)
+                    yield self._output(request, prompt, delta)
+                if finished:
+                    return
+                self._step()
         finally:
-            if not request.finished:
-                self.executor.abort(request)
+            self._abort_unfinished([request])
 
     def warm_up(self, batch_sizes: Sequence[int] | None = None, *, use_tqdm: bool = True) -> list[int]:
         """Serve short dummy requests at each batch size, untimed, before real traffic: on a GPU, Triton
@@ -220,7 +233,22 @@ class LLM:
                     f"{self.model_dir} has no tokenizer.json: pass prompts as lists of token ids"
                 )
             return self.tokenizer.encode(prompt)
-        return [int(t) for t in prompt]
+        try:
+            return [operator.index(t) for t in prompt]
+        except TypeError:
+            raise ValueError(
+                f"a prompt is a string or a sequence of integer token ids, got {_short(prompt)}"
+            ) from None
+
+    def _step(self) -> None:
+        with self._lock:
+            self.executor.step()
+
+    def _abort_unfinished(self, requests: list[Request]) -> None:
+        with self._lock:
+            for r in requests:
+                if not r.finished:
+                    self.executor.abort(r)
 
     def _output(
         self, request: Request, prompt: Prompt, delta: tuple[str, list[int]] | None = None
@@ -240,14 +268,19 @@ class LLM:
             request.error,
         )
 
-    def _eos_token_id(self) -> int | None:
+    def _eos_token_ids(self) -> list[int]:
+        """The checkpoint's end-of-text token(s): ``eos_token_id`` (one id or a list) of its config or of
+        its ``text_config``."""
         eos = self._hf_config.get("eos_token_id")
         if isinstance(eos, dict | list) or eos is None:
             text = self._hf_config.get("text_config", {})
             eos = text.get("eos_token_id", eos)
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        return eos
+        ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ValueError(
+                f"{self.model_dir}/config.json: eos_token_id must be a token id or a list of ids, got {eos!r}"
+            )
+        return ids
 
 
 def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
@@ -278,11 +311,34 @@ def _find_budget(config: BoleConfig, engine: Engine | None, device: torch.device
     return table
 
 
+def _check_settings(
+    device: str,
+    max_batch_size: int | None,
+    max_seq_len: int | None,
+    kv_cache_tokens: int | None,
+    block_size: int,
+) -> None:
+    check_device(device)
+    for name, value, least in (
+        ("max_batch_size", max_batch_size, 1),
+        ("max_seq_len", max_seq_len, 2),  # a prompt token and the one its prefill emits
+        ("kv_cache_tokens", kv_cache_tokens, 1),
+        ("block_size", block_size, 1),
+    ):
+        if value is not None and (not isinstance(value, int) or value < least):
+            raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
-    prompts = list(prompts)
-    if prompts and all(isinstance(t, int) for t in prompts):
+    prompts = prompts.tolist() if hasattr(prompts, "tolist") else list(prompts)  # tensors, arrays
+    if prompts and all(isinstance(t, numbers.Integral) for t in prompts):
         return [prompts]  # one prompt given as token ids
     return prompts
 
@@ -295,4 +351,7 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n:
     params = list(params)
     if len(params) != n:
         raise ValueError(f"got {len(params)} sampling params for {n} prompts")
+    bad = [p for p in params if not isinstance(p, SamplingParams)]
+    if bad:
+        raise ValueError(f"sampling_params must be SamplingParams, got {_short(bad[0])}")
     return params

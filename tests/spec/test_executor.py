@@ -195,7 +195,7 @@ def test_stop_tokens_and_limits(config):
     first = free.index(stop)
     out = run(ex, [PROMPTS[0]], SamplingParams(max_tokens=12, stop_token_ids=[stop]))[0]
     assert out.output_ids == free[:first] and out.finish_reason == "stop"
-    eos = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), eos_token_id=stop)
+    eos = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), eos_token_ids=[stop])
     assert run(eos, [PROMPTS[0]], SamplingParams(max_tokens=12))[0].output_ids == free[:first]
     ignoring = run(eos, [PROMPTS[0]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
     assert ignoring.output_ids == free

@@ -117,7 +117,7 @@ class Executor:
         num_blocks: int | None = None,
         block_size: int = 16,
         budget: BudgetTable | None = None,
-        eos_token_id: int | None = None,
+        eos_token_ids: Sequence[int] = (),
         decode_text: Callable[[list[int]], str] | None = None,
         cuda_graphs: bool = True,
     ) -> None:
@@ -130,7 +130,7 @@ class Executor:
         self.bole = bole
         self.max_batch_size = max_batch_size
         self.budget = budget
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = frozenset(eos_token_ids)  # end a request unless it ignores EOS
         self.decode_text = decode_text
         tree_tokens = bole.max_depth + 1 if bole.speculates else 1
         request_blocks = -(-kv_tokens(max_seq_len, tree_tokens) // block_size)
@@ -425,8 +425,8 @@ class Executor:
         """Append tokens, stopping at max_tokens, a stop token or a stop string."""
         params, runtime = request.params, request.runtime
         stops = set(params.stop_token_ids)
-        if self.eos_token_id is not None and not params.ignore_eos:
-            stops.add(self.eos_token_id)
+        if not params.ignore_eos:
+            stops |= self.eos_token_ids
         emitted, reason = [], None
         for token in new_tokens:
             if token in stops:
