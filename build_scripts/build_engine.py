@@ -20,6 +20,10 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: --help answers without loading torch
+    from trtllm_bole.spec.calibration import CalibrationSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,21 +145,59 @@ def parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+CALIBRATION_FLAGS = (
+    "epsilon", "calibration_batches", "calibration_kv_lens", "calibration_capacities", "calibration_repeats",
+    "calibration_warmup",
+)  # fmt: skip
+
+
+def _calibration(cli: argparse.ArgumentParser, args: argparse.Namespace) -> CalibrationSettings:
+    """The calibration settings of the flags; a bad value is a usage error."""
+    from trtllm_bole.spec.calibration import CalibrationSettings, TimingSettings
+
+    try:
+        return CalibrationSettings(
+            epsilon=args.epsilon,
+            capacities=args.calibration_capacities,
+            batch_buckets=args.calibration_batches,
+            kv_buckets=args.calibration_kv_lens,
+            timing=TimingSettings(
+                warmup=args.calibration_warmup,
+                repeats=args.calibration_repeats,
+                depth=args.max_draft_depth + 1,
+            ),
+        )
+    except ValueError as e:
+        cli.error(str(e))
+
+
 def _stop(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through the build, which removes its staging folder
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    ignored = [
+        f"--{name.replace('_', '-')}"
+        for name in CALIBRATION_FLAGS
+        if getattr(args, name) != cli.get_default(name)
+    ]
+    if ignored and not args.calibrate:
+        cli.error(f"{', '.join(ignored)} only apply with --calibrate")
     signal.signal(signal.SIGTERM, _stop)  # timeout, docker stop, a cancelled CI job: clean up as Ctrl-C
     import torch
 
+    from trtllm_bole.config import check_device
     from trtllm_bole.engine import BuildSettings, build_engine
     from trtllm_bole.engine.format import environment
     from trtllm_bole.llm import DEFAULT_MODEL
-    from trtllm_bole.spec.calibration import CalibrationSettings, TimingSettings
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        check_device(device)
+    except ValueError as e:
+        cli.error(str(e))
     checkpoint = args.checkpoint or DEFAULT_MODEL
     output = args.output or ROOT / "engines" / f"{checkpoint.name}-{environment(device)['arch']}"
     plan_builder = None
@@ -171,17 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         plan_builder = build_plan
     calibration = None
     if args.calibrate:
-        calibration = CalibrationSettings(
-            epsilon=args.epsilon,
-            capacities=args.calibration_capacities,
-            batch_buckets=args.calibration_batches,
-            kv_buckets=args.calibration_kv_lens,
-            timing=TimingSettings(
-                warmup=args.calibration_warmup,
-                repeats=args.calibration_repeats,
-                depth=args.max_draft_depth + 1,
-            ),
-        )
+        calibration = _calibration(cli, args)
     settings = BuildSettings(
         args.dtype, args.max_batch_size, args.max_seq_len, args.max_draft_depth, args.max_draft_nodes
     )
@@ -191,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint, output, settings, device=device, calibration=calibration,
             plan_builder=plan_builder, force=args.force, progress=not args.quiet,
         )  # fmt: skip
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # bad settings or inputs; an output that cannot be written
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -48,3 +48,35 @@ def test_cuda_without_a_gpu_is_refused_by_name():
         pytest.skip("this machine has a GPU")
     with pytest.raises(ValueError, match="sees no CUDA GPU; use device='cpu'"):
         LLM(device="cuda")
+
+
+def test_generate_refuses_what_it_cannot_serve_in_one_line(tmp_path):
+    """A text prompt for a checkpoint without a tokenizer, a bad device, malformed ids: before streaming."""
+    import shutil
+
+    from trtllm_bole.llm import DEFAULT_MODEL
+
+    checkpoint = shutil.copytree(
+        DEFAULT_MODEL, tmp_path / "ckpt", ignore=shutil.ignore_patterns("tokenizer*")
+    )
+    cases = [
+        (["--model", str(checkpoint)], "has no tokenizer.json"),
+        (["--device", "tpu"], "device must be 'cpu', 'cuda' or 'cuda:N'"),
+        (["--prompt-ids", "1,,2"], "--prompt-ids takes comma-separated integers"),
+    ]
+    for args, words in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", "trtllm_bole", "generate", *args], capture_output=True, text=True
+        )
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert done.stdout == ""
+
+
+def test_generate_into_a_closed_pipe_stops_quietly():
+    done = subprocess.run(
+        f"{sys.executable} -m trtllm_bole generate --max-tokens 64 | head -c 10",
+        shell=True,
+        capture_output=True,
+        text=True,
+    )
+    assert len(done.stdout) == 10 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr

@@ -24,6 +24,9 @@ def _generate(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do
+        sys.stdout = None  # nothing more to flush into the closed pipe at exit
+        return 141
 
 
 def _one_line(e: ValueError) -> str:
@@ -43,8 +46,15 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed,
     )  # fmt: skip
-    prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else args.prompt
-    return LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype), prompt, params
+    prompt = args.prompt
+    if args.prompt_ids is not None:
+        try:
+            prompt = [int(t) for t in args.prompt_ids.split(",")]
+        except ValueError:
+            raise ValueError(f"--prompt-ids takes comma-separated integers: {args.prompt_ids!r}") from None
+    llm = LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype)
+    llm.encode(prompt)  # a text prompt needs the model's tokenizer: say so before anything streams
+    return llm, prompt, params
 
 
 def _stream(args: argparse.Namespace, llm: LLM, prompt: str | list[int], params: SamplingParams) -> int:

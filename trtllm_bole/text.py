@@ -13,7 +13,10 @@ class Tokenizer:
     def __init__(self, path: Path) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
-        self._tok = HFTokenizer.from_file(str(path))
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the library raises a bare Exception that names no file
+            raise ValueError(f"{path}: not a tokenizer the `tokenizers` library can read ({e})") from None
 
     @classmethod
     def find(cls, model_dir: Path) -> Tokenizer | None:

@@ -51,3 +51,18 @@ def test_a_terminated_build_leaves_nothing_behind(tmp_path):
     build.send_signal(signal.SIGTERM)
     assert build.wait(timeout=60) == 128 + signal.SIGTERM
     assert list(tmp_path.iterdir()) == []
+
+
+def test_user_mistakes_get_one_line_errors(tmp_path):
+    """Usage errors exit 2 and unwritable outputs 1, each with one line naming the problem (no traceback)."""
+    (tmp_path / "file").write_text("")
+    cases = [
+        (["--calibration-repeats", "3"], 2, "--calibration-repeats only apply with --calibrate"),
+        (["--calibrate", "--calibration-repeats", "0"], 2, "repeats must be at least 1"),
+        (["--device", "tpu"], 2, "device must be 'cpu', 'cuda' or 'cuda:N'"),
+        (["--output", str(tmp_path / "file" / "engine")], 1, "error: "),
+    ]
+    for args, code, words in cases:
+        done = subprocess.run([sys.executable, str(SCRIPT), *args, "--quiet"], capture_output=True, text=True)
+        assert done.returncode == code and words in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr, (args, done.stderr)

@@ -190,6 +190,22 @@ def test_a_weight_file_the_build_did_not_write_is_refused(engine, tmp_path):
         load_engine(path)
 
 
+def test_tokenizer_files_are_checked_at_build_and_load(tmp_path):
+    """A tokenizer every load would refuse is refused by the build, naming the file; an engine built
+    without one refuses a tokenizer dropped into it later (the LLM would have used it)."""
+    checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
+    (checkpoint / "tokenizer.json").write_text('{"not": "a tokenizer"}')
+    with pytest.raises(ValueError, match=r"ckpt/tokenizer\.json: not a tokenizer"):
+        build_engine(checkpoint, tmp_path / "e", device="cpu", progress=False)
+    for name in fmt.TOKENIZER_FILES:
+        (checkpoint / name).unlink()
+    path, _ = build_engine(checkpoint, tmp_path / "e", device="cpu", progress=False)
+    assert LLM(path).tokenizer is None
+    shutil.copyfile(DEFAULT_MODEL / "tokenizer.json", path / "tokenizer.json")
+    with pytest.raises(ValueError, match=r"tokenizer\.json: not written by the build"):
+        LLM(path)
+
+
 def test_an_edited_checkpoint_config_rebuilds(engine, tmp_path):
     checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
     path, _ = build_engine(checkpoint, tmp_path / "e", device="cpu", progress=False)

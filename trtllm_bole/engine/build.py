@@ -29,12 +29,13 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from trtllm_bole.config import BoleConfig
+from trtllm_bole.config import BoleConfig, check_device
 from trtllm_bole.engine import format as fmt
 from trtllm_bole.models.checkpoint import write_safetensors
 from trtllm_bole.models.config import Qwen35Config, load_config
 from trtllm_bole.models.loader import checkpoint_files, load_model
 from trtllm_bole.spec.calibration import CalibrationSettings, calibrate_model
+from trtllm_bole.text import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ def build_engine(
     (default: ``cuda`` when available, else ``cpu``). ``calibration``: measure the budget table."""
     checkpoint, output = Path(checkpoint), Path(output)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     settings = (settings or BuildSettings()).validated(device)
     if not checkpoint.is_dir():
         raise ValueError(f"checkpoint {checkpoint} is not a directory (config.json + safetensors expected)")
@@ -235,6 +237,8 @@ def _stage(
     for name in fmt.TOKENIZER_FILES:
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, staging / name)
+    if (checkpoint / "tokenizer.json").is_file():
+        Tokenizer(checkpoint / "tokenizer.json")  # refuse now one that every load would refuse
     hf_config = json.loads((checkpoint / "config.json").read_text())
     config: dict[str, Any] = {
         "format": fmt.FORMAT,

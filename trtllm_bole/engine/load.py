@@ -72,8 +72,8 @@ class Engine:
         given = bole.model_dump(include=bole.model_fields_set) if bole else {}
         bole = BoleConfig(**{"max_depth": b["max_draft_depth"], "max_nodes": b["max_draft_nodes"], **given})
         asked = {
-            "max_batch_size": max_batch_size or b["max_batch_size"],
-            "max_seq_len": max_seq_len or b["max_seq_len"],
+            "max_batch_size": b["max_batch_size"] if max_batch_size is None else max_batch_size,
+            "max_seq_len": b["max_seq_len"] if max_seq_len is None else max_seq_len,
             "max_draft_depth": bole.max_depth if bole.speculates else 0,
             "max_draft_nodes": bole.draft_tokens,
         }
@@ -184,7 +184,8 @@ def check_device_compat(config: dict[str, Any], present: dict[str, Any], path: P
 
 def _check_files(path: Path, config: dict[str, Any], progress: bool) -> None:
     listed = {path / rel for rel in config["files"]}
-    stray = sorted(f for f in (path / fmt.WEIGHTS_DIR).rglob("*") if f.is_file() and f not in listed)
+    present = [*(path / fmt.WEIGHTS_DIR).rglob("*"), *(path / name for name in fmt.TOKENIZER_FILES)]
+    stray = sorted(f for f in present if f.is_file() and f not in listed)
     if stray:
         raise ValueError(
             f"{stray[0]}: not written by the build (the engine's files are listed in {fmt.CONFIG}); "

@@ -51,6 +51,11 @@ class TimingSettings:
     depth: int = 9  # and nodes on the longest root-to-leaf path (pending token + drafts)
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        for name, least in (("warmup", 0), ("repeats", 1), ("top_k", 1), ("depth", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"timing {name} must be at least {least}, got {getattr(self, name)}")
+
 
 class StepTimer:
     """Seconds per full-model step of ``model`` for ``batch`` requests with ``kv_len`` committed tokens.
