@@ -1,6 +1,7 @@
 """The LLM API: warm-up serves and leaves nothing behind, streams join up to generate's text, and
 failures leave nothing queued."""
 
+import gc
 import itertools
 import json
 import shutil
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from trtllm_bole import LLM, SamplingParams
+from trtllm_bole.testing import pools_settled
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +66,7 @@ def test_generate_leaves_nothing_queued_when_a_prompt_or_a_step_fails(llm, monke
 
 
 def settled(llm) -> bool:
-    scheduler = llm.executor.scheduler
-    return (
-        not llm.executor.has_unfinished
-        and scheduler.slots.num_free == scheduler.slots.num_slots
-        and scheduler.blocks.num_free == scheduler.blocks.num_blocks
-    )
+    return pools_settled(llm.executor)
 
 
 def test_interleaved_streams_and_a_generate_between_them_keep_every_token(llm):
@@ -102,11 +99,12 @@ def test_generate_from_several_threads(llm):
         outputs = llm.generate(["def f(x):", "import os"], params, use_tqdm=False)
         results[i] = [o.outputs[0].token_ids for o in outputs]
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    assert not any(t.is_alive() for t in threads), "a generate() call hung"
     assert results == [alone] * 4
     assert settled(llm)
 
@@ -116,7 +114,6 @@ def test_generate_from_several_threads(llm):
     [
         (lambda llm: llm.generate([[1.7, 2.9]], use_tqdm=False), "integer token ids, got \\[1.7, 2.9\\]"),
         (lambda llm: list(llm.generate_stream(["a", "b"])), "one prompt, got 2"),
-        (lambda llm: list(llm.generate_stream([])), "one prompt, got 0"),
         (lambda llm: llm.generate(["a"], [None], use_tqdm=False), "must be SamplingParams, got None"),
         (lambda llm: LLM(max_batch_size=0), "max_batch_size must be an integer of at least 1, got 0"),
         (lambda llm: LLM(max_seq_len=1), "max_seq_len must be an integer of at least 2, got 1"),
@@ -131,6 +128,11 @@ def test_bad_inputs_are_refused_by_name(llm, call, words):
         call(llm)
 
 
+def test_an_empty_stream_prompt_is_one_refused_request(llm):
+    (out,) = list(llm.generate_stream([]))
+    assert out.finished and out.outputs[0].finish_reason == "error" and "empty prompt" in out.error
+
+
 def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
     params = SamplingParams(max_tokens=4)
     ref = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids
@@ -138,7 +140,8 @@ def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
         assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == ref
 
 
-def test_every_end_token_of_the_checkpoint_stops(tmp_path):
+def test_every_end_token_of_the_checkpoint_is_read(tmp_path):
+    """A list of ids (each stops: tests/spec/test_executor.py), or a clear error for anything else."""
     from trtllm_bole.llm import DEFAULT_MODEL
 
     checkpoint = tmp_path / "checkpoint"
@@ -151,3 +154,70 @@ def test_every_end_token_of_the_checkpoint_stops(tmp_path):
     (checkpoint / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="eos_token_id must be a token id"):
         LLM(checkpoint)
+
+
+def test_a_stream_read_while_another_thread_generates_finishes_once_with_every_token(llm):
+    """A yield is one view of its request: ``finished`` only on the last, with every token before it
+    (another thread's step between reading the tokens and building the output once broke this)."""
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone = llm.generate(["def f(x):"], params, use_tqdm=False)[0].outputs[0].token_ids
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            llm.generate(["class A:"], SamplingParams(max_tokens=3), use_tqdm=False)
+
+    other = threading.Thread(target=busy, daemon=True)
+    other.start()
+    try:
+        for _ in range(5):
+            outs = list(llm.generate_stream("def f(x):", params))
+            assert [t for o in outs for t in o.outputs[0].token_ids] == alone
+            assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    finally:
+        stop.set()
+        other.join(60)
+    assert settled(llm)
+
+
+def test_a_stream_closed_by_the_garbage_collector_mid_step_does_not_deadlock(llm, monkeypatch):
+    """Its ``finally`` runs on whatever thread collects, possibly one holding the step lock."""
+    stream = llm.generate_stream("def f(x):", SamplingParams(max_tokens=40, ignore_eos=True))
+    next(stream)
+    cycle = {"stream": stream}
+    cycle["self"] = cycle  # only the cyclic collector frees it
+    del stream, cycle
+    real_step = llm.executor.step
+
+    def collecting_step():
+        gc.collect()
+        return real_step()
+
+    monkeypatch.setattr(llm.executor, "step", collecting_step)
+    done = []
+    caller = threading.Thread(
+        target=lambda: done.append(llm.generate(["x = 1"], use_tqdm=False)), daemon=True
+    )
+    caller.start()
+    caller.join(60)
+    assert done, "generate() deadlocked on the collected stream's abort"
+    assert settled(llm)
+
+
+def test_a_failed_step_ends_every_running_request(llm, monkeypatch):
+    """The step may have left any of them half-updated: none runs on, whoever submitted it."""
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    a, b = llm.generate_stream("def f(x):", params), llm.generate_stream("class A:", params)
+    next(a), next(b)
+    real_step = llm.executor.step
+
+    def broken():
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(llm.executor, "step", broken)
+    with pytest.raises(RuntimeError, match="device lost"):
+        next(a)
+    monkeypatch.setattr(llm.executor, "step", real_step)
+    last = list(b)[-1]
+    assert last.finished and last.outputs[0].finish_reason == "error" and "device lost" in last.error
+    assert settled(llm)

@@ -19,7 +19,8 @@ with Triton").
 
 Stopping drains: Triton neither unloads a model nor calls its ``finalize`` while requests are in
 flight, so on SIGTERM/SIGINT the launcher first writes ``--drain-grace`` into the model's drain file
-(its ``drain_file`` parameter; a repository filled from the template has one): the model refuses new
+(the ``drain_file`` parameter of the repository it fills; one served as it is, ``--model-repository``,
+is not drained): the model refuses new
 requests, lets those in flight run for up to that many seconds, then ends the rest with an
 UNAVAILABLE error ("the serving engine shut down"), and Triton stops. The exit code is 0 when
 tritonserver stopped by itself with 0, non-zero when it failed or had to be killed.
@@ -299,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for leftover in Path("/dev/shm").glob(f"{shm_prefix}*"):  # left behind when a stub dies
             leftover.unlink(missing_ok=True)
+        if drain_file is not None:  # a --workdir outlives the server: leave no drain request in it
+            drain_file.unlink(missing_ok=True)
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
 

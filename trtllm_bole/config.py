@@ -127,13 +127,18 @@ def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> 
     """A validation error on one line: each failure's field (``names`` renames the first part), the
     reason, and the input it got, shortened."""
     names = names or {}
-    short = reprlib.Repr()  # keyword arguments only from Python 3.12
-    short.maxstring, short.maxlist = 60, 8
     return "; ".join(
         f"{'.'.join([names.get(str(e['loc'][0]), str(e['loc'][0])), *map(str, e['loc'][1:])])}: {e['msg']} "
-        f"(got {short.repr(e['input'])})"
+        f"(got {short_repr(e['input'])})"
         for e in error.errors()
     )
+
+
+def short_repr(value: object) -> str:
+    """``repr`` of a user's input, shortened to a line (long strings and lists elided in the middle)."""
+    short = reprlib.Repr()  # keyword arguments only from Python 3.12
+    short.maxstring, short.maxlist, short.maxother = 60, 8, 60
+    return short.repr(value)
 
 
 def check_device(device: str) -> None:

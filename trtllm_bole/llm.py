@@ -9,6 +9,7 @@ for out in llm.generate(["def fib(n):"], SamplingParams(max_tokens=64)):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import numbers
 import operator
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from trtllm_bole.config import BoleConfig, SamplingParams, check_device
+from trtllm_bole.config import BoleConfig, SamplingParams, check_device, short_repr
 from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
@@ -125,6 +126,7 @@ class LLM:
             cuda_graphs=cuda_graphs,
         )
         self._lock = threading.Lock()  # the executor is one thread's at a time
+        self._abandoned: list[Request] = []  # streams closed where the lock could not be taken
 
     def generate(
         self,
@@ -165,12 +167,12 @@ class LLM:
         ``finished=True``. ``outputs[0].token_ids`` and ``.text`` hold only what is new in that yield;
         the texts join up to :meth:`generate`'s (text that may still change, such as the start of a
         stop string or half of a multi-byte character, waits for the next yield)."""
-        prompts = _as_prompt_list(prompt)
+        prompts = _as_prompt_list(prompt) if len(prompt) else [prompt]  # [] is one empty prompt
         if len(prompts) != 1:
             raise ValueError(
                 f"generate_stream takes one prompt, got {len(prompts)}: use generate for several"
             )
-        params = sampling_params or SamplingParams()
+        params = _as_params_list(sampling_params, 1)[0]
         prompt_ids = self.encode(prompts[0])
         with self._lock:
             request = self.executor.submit(prompt_ids, params)
@@ -178,17 +180,20 @@ class LLM:
         sent = 0
         try:
             while True:
-                with self._lock:  # whoever stepped, the request's tokens are in it
-                    finished, output_ids = request.finished, list(request.output_ids)
-                if len(output_ids) > sent or finished:
-                    delta = text(output_ids, finished), output_ids[sent:]
-                    sent = len(output_ids)
-                    yield self._output(request, prompt, delta)
+                with self._lock:  # whoever stepped, the request's tokens are in it: one consistent view
+                    finished, new_ids = request.finished, request.output_ids[sent:]
+                    if new_ids or finished:
+                        delta = text(request.output_ids, finished), new_ids
+                        output = self._output(request, prompt, delta)
+                        sent += len(new_ids)
+                if new_ids or finished:
+                    yield output
                 if finished:
                     return
                 self._step()
         finally:
-            self._abort_unfinished([request])
+            if not request.finished:
+                self._abandon(request)
 
     def warm_up(self, batch_sizes: Sequence[int] | None = None, *, use_tqdm: bool = True) -> list[int]:
         """Serve short dummy requests at each batch size, untimed, before real traffic: on a GPU, Triton
@@ -221,7 +226,8 @@ class LLM:
             failed = next((o.error for o in outputs if o.error), None)
             if failed:
                 raise RuntimeError(f"warm-up at batch {b} failed: {failed}")
-        self.executor.capture_graphs()
+        with self._lock:
+            self.executor.capture_graphs()
         return list(batch_sizes)
 
     # ------------------------------------------------------------------------------------ #
@@ -237,18 +243,45 @@ class LLM:
             return [operator.index(t) for t in prompt]
         except TypeError:
             raise ValueError(
-                f"a prompt is a string or a sequence of integer token ids, got {_short(prompt)}"
+                f"a prompt is a string or a sequence of integer token ids, got {short_repr(prompt)}"
             ) from None
 
     def _step(self) -> None:
+        """One executor step for every caller. A step that raises may have left any running request
+        half-updated: they all end with an error, whoever submitted them."""
         with self._lock:
-            self.executor.step()
+            self._abort_abandoned()
+            try:
+                self.executor.step()
+            except BaseException as e:
+                for r in list(self.executor.scheduler.running):
+                    self.executor.scheduler.finish(r, "error", f"a step failed: {e!r}")
+                raise
 
     def _abort_unfinished(self, requests: list[Request]) -> None:
         with self._lock:
+            self._abort_abandoned()
             for r in requests:
                 if not r.finished:
                     self.executor.abort(r)
+
+    def _abandon(self, request: Request) -> None:
+        """A stream closed early: abort its request now or, where this thread may already hold the lock
+        (a stream closed by the garbage collector, mid-step), at the next step."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._abort_abandoned()
+                self.executor.abort(request)
+            finally:
+                self._lock.release()
+        else:
+            self._abandoned.append(request)  # list.append is atomic
+
+    def _abort_abandoned(self) -> None:
+        while self._abandoned:
+            request = self._abandoned.pop()
+            if not request.finished:
+                self.executor.abort(request)
 
     def _output(
         self, request: Request, prompt: Prompt, delta: tuple[str, list[int]] | None = None
@@ -264,7 +297,7 @@ class LLM:
             request.prompt_ids,
             [CompletionOutput(0, *delta, request.finish_reason)],
             request.finished,
-            request.stats,
+            dataclasses.replace(request.stats),  # a snapshot: the request's own keeps counting
             request.error,
         )
 
@@ -329,11 +362,6 @@ def _check_settings(
             raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
 
 
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
@@ -353,5 +381,5 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n:
         raise ValueError(f"got {len(params)} sampling params for {n} prompts")
     bad = [p for p in params if not isinstance(p, SamplingParams)]
     if bad:
-        raise ValueError(f"sampling_params must be SamplingParams, got {_short(bad[0])}")
+        raise ValueError(f"sampling_params must be SamplingParams, got {short_repr(bad[0])}")
     return params

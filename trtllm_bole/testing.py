@@ -148,3 +148,13 @@ def random_gdn_inputs(
     beta = torch.sigmoid(randn(num_nodes, hv))
     state = randn(num_requests, hv, dk, dv) * 0.1
     return GDNInputs(*(t.to(device) for t in (q, k, v, g, beta, state)), 1.0 / math.sqrt(dk))
+
+
+def pools_settled(executor) -> bool:
+    """Nothing queued or running, every state slot and KV block back in its pool."""
+    scheduler = executor.scheduler
+    return (
+        not executor.has_unfinished
+        and scheduler.slots.num_free == scheduler.slots.num_slots
+        and scheduler.blocks.num_free == scheduler.blocks.num_blocks
+    )

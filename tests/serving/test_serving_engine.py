@@ -11,7 +11,7 @@ from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.serving import ServingEngine, TextDelta, Update, close_on_drain_file
 from trtllm_bole.spec.executor import Executor
-from trtllm_bole.testing import TINY_MTP_CONFIG
+from trtllm_bole.testing import TINY_MTP_CONFIG, pools_settled
 
 BOLE = BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3)
 PROMPTS = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3], [2, 7, 1, 8], [0, 0, 0], [5, 5]]
@@ -56,16 +56,7 @@ def until(condition, timeout: float = 30.0) -> bool:
 
 def settled(engine: ServingEngine) -> bool:
     """Nothing live, every slot and block back in its pool."""
-    scheduler = engine.executor.scheduler
-
-    def done() -> bool:
-        return (
-            not engine._live
-            and scheduler.slots.num_free == scheduler.slots.num_slots
-            and scheduler.blocks.num_free == scheduler.blocks.num_blocks
-        )
-
-    return until(done)
+    return until(lambda: not engine._live and pools_settled(engine.executor))
 
 
 @pytest.fixture
@@ -269,13 +260,13 @@ def slowed(engine: ServingEngine, seconds: float) -> ServingEngine:
 def test_close_with_a_grace_lets_short_requests_finish_and_aborts_the_rest():
     engine = slowed(ServingEngine(make_executor()), 0.05)
     short, long = Collector(), Collector()
-    engine.submit(PROMPTS[0], SamplingParams(max_tokens=1, ignore_eos=True), short)  # its prefill step
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=6, ignore_eos=True), short)  # a few steps
     engine.submit(PROMPTS[1], SamplingParams(max_tokens=100, ignore_eos=True), long)  # dozens of steps
     assert until(lambda: engine._live)
     start = time.monotonic()
     engine.close(grace=1.0)
     assert not engine.alive and time.monotonic() - start < 10
-    assert short.final.finish_reason == "length" and len(short.ids) == 1
+    assert short.final.finish_reason == "length" and len(short.ids) == 6  # grace 0 cuts it (checked)
     assert long.final.finish_reason == "abort" and "shut down" in long.final.error and len(long.ids) < 100
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit(PROMPTS[0], SamplingParams(), Collector())
@@ -348,3 +339,17 @@ def test_an_engine_thread_that_dies_fails_every_request_and_refuses_new_ones(mon
     assert not engine.alive and not engine._live
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit(PROMPTS[2], SamplingParams(), Collector())
+
+
+def test_a_drain_file_left_by_an_earlier_server_is_removed_not_obeyed(tmp_path):
+    engine = ServingEngine(make_executor())
+    drain = tmp_path / "drain"
+    drain.write_text("0\n")
+    watcher = close_on_drain_file(engine, drain, poll=0.01)
+    request = Collector()
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True), request)
+    assert request.final.finish_reason == "length" and engine.alive and watcher.is_alive()
+    assert not drain.exists()
+    engine.close()
+    watcher.join(10)
+    assert not watcher.is_alive()

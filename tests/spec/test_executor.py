@@ -195,7 +195,10 @@ def test_stop_tokens_and_limits(config):
     first = free.index(stop)
     out = run(ex, [PROMPTS[0]], SamplingParams(max_tokens=12, stop_token_ids=[stop]))[0]
     assert out.output_ids == free[:first] and out.finish_reason == "stop"
-    eos = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), eos_token_ids=[stop])
+    never = next(t for t in range(config.vocab_size) if t not in free)
+    eos = Executor(
+        random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), eos_token_ids=[never, stop]
+    )
     assert run(eos, [PROMPTS[0]], SamplingParams(max_tokens=12))[0].output_ids == free[:first]
     ignoring = run(eos, [PROMPTS[0]], SamplingParams(max_tokens=12, ignore_eos=True))[0]
     assert ignoring.output_ids == free
@@ -371,3 +374,15 @@ def test_stop_strings_are_found_in_a_byte_level_tail_of_the_output():
         assert _ends_in_stop(decode, ids, ["never", stop])
         assert not _ends_in_stop(decode, ids[:-1], [stop])
     assert not _ends_in_stop(decode, list(b"\n\n") + body, ["\n\n"])  # an old match ended an old step
+
+
+def test_a_kv_cache_that_serves_no_request_is_refused(config):
+    model = random_model(config, seed=3)
+    with pytest.raises(ValueError, match=r"serves no request.*at least 8 tokens"):
+        Executor(model, BoleConfig(max_depth=4, max_nodes=10), num_blocks=1, block_size=4)
+    assert (
+        Executor(
+            model, BoleConfig(max_depth=4, max_nodes=10), num_blocks=2, block_size=4
+        ).scheduler.request_limit
+        == 3
+    )

@@ -271,26 +271,25 @@ def close_on_drain_file(engine: ServingEngine, path: Path, *, poll: float = 0.1)
     """Watch for ``path`` (a daemon thread, every ``poll`` seconds) and close ``engine`` when it appears,
     with the grace in seconds that the file holds (``triton_server/launch.py`` writes it on SIGTERM:
     Triton neither unloads a model nor calls its ``finalize`` while requests are in flight). The file
-    must appear whole (written elsewhere, then renamed): one without a grace closes at once."""
+    must appear whole (written elsewhere, then renamed): one without a grace closes at once. A file
+    already there is an earlier server's, removed first."""
 
     def watch() -> None:
         while engine.alive and not path.exists():
             time.sleep(poll)
         if not engine.alive:
             return
-        text = path.read_text().strip()
         try:
+            text = path.read_text().strip()
             grace = float(text)
-        except ValueError:
-            grace = float("nan")
+        except (OSError, UnicodeError, ValueError) as e:
+            text, grace = repr(e), float("nan")
         if not 0 <= grace < float("inf"):
-            print(
-                f"bole: drain file {path} holds {text!r}, not a grace in seconds: closing now",
-                file=sys.stderr,
-            )
+            print(f"bole: drain file {path}: {text}, not a grace in seconds: closing now", file=sys.stderr)
             grace = 0.0
         engine.close(grace=grace)
 
+    path.unlink(missing_ok=True)  # an earlier server's: the launcher writes it only to stop this one
     thread = threading.Thread(target=watch, name="bole-drain-watch", daemon=True)
     thread.start()
     return thread

@@ -143,6 +143,12 @@ class Executor:
             max_seq_len=max_seq_len,
             tree_tokens=tree_tokens,
         )
+        if self.scheduler.request_limit < 2:  # a prompt token and the one its prefill emits
+            raise ValueError(
+                f"a KV cache of {num_blocks} blocks of {block_size} tokens serves no request: each needs "
+                f"2 tokens or more and {tree_tokens} of draft tree past them; give it at least "
+                f"{-(-(2 + tree_tokens) // block_size) * block_size} tokens"
+            )
         self._next_id = 0
         # Greedy drafts and every verify replay CUDA graphs (cuda_graphs=False: launched from Python).
         graphs = cuda_graphs and model.device.type == "cuda"
