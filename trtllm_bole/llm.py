@@ -126,7 +126,7 @@ class LLM:
             cuda_graphs=cuda_graphs,
         )
         self._lock = threading.Lock()  # the executor is one thread's at a time
-        self._abandoned: list[Request] = []  # streams closed where the lock could not be taken
+        self._to_abort: list[Request] = []  # aborted by whoever next holds the lock
 
     def generate(
         self,
@@ -191,9 +191,8 @@ class LLM:
                 if finished:
                     return
                 self._step()
-        finally:
-            if not request.finished:
-                self._abandon(request)
+        finally:  # maybe run by the garbage collector, on a thread that holds the lock mid-step
+            self._abort_unfinished([request], wait=False)
 
     def warm_up(self, batch_sizes: Sequence[int] | None = None, *, use_tqdm: bool = True) -> list[int]:
         """Serve short dummy requests at each batch size, untimed, before real traffic: on a GPU, Triton
@@ -250,7 +249,7 @@ class LLM:
         """One executor step for every caller. A step that raises may have left any running request
         half-updated: they all end with an error, whoever submitted them."""
         with self._lock:
-            self._abort_abandoned()
+            self._abort_queued()
             try:
                 self.executor.step()
             except BaseException as e:
@@ -258,28 +257,19 @@ class LLM:
                     self.executor.scheduler.finish(r, "error", f"a step failed: {e!r}")
                 raise
 
-    def _abort_unfinished(self, requests: list[Request]) -> None:
-        with self._lock:
-            self._abort_abandoned()
-            for r in requests:
-                if not r.finished:
-                    self.executor.abort(r)
-
-    def _abandon(self, request: Request) -> None:
-        """A stream closed early: abort its request now or, where this thread may already hold the lock
-        (a stream closed by the garbage collector, mid-step), at the next step."""
-        if self._lock.acquire(blocking=False):
+    def _abort_unfinished(self, requests: list[Request], *, wait: bool = True) -> None:
+        """Abort those of ``requests`` still unfinished: now, or, without ``wait`` while another holder
+        has the lock, at the next step."""
+        self._to_abort.extend(requests)  # atomic
+        if self._lock.acquire(blocking=wait):
             try:
-                self._abort_abandoned()
-                self.executor.abort(request)
+                self._abort_queued()
             finally:
                 self._lock.release()
-        else:
-            self._abandoned.append(request)  # list.append is atomic
 
-    def _abort_abandoned(self) -> None:
-        while self._abandoned:
-            request = self._abandoned.pop()
+    def _abort_queued(self) -> None:
+        while self._to_abort:
+            request = self._to_abort.pop()
             if not request.finished:
                 self.executor.abort(request)
 
