@@ -35,6 +35,12 @@ def block_table(blocks: Sequence[Sequence[int]]) -> torch.Tensor:
     return table
 
 
+def load_block_table(static: torch.Tensor, table: torch.Tensor) -> None:
+    """Copy ``table`` into a CUDA graph's wider ``static`` table, :data:`NO_BLOCK` past its columns."""
+    static.fill_(NO_BLOCK)
+    static[:, : table.shape[1]].copy_(table)
+
+
 @dataclass(frozen=True, slots=True)
 class StepContext:
     """What one model step works on (built by the executor).

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtllm_bole.models.cache import NO_BLOCK
+from trtllm_bole.models.cache import NO_BLOCK, load_block_table
 from trtllm_bole.models.mtp import MTPHead
 from trtllm_bole.spec.drafter import CandidatePool, DraftSettings, draft
 from trtllm_bole.spec.graphs import CacheGraphs
@@ -75,8 +75,7 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         static_pending.copy_(pending)
         static_hidden.copy_(last_hidden)
         static_slots.copy_(slots)
-        static_tables.fill_(NO_BLOCK)
-        static_tables[:, : block_tables.shape[1]].copy_(block_tables)
+        load_block_table(static_tables, block_tables)
         static_lens.copy_(mtp_context_lens)
         captured.graph.replay()
         return captured.pool

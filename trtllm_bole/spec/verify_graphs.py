@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from trtllm_bole.models.cache import NO_BLOCK, StepContext
+from trtllm_bole.models.cache import NO_BLOCK, StepContext, load_block_table
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.models.mtp import MTPHead
 from trtllm_bole.spec.graphs import CacheGraphs
@@ -163,8 +163,7 @@ def _load(captured: _Captured, inputs: tuple[torch.Tensor, ...], ctx: StepContex
         buffer.copy_(value)
     static.slots.copy_(ctx.slots)
     static.context_lens.copy_(ctx.context_lens)
-    static.block_tables.fill_(NO_BLOCK)
-    static.block_tables[:, : ctx.block_tables.shape[1]].copy_(ctx.block_tables)
+    load_block_table(static.block_tables, ctx.block_tables)
     for name in _TREE_FIELDS:
         getattr(static.tree, name).copy_(getattr(tree, name))
     static.tree.paths.fill_(-1)
