@@ -287,7 +287,6 @@ def main(argv: list[str] | None = None) -> int:
         repository = args.model_repository.resolve()
     else:
         drain_file = (workdir / "drain").resolve()  # the model's process has another working directory
-        drain_file.unlink(missing_ok=True)
         repository = make_repository(workdir / "model_repository", template_values(args, drain_file))
     ports = (args.http_port or free_port(), args.grpc_port or free_port())
     shm_prefix = f"bole{os.getpid()}_"
