@@ -117,6 +117,7 @@ def test_generate_from_several_threads(llm):
         (lambda llm: llm.generate(["a"], [None], use_tqdm=False), "must be SamplingParams, got None"),
         (lambda llm: LLM(max_batch_size=0), "max_batch_size must be an integer of at least 1, got 0"),
         (lambda llm: LLM(max_seq_len=1), "max_seq_len must be an integer of at least 2, got 1"),
+        (lambda llm: LLM(max_seq_len=4097), "max_seq_len 4097 exceeds the model's max_position_embed"),
         (lambda llm: LLM(device="meta"), "device must be 'cpu', 'cuda' or 'cuda:N', got 'meta'"),
         (lambda llm: SamplingParams(seed=2**64), "seed"),
         (lambda llm: SamplingParams(top_k=2**31), "top_k"),
@@ -150,9 +151,11 @@ def test_every_end_token_of_the_checkpoint_is_read(tmp_path):
     config["eos_token_id"] = [7, 11]
     (checkpoint / "config.json").write_text(json.dumps(config))
     assert LLM(checkpoint).executor.eos_token_ids == {7, 11}
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [13, 7]}))
+    assert LLM(checkpoint).executor.eos_token_ids == {13, 7, 11}  # a chat model's end of turn too
     config["eos_token_id"] = "</s>"
     (checkpoint / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="eos_token_id must be a token id"):
+    with pytest.raises(ValueError, match=r"config\.json\): eos_token_id must be a token id"):
         LLM(checkpoint)
 
 

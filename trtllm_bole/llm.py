@@ -10,7 +10,6 @@ for out in llm.generate(["def fib(n):"], SamplingParams(max_tokens=64)):
 from __future__ import annotations
 
 import dataclasses
-import json
 import numbers
 import operator
 import threading
@@ -24,6 +23,7 @@ from tqdm import tqdm
 
 from trtllm_bole.config import BoleConfig, SamplingParams, check_device, short_repr
 from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
+from trtllm_bole.models.config import eos_token_ids, load_json, read_generation_config
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
@@ -100,7 +100,7 @@ class LLM:
                 dtype, max_batch_size, max_seq_len, speculative_config
             )
             self.model = self.engine.load_model(device=device, mtp=self.speculative_config.speculates)
-            self._hf_config = self.engine.hf_config
+            hf_config, generation_config = self.engine.hf_config, self.engine.generation_config
         else:
             self.speculative_config = speculative_config or BoleConfig()
             max_batch_size = 8 if max_batch_size is None else max_batch_size
@@ -109,7 +109,7 @@ class LLM:
             self.model = load_model(
                 path, dtype=torch_dtype, device=device, mtp=self.speculative_config.speculates
             )
-            self._hf_config = json.loads((path / "config.json").read_text())
+            hf_config, generation_config = load_json(path / "config.json"), read_generation_config(path)
         self.tokenizer = Tokenizer.find(path)
         budget = _find_budget(self.speculative_config, self.engine, self.model.device)
         num_blocks = None if kv_cache_tokens is None else -(-kv_cache_tokens // block_size)
@@ -121,7 +121,7 @@ class LLM:
             num_blocks=num_blocks,
             block_size=block_size,
             budget=budget,
-            eos_token_ids=self._eos_token_ids(),
+            eos_token_ids=eos_token_ids(path, hf_config, generation_config),
             decode_text=self.tokenizer.decode if self.tokenizer else None,
             cuda_graphs=cuda_graphs,
         )
@@ -290,20 +290,6 @@ class LLM:
             dataclasses.replace(request.stats),  # a snapshot: the request's own keeps counting
             request.error,
         )
-
-    def _eos_token_ids(self) -> list[int]:
-        """The checkpoint's end-of-text token(s): ``eos_token_id`` (one id or a list) of its config or of
-        its ``text_config``."""
-        eos = self._hf_config.get("eos_token_id")
-        if isinstance(eos, dict | list) or eos is None:
-            text = self._hf_config.get("text_config", {})
-            eos = text.get("eos_token_id", eos)
-        ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise ValueError(
-                f"{self.model_dir}/config.json: eos_token_id must be a token id or a list of ids, got {eos!r}"
-            )
-        return ids
 
 
 def _resolve_dtype(dtype: str, device: str) -> torch.dtype:

@@ -53,6 +53,18 @@ def test_default_engine_builds_in_under_a_minute_and_serves_like_the_checkpoint(
     assert from_engine.outputs[0].text and from_engine.stats.steps > 0
 
 
+def test_an_engine_stops_at_the_end_tokens_of_the_checkpoint_s_generation_config(tmp_path):
+    checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "checkpoint")
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 9]}))
+    path, built = build_engine(checkpoint, tmp_path / "e", device="cpu", progress=False)
+    assert built and LLM(path).executor.eos_token_ids == LLM(checkpoint).executor.eos_token_ids == {5, 9, 0}
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": 6}))
+    with pytest.raises(ValueError, match="holds a different engine"):  # the edit is part of its identity
+        build_engine(checkpoint, path, device="cpu", progress=False)
+    path, built = build_engine(checkpoint, path, device="cpu", progress=False, force=True)
+    assert built and LLM(path).executor.eos_token_ids == {6, 0}
+
+
 def test_rebuild_with_the_same_inputs_is_a_no_op(engine):
     path, _ = engine
     before = (path / "config.json").stat().st_mtime_ns
@@ -117,6 +129,10 @@ def test_missing_or_invalid_checkpoint(tmp_path):
             r"max_draft_nodes 600 cannot be served: .*less than or equal to 512",
         ),
         (BuildSettings(max_seq_len=1), "max_seq_len must be at least 2"),
+        (
+            BuildSettings(max_seq_len=8192),
+            r"max_seq_len 8192 exceeds the model's max_position_embeddings 4096",
+        ),
     ],
 )
 def test_bad_build_settings(settings, message, tmp_path):

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from trtllm_bole.models import loader
 from trtllm_bole.models.checkpoint import INDEX_FILE, random_tensors, write_safetensors
-from trtllm_bole.models.config import load_config
+from trtllm_bole.models.config import eos_token_ids, load_config, read_generation_config
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.models.presets import QWEN35_PRESETS, num_gdn_layers
 
@@ -90,6 +90,30 @@ def test_truncated_file_names_the_file(tmp_path, tiny_settings):
         _load(tmp_path)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_by_name(tmp_path, tiny_settings, bad):
+    tensors = random_tensors(load_config(tiny_settings()), seed=0)
+    weight = tensors["model.layers.1.mlp.down_proj.weight"].clone()
+    weight[3, 5] = bad
+    _write(tmp_path, tiny_settings(), **{"model__layers__1__mlp__down_proj__weight": weight})
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors: tensor model\.layers\.1\.mlp\.down_proj\.weight holds 1 NaN or "
+        r"infinite value\(s\) of \d+; the checkpoint is corrupt",
+    ):
+        _load(tmp_path)
+
+
+def test_weights_beyond_the_dtype_are_refused_by_name(tmp_path, tiny_settings):
+    tensors = random_tensors(load_config(tiny_settings()), seed=0)
+    norm = tensors["model.norm.weight"].clone()
+    norm[0] = 3.4e38  # finite in float32 (largest 3.403e38), rounds to infinity in bfloat16 (3.390e38)
+    _write(tmp_path, tiny_settings(), **{"model__norm__weight": norm})
+    assert torch.isfinite(_load(tmp_path).norm).all()  # float32 holds it
+    with pytest.raises(ValueError, match=r"model\.norm\.weight overflows torch\.bfloat16 \(torch\.float32 "):
+        load_model(tmp_path, dtype=torch.bfloat16, progress=False)
+
+
 def test_index_naming_an_absent_shard_names_it(tmp_path, tiny_settings):
     _write(tmp_path, tiny_settings(), shard_bytes=20_000)
     index = json.loads((tmp_path / INDEX_FILE).read_text())
@@ -159,6 +183,7 @@ def test_tied_checkpoint_may_carry_an_lm_head_copy(tmp_path, tiny_settings):
         ({"rope_parameters": {"rope_type": "yarn"}}, r"rope_type = 'yarn'; only 'default'"),
         ({"rms_norm_eps": "1e-6"}, r"rms_norm_eps = '1e-6' must be a number"),
         ({"mtp_num_hidden_layers": 2}, r"mtp_num_hidden_layers = 2; only 0 or 1"),
+        ({"max_position_embeddings": 0}, r"max_position_embeddings = 0 must be a positive integer"),
         ({"model_type": "llama"}, r"model_type = 'llama'"),
     ],
 )
@@ -176,6 +201,22 @@ def test_missing_config_field_and_file(tmp_path, tiny_settings):
         load_config(tmp_path)
     with pytest.raises(ValueError, match=r"nowhere: no such file"):
         load_config(tmp_path / "nowhere")
+
+
+def test_end_tokens_are_every_id_each_file_declares(tmp_path):
+    wrapper = {"eos_token_id": [4, 2], "text_config": {"eos_token_id": 3}}
+    assert eos_token_ids(tmp_path, wrapper, {"eos_token_id": [9, 3]}) == [9, 3, 4, 2]
+    assert eos_token_ids(tmp_path, {"eos_token_id": 1}, None) == [1]
+    assert eos_token_ids(tmp_path, {}, None) == []
+    for bad in ("</s>", [1, True], -1, 2.0):
+        with pytest.raises(ValueError, match=r"\(generation_config\.json\): eos_token_id must be a token id"):
+            eos_token_ids(tmp_path, {"eos_token_id": 1}, {"eos_token_id": bad})
+    (tmp_path / "generation_config.json").write_text("{")
+    with pytest.raises(ValueError, match=r"generation_config\.json: not valid JSON"):
+        read_generation_config(tmp_path)
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 5}')
+    assert read_generation_config(tmp_path) == {"eos_token_id": 5}
+    assert read_generation_config(tmp_path / "nowhere") is None
 
 
 @pytest.mark.parametrize("name", ["qwen3.5-9b", "qwen3.5-27b"])

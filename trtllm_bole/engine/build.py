@@ -32,7 +32,13 @@ from pydantic import ValidationError
 from trtllm_bole.config import BoleConfig, check_device
 from trtllm_bole.engine import format as fmt
 from trtllm_bole.models.checkpoint import write_safetensors
-from trtllm_bole.models.config import Qwen35Config, load_config
+from trtllm_bole.models.config import (
+    GENERATION_CONFIG,
+    Qwen35Config,
+    load_config,
+    load_json,
+    read_generation_config,
+)
 from trtllm_bole.models.loader import checkpoint_files, load_model
 from trtllm_bole.spec.calibration import CalibrationSettings, calibrate_model
 from trtllm_bole.text import Tokenizer
@@ -107,7 +113,8 @@ def build_engine(
     if not checkpoint.is_dir():
         raise ValueError(f"checkpoint {checkpoint} is not a directory (config.json + safetensors expected)")
     model_config = load_config(checkpoint)
-    metadata = [checkpoint / name for name in ("config.json", *fmt.TOKENIZER_FILES)]
+    model_config.check_seq_len(settings.max_seq_len)
+    metadata = [checkpoint / name for name in ("config.json", GENERATION_CONFIG, *fmt.TOKENIZER_FILES)]
     source_files = [*checkpoint_files(checkpoint), *(f for f in metadata if f.is_file())]
     digests = fmt.sha256_files(source_files, desc=f"hashing {checkpoint.name}", progress=progress)
     sources = {f.name: digests[f] for f in source_files}  # an edited config rebuilds too
@@ -239,13 +246,14 @@ def _stage(
             shutil.copyfile(checkpoint / name, staging / name)
     if (checkpoint / "tokenizer.json").is_file():
         Tokenizer(checkpoint / "tokenizer.json")  # refuse now one that every load would refuse
-    hf_config = json.loads((checkpoint / "config.json").read_text())
+    hf_config = load_json(checkpoint / "config.json")
     config: dict[str, Any] = {
         "format": fmt.FORMAT,
         "schema_version": fmt.SCHEMA_VERSION,
         "environment": env,
         "model": {
             "hf_config": hf_config,
+            "generation_config": read_generation_config(checkpoint),  # its end-of-turn ids stop requests
             "has_mtp": model.mtp is not None,
             "parameters": sum(t.numel() for t in tensors.values()),
         },

@@ -54,6 +54,10 @@ class Engine:
         return self.config["model"]["hf_config"]
 
     @property
+    def generation_config(self) -> dict[str, Any] | None:
+        return self.config["model"].get("generation_config")  # absent from engines built before it
+
+    @property
     def budget_path(self) -> Path | None:
         budget = self.config.get("budget")
         return None if budget is None else self.path / budget["file"]

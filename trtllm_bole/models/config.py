@@ -47,6 +47,8 @@ class Qwen35Config:
     partial_rotary_factor: float = 0.25
     tie_word_embeddings: bool = False
     mtp_num_hidden_layers: int = 1
+    max_position_embeddings: int = 32768
+    """The longest sequence the model was trained for (transformers' default when the file omits it)."""
     weight_prefix: str = _TEXT_PREFIX
     """Where the text model's tensors live in the checkpoint (``model.`` or ``model.language_model.``)."""
     source: str = "<dict>"
@@ -79,6 +81,14 @@ class Qwen35Config:
     def num_attn_layers(self) -> int:
         return len(self.attn_layer_ids)
 
+    def check_seq_len(self, max_seq_len: int) -> None:
+        """Refuse to serve sequences longer than the model's positions were trained for."""
+        if max_seq_len > self.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len {max_seq_len} exceeds the model's {self._where}max_position_embeddings "
+                f"{self.max_position_embeddings} ({self.source}); positions past it were never trained"
+            )
+
     @property
     def _where(self) -> str:
         return "text_config." if self.weight_prefix == _WRAPPER_PREFIX else ""
@@ -87,7 +97,7 @@ class Qwen35Config:
         for name in (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
-            "linear_key_head_dim", "linear_value_head_dim",
+            "linear_key_head_dim", "linear_value_head_dim", "max_position_embeddings",
         ):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -146,21 +156,35 @@ class Qwen35Config:
 def load_config(source: str | Path | dict[str, Any]) -> Qwen35Config:
     """Read a checkpoint directory, a ``config.json`` path, or an already parsed dict."""
     if isinstance(source, dict):
-        raw, name = source, "<dict>"
-    else:
-        path = Path(source)
-        if path.is_dir():
-            path = path / "config.json"
-        name = str(path)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{name}: no such file; a checkpoint directory needs a config.json") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{name}: not valid JSON ({e})") from None
+        return _parse(source, "<dict>")
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise ValueError(f"{path}: no such file; a checkpoint directory needs a config.json")
+    return _parse(load_json(path), str(path))
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; errors name the file."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{name}: expected a JSON object at the top level")
-    return _parse(raw, name)
+        raise ValueError(f"{path}: expected a JSON object at the top level")
+    return raw
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def read_generation_config(checkpoint: Path) -> dict[str, Any] | None:
+    """The checkpoint's ``generation_config.json``, None when it has none."""
+    path = checkpoint / GENERATION_CONFIG
+    return load_json(path) if path.exists() else None
 
 
 def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
@@ -265,6 +289,29 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
         ),
         tie_word_embeddings=bool(tie),
         mtp_num_hidden_layers=get("mtp_num_hidden_layers", 1),
+        max_position_embeddings=get("max_position_embeddings", 32768),
         weight_prefix=prefix,
         source=source,
     )
+
+
+def eos_token_ids(
+    source: Path, hf_config: dict[str, Any], generation_config: dict[str, Any] | None
+) -> list[int]:
+    """Every end-of-text id a checkpoint declares: ``eos_token_id`` (one id or a list) of its
+    ``generation_config.json`` (where chat checkpoints list their end-of-turn token), of its ``config.json``
+    and of that file's ``text_config``, in that order, each once."""
+    ids: list[int] = []
+    for where, config in (
+        (GENERATION_CONFIG, generation_config or {}),
+        ("config.json", hf_config),
+        ("config.json: text_config", hf_config.get("text_config") or {}),
+    ):
+        eos = config.get("eos_token_id")
+        listed = [] if eos is None else eos if isinstance(eos, list) else [eos]
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in listed):
+            raise ValueError(
+                f"{source} ({where}): eos_token_id must be a token id or a list of ids, got {eos!r}"
+            )
+        ids += [t for t in listed if t not in ids]
+    return ids

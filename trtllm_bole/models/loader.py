@@ -4,7 +4,9 @@ Single-file (``model.safetensors``) and sharded (``model.safetensors.index.json`
 read tensor by tensor (one tensor in host memory at a time) through the name map of
 :func:`~trtllm_bole.models.checkpoint.checkpoint_layout`, converted to the chosen dtype and copied
 into the (possibly fused) parameters. All headers are checked before any data is read: missing,
-unexpected and wrongly shaped tensors are reported together, each with its file.
+unexpected and wrongly shaped tensors are reported together, each with its file. A weight holding NaN
+or infinity, in the file or once converted (a float32 value beyond bfloat16's range), is refused by
+name: it would serve NaN logits without a word.
 
 Ignored: the vision tower (``model.visual.*``), ``rotary_emb.inv_freq`` buffers, and ``lm_head.weight``
 when the embeddings are tied. The MTP module (``mtp.*``) loads when present and complete; when it is
@@ -80,7 +82,7 @@ def load_model(
                         tensor = f.get_tensor(name)
                     except Exception as e:  # safetensors raises its own error type for bad data
                         raise ValueError(f"{file}: cannot read tensor {name} ({e})") from e
-                    _copy_into(model, slot, tensor)
+                    _check_finite(file, name, tensor, _copy_into(model, slot, tensor))
                     bar.update()
     return model
 
@@ -102,11 +104,29 @@ def random_model(
     return model
 
 
-def _copy_into(model: Qwen35Model, slot: TensorSlot, tensor: torch.Tensor) -> None:
+def _copy_into(model: Qwen35Model, slot: TensorSlot, tensor: torch.Tensor) -> torch.Tensor:
+    """Copy ``tensor`` into its slot of the model's parameters; returns the slot."""
     target = model.get_parameter(slot.param)
     if slot.rows is not None:
         target = target[slot.rows[0] : slot.rows[1]]
-    target.copy_(tensor.reshape(target.shape))
+    return target.copy_(tensor.reshape(target.shape))
+
+
+def _check_finite(file: Path, name: str, tensor: torch.Tensor, loaded: torch.Tensor) -> None:
+    """Refuse a weight that holds NaN or infinity, in the file or once converted to the model's dtype
+    (e.g. a float32 value beyond bfloat16's range): such a model would serve NaN logits silently."""
+    if bool(torch.isfinite(loaded).all()):
+        return
+    bad = ~torch.isfinite(tensor)
+    if bool(bad.any()):
+        raise ValueError(
+            f"{file}: tensor {name} holds {int(bad.sum())} NaN or infinite value(s) of {tensor.numel()}; "
+            "the checkpoint is corrupt"
+        )
+    raise ValueError(
+        f"{file}: tensor {name} overflows {loaded.dtype} ({tensor.dtype} values up to "
+        f"{tensor.abs().max().item():.3g}); load it in a wider dtype"
+    )
 
 
 def checkpoint_files(path: Path) -> list[Path]:

@@ -126,6 +126,7 @@ class Executor:
                 f"mode {bole.mode!r} drafts with the checkpoint's MTP module, which this model lacks; "
                 "use BoleConfig(mode='ar') or a checkpoint with mtp.* tensors"
             )
+        model.config.check_seq_len(max_seq_len)
         self.model = model
         self.bole = bole
         self.max_batch_size = max_batch_size
