@@ -19,8 +19,8 @@ with Triton").
 
 Stopping drains: Triton neither unloads a model nor calls its ``finalize`` while requests are in
 flight, so on SIGTERM/SIGINT the launcher first writes ``--drain-grace`` into the model's drain file
-(the ``drain_file`` parameter of the repository it fills; one served as it is, ``--model-repository``,
-is not drained): the model refuses new
+(the ``drain_file`` parameter of the repository it fills, or of the ``bole`` model of one served as it
+is with ``--model-repository``; such a repository that sets none is not drained): the model refuses new
 requests, lets those in flight run for up to that many seconds, then ends the rest with an
 UNAVAILABLE error ("the serving engine shut down"), and Triton stops. The exit code is 0 when
 tritonserver stopped by itself with 0, non-zero when it failed or had to be killed.
@@ -33,6 +33,7 @@ import fcntl
 import importlib.util
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -253,6 +254,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+_DRAIN_PARAMETER = re.compile(r'key:\s*"drain_file"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+
+
+def repository_drain_file(repository: Path) -> Path | None:
+    """The drain file the ``bole`` model of a filled repository watches (its ``drain_file`` parameter);
+    None where the parameter is unset (empty, or still a ``${...}`` placeholder) or there is no such model."""
+    config = repository / MODEL / "config.pbtxt"
+    match = _DRAIN_PARAMETER.search(config.read_text()) if config.is_file() else None
+    value = match.group(1).strip() if match else ""
+    if not value or value.startswith("${"):
+        return None
+    if not Path(value).is_absolute():  # the model's process runs in another working directory
+        raise SystemExit(f"error: {config}: drain_file {value!r} must be an absolute path")
+    return Path(value)
+
+
 def template_values(args: argparse.Namespace, drain_file: Path) -> dict[str, str]:
     return {
         "drain_file": str(drain_file),
@@ -281,11 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_only:
         print(f"server environment ready: {server_dir}")
         return 0
+    repository = args.model_repository.resolve() if args.model_repository is not None else None
+    drain_file = repository_drain_file(repository) if repository is not None else None
     workdir = Path(tempfile.mkdtemp(prefix="bole-triton-")) if args.workdir is None else args.workdir
-    drain_file = None  # an existing repository's model may watch no drain file
-    if args.model_repository is not None:
-        repository = args.model_repository.resolve()
-    else:
+    if repository is None:
         drain_file = (workdir / "drain").resolve()  # the model's process has another working directory
         repository = make_repository(workdir / "model_repository", template_values(args, drain_file))
     ports = (args.http_port or free_port(), args.grpc_port or free_port())

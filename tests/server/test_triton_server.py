@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -254,14 +255,20 @@ def test_client_cli(server, llm):
     assert wrong.returncode == 1 and "has no ready model 'llama'" in wrong.stderr
 
 
-def test_stopping_the_server_drains_requests_in_flight(tmp_path):
+@pytest.mark.parametrize("repository", ["filled", "served as is"])
+def test_stopping_the_server_drains_requests_in_flight(tmp_path, repository):
     """SIGTERM while a request streams: it gets the drain grace, then UNAVAILABLE ("shut down"), so that
     Triton unloads the model and stops by itself with 0 (it used to wait for the request, give up,
-    and be killed while the launcher still exited 0)."""
+    and be killed while the launcher still exited 0). A repository served as it is
+    (``--model-repository``) drains through its own ``drain_file`` parameter."""
+    import launch
     from client import build_inputs, stream
     from tritonclient.utils import InferenceServerException
 
     args = [a if a != str(MAX_SEQ_LEN) else "2048" for a in SERVER_ARGS]
+    if repository == "served as is":
+        values = launch.template_values(launch.parse_args(args), tmp_path / "its-drain")
+        args = ["--model-repository", str(launch.make_repository(tmp_path / "repository", values))]
     server = start_server(tmp_path, [*args, "--drain-grace", "0.5"])
     chunks, errors, streaming = [], [], threading.Event()
 
@@ -293,6 +300,26 @@ def test_client_refuses_malformed_ids_by_name(ids, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--ids", ids])
     assert exit_info.value.code == 2 and "--ids takes comma-separated integers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("drain_file", "watched"),
+    [("/run/bole/drain", Path("/run/bole/drain")), ("", None), ("${drain_file}", None)],
+)
+def test_a_served_repository_s_drain_file_is_its_model_s_parameter(tmp_path, drain_file, watched):
+    import launch
+
+    values = launch.template_values(launch.parse_args([]), Path("/unused")) | {"drain_file": drain_file}
+    assert launch.repository_drain_file(launch.make_repository(tmp_path, values)) == watched
+
+
+def test_a_served_repository_s_relative_drain_file_is_refused(tmp_path):
+    import launch
+
+    values = launch.template_values(launch.parse_args([]), Path("/unused")) | {"drain_file": "drain"}
+    with pytest.raises(SystemExit, match="drain_file 'drain' must be an absolute path"):
+        launch.repository_drain_file(launch.make_repository(tmp_path, values))
+    assert launch.repository_drain_file(tmp_path / "no-model") is None
 
 
 def test_launch_help_runs_without_a_server():
