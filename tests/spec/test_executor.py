@@ -132,9 +132,12 @@ def exact_pair_distribution(model, prompt, params) -> dict[tuple[int, int], floa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_sampling_keeps_the_target_distribution(config, top_p):
-    """Chi-square on (t2, t3): the tokens produced by speculation (t1 comes from prefill)."""
-    model = random_model(config, seed=5)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_sampling_keeps_the_target_distribution(config, gpu_config, device, top_p):
+    """Chi-square on (t2, t3): the tokens produced by speculation (t1 comes from prefill). On CUDA the
+    tree verify, commits and sampling run on the kernels, the verify and the MTP follow-up replayed as
+    CUDA graphs."""
+    model = random_model(config if device == "cpu" else gpu_config, seed=5, device=device)
     prompt = [1, 2, 3]
     params_list = [SamplingParams(max_tokens=3, temperature=1.0, top_p=top_p, seed=s) for s in range(3000)]
     exact = exact_pair_distribution(model, prompt, params_list[0])
@@ -143,6 +146,7 @@ def test_sampling_keeps_the_target_distribution(config, top_p):
     while spec.has_unfinished:
         spec.step()
     assert sum(r.stats.accepted for r in requests) > 500  # speculation really produced tokens
+    assert device == "cpu" or (spec.verify_graphs.captured and spec.mtp_graphs.captured)
     counts: dict[tuple[int, int], int] = {}
     for r in requests:
         key = tuple(r.output_ids[1:3])
