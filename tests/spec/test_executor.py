@@ -112,11 +112,9 @@ def exact_pair_distribution(model, prompt, params) -> dict[tuple[int, int], floa
     from trtllm_bole.spec.sampling import process_logits
 
     def probs(ids):
-        _, logits = model.forward_sequences(torch.tensor([ids]))
-        t = torch.tensor([params.temperature])
-        return process_logits(logits[0, -1:], t, torch.tensor([params.top_k]), torch.tensor([params.top_p]))[
-            0
-        ]
+        _, logits = model.forward_sequences(torch.tensor([ids], device=model.device))
+        settings = (params.temperature, params.top_k, params.top_p)
+        return process_logits(logits[0, -1:], *(torch.tensor([x], device=model.device) for x in settings))[0]
 
     out: dict[tuple[int, int], float] = {}
     p1 = probs(prompt)
