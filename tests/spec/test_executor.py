@@ -129,13 +129,26 @@ def exact_pair_distribution(model, prompt, params) -> dict[tuple[int, int], floa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("top_p", [1.0, 0.8])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_sampling_keeps_the_target_distribution(config, gpu_config, device, top_p):
+@pytest.mark.parametrize(
+    ("device", "dtype", "top_p"),
+    [
+        ("cpu", torch.float32, 1.0),
+        ("cpu", torch.float32, 0.8),
+        pytest.param("cuda", torch.float32, 1.0, marks=pytest.mark.gpu),
+        pytest.param("cuda", torch.float32, 0.8, marks=pytest.mark.gpu),
+        pytest.param("cuda", torch.bfloat16, 1.0, marks=pytest.mark.gpu),
+    ],
+)
+def test_sampling_keeps_the_target_distribution(config, gpu_config, device, dtype, top_p):
     """Chi-square on (t2, t3): the tokens produced by speculation (t1 comes from prefill). On CUDA the
     tree verify, commits and sampling run on the kernels, the verify and the MTP follow-up replayed as
-    CUDA graphs."""
-    model = random_model(config if device == "cpu" else gpu_config, seed=5, device=device)
+    CUDA graphs. In bfloat16 (the serving precision) the reference comes from the one-sequence forward,
+    which rounds differently from the tree verify; that is far below what 3,000 samples see, except at a
+    nucleus's edge: with top-p 0.8, 37 of 3,000 bf16 requests drew a token just past the reference's
+    nucleus (mass before it 0.80-0.86 there; bf16 and fp32 logits of this model differ by up to 0.3,
+    moving that mass by up to 0.08; H200, benchmarks/results/gpu_tests_session18_h200.txt), so bf16 is
+    tested without top-p."""
+    model = random_model(config if device == "cpu" else gpu_config, seed=5, device=device, dtype=dtype)
     prompt = [1, 2, 3]
     params_list = [SamplingParams(max_tokens=3, temperature=1.0, top_p=top_p, seed=s) for s in range(3000)]
     exact = exact_pair_distribution(model, prompt, params_list[0])
