@@ -107,7 +107,11 @@ def test_invalid_forests_name_request_node_and_rule(parents, cu, match):
 
 
 def test_too_deep_is_refused_with_the_limit():
-    with pytest.raises(ValueError, match=r"request 0, node 4: tree depth 5 exceeds the supported maximum 4"):
+    """The first node past the limit is named; the tree's depth is not (the sweeps stop at the limit:
+    a chain of 6 once read "depth 5")."""
+    with pytest.raises(
+        ValueError, match=r"request 0, node 4: the tree is deeper than the supported maximum depth 4"
+    ):
         TreeBatch.build(torch.arange(6) - 1, torch.tensor([0, 6]), max_supported_depth=4)
 
 

@@ -79,8 +79,8 @@ class TreeBatch:
             node = int(np.flatnonzero(depth > max_supported_depth)[0])
             b = int(request[node])
             raise ValueError(
-                f"request {b}, node {node - int(cu_seqlens[b])}: tree depth {max_depth} exceeds the "
-                f"supported maximum {max_supported_depth}; draft shallower trees"
+                f"request {b}, node {node - int(cu_seqlens[b])}: the tree is deeper than the supported "
+                f"maximum depth {max_supported_depth}; draft shallower trees"
             )
 
         paths = np.full((num_nodes, max_depth), -1, dtype=np.int64)
@@ -166,7 +166,8 @@ class TreeBatch:
         two or three for trees of 64 nodes and depth 9)."""
         bits = max_nodes.bit_length()  # a field holds local index + 1 (0 pads), at most max_nodes
         device, num_nodes = parents.device, parents.numel()
-        parents, cu_seqlens, depth = parents.long(), cu_seqlens.long(), depth.long()
+        # Contiguous: the kernels index every field of a TreeBatch flat.
+        parents, cu_seqlens, depth = (t.long().contiguous() for t in (parents, cu_seqlens, depth))
         request = _owners(cu_seqlens[1:] - cu_seqlens[:-1], num_nodes)
         start = cu_seqlens[:-1][request]
         global_parents = torch.where(parents >= 0, parents + start, -1)

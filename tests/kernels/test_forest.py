@@ -20,6 +20,24 @@ def derived(tree: TreeBatch, max_depth: int, max_nodes: int) -> dict[str, torch.
     return {name: t.cpu() for name, t in zip(FIELDS, out, strict=True)}
 
 
+def test_strided_parents_and_depths_give_the_same_forest():
+    """Columns of a wider buffer: the kernel once read them flat and followed the neighbouring column's
+    values as parents (wrong paths, reads out of bounds)."""
+    built = forest([topk_parents(29, 4, 8), chain_parents(5)])
+    buffer = torch.full((built.num_nodes, 2), 99, dtype=torch.long)
+    parents, depth = buffer.clone(), buffer.clone()
+    parents[:, 0], depth[:, 0] = built.parents, built.depth
+    views = [t.to(DEVICE)[:, 0] for t in (parents, depth)]
+    assert not any(t.is_contiguous() for t in views)
+    out = forest_metadata(views[0], built.cu_seqlens.to(DEVICE), views[1], max_depth=built.max_depth,
+                          max_nodes=built.max_nodes)  # fmt: skip
+    for name, t in zip(FIELDS, out, strict=True):
+        assert torch.equal(t.cpu(), getattr(built, name)), name
+    tree = ops.forest(views[0], built.cu_seqlens.to(DEVICE), views[1], max_depth=built.max_depth,
+                      max_nodes=built.max_nodes)  # fmt: skip
+    assert all(getattr(tree, name).is_contiguous() for name in ("parents", "cu_seqlens", "depth", *FIELDS))
+
+
 @pytest.mark.parametrize(
     "trees",
     [

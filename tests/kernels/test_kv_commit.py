@@ -36,6 +36,21 @@ def test_matches_reference(leaves, dtype, gen):
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)  # copies: bit for bit
 
 
+def test_strided_tables_lengths_and_leaves_write_where_contiguous_ones_do(gen):
+    """Views of wider buffers (a preallocated table's first columns, every other entry of a buffer): the
+    kernel once indexed them as contiguous and wrote into blocks outside both requests' tables."""
+    tree, k_cache, v_cache, new_k, new_v, tables, lens = case(gen)
+    leaf = torch.tensor([13, 6, 0], device=DEVICE)
+    wide = torch.full((3, 9), NO_BLOCK, dtype=tables.dtype, device=DEVICE)
+    wide[:, :6] = tables
+    views = wide[:, :6], torch.stack([lens, lens], 1)[:, 0], torch.stack([leaf, leaf], 1)[:, 0]
+    assert not any(t.is_contiguous() for t in views)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    kv_commit(k_ref, v_ref, new_k, new_v, tree, leaf, tables, lens)
+    kv_commit(k_cache, v_cache, new_k, new_v, tree, views[2], views[0], views[1])
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
 def test_reference_writes_the_path_at_the_context_positions(gen):
     tree, k_cache, v_cache, new_k, new_v, tables, lens = case(gen)
     before = k_cache.clone()
@@ -62,8 +77,35 @@ def test_value_checks(gen):
     bad[1, 2] = -1  # positions 8-11
     with pytest.raises(ValueError, match="points outside the cache's 24 blocks"):
         ops.kv_commit(*args, chain_leaf, bad, lens)
-    with pytest.raises(ValueError, match=r"new_k/new_v must be \[L=3"):
-        ops.kv_commit(k_cache, v_cache, new_k[:2], new_v[:2], tree, chain_leaf, tables, lens)
+    with pytest.raises(ValueError, match=r"context_lens must not be negative"):
+        ops.kv_commit(*args, chain_leaf, tables, torch.tensor([5, -1, 0], device=DEVICE))
+
+
+@pytest.mark.parametrize("commit", [ops.kv_commit, kv_commit], ids=["op", "kernel"])
+def test_shape_checks(commit, gen):
+    """Refused by name, by the op (before either device's implementation) and by the kernel's launcher:
+    unchecked, a narrower entry or a smaller v_cache wrote into the neighbouring rows or buffer."""
+    tree, k_cache, v_cache, new_k, new_v, tables, lens = case(gen)
+    leaf = torch.tensor([0, 6, 0], device=DEVICE)
+    for args, match in [
+        ((k_cache, v_cache, new_k[:2], new_v[:2], tables, lens), r"new_k must be \[L=3, N=28, KVH=2, d=24\]"),
+        (
+            (k_cache, v_cache, new_k, new_v[..., :4], tables, lens),
+            r"new_v must be \[L=3, N=28, KVH=2, d=24\]",
+        ),
+        ((k_cache, v_cache[:, :2], new_k, new_v, tables, lens), r"k_cache and v_cache must both be"),
+        ((k_cache, v_cache, new_k, new_v, tables[:1], lens), r"block_tables must be an integer tensor \[B=3"),
+        (
+            (k_cache, v_cache, new_k, new_v, tables, lens[:1]),
+            r"context_lens must be an integer tensor \[B=3\]",
+        ),
+        ((k_cache, v_cache, new_k, new_v, tables, lens.float()), r"context_lens must be an integer tensor"),
+    ]:
+        cache_k, cache_v, k, v, t, n = args
+        with pytest.raises(ValueError, match=match):
+            commit(cache_k, cache_v, k, v, tree, leaf, t, n)
+    with pytest.raises(ValueError, match=r"accepted_leaf must be an integer tensor \[B=3\]"):
+        commit(k_cache, v_cache, new_k, new_v, tree, leaf.float(), tables, lens)
 
 
 @pytest.mark.parametrize("commit", [kv_commit, write_accepted_kv], ids=["kernel", "reference"])

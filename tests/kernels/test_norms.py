@@ -25,6 +25,13 @@ def test_matches_float64(shape, dtype, tol, gen, nan_outputs):
     assert rel_rms(y, norms.rms_norm(x, weight, 1e-6)) <= tol
 
 
+def test_a_strided_weight_is_read_as_its_values(gen, nan_outputs):
+    x = torch.randn(5, 48, generator=gen).to(DEVICE)
+    weights = (0.1 * torch.randn(48, 2, generator=gen)).to(DEVICE)
+    assert not weights[:, 0].is_contiguous()
+    assert torch.equal(rms_norm(x, weights[:, 0], 1e-6), rms_norm(x, weights[:, 0].contiguous(), 1e-6))
+
+
 def test_strided_rows_and_empty_input(gen, nan_outputs):
     """The attention's q is a strided split of its projection (q and gate interleaved per head)."""
     q_gate = torch.randn(6, 4, 2 * 32, generator=gen).to(DEVICE)

@@ -31,6 +31,7 @@ def verify(x, tree, **overrides):
         (lambda x: {"state": x.state.bfloat16()}, "float32 or float64"),
         (lambda x: {"v": x.v.int()}, "v must be a floating-point tensor"),
         (lambda x: {"state": x.state[:1]}, "state holds 1 slots but the tree has 2 requests"),
+        (lambda x: {"q": x.q.bfloat16()}, "q and k must share a dtype"),
     ],
 )
 def test_verify_rejects(case, override, match):
@@ -79,7 +80,21 @@ def test_slot_indices_that_passed_are_checked_again_once_changed(case):
         ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, pool, tree, state_indices=indices)
 
 
-def test_commit_rejects_mismatched_state_and_leaves(case):
+@pytest.fixture
+def undispatched(monkeypatch):
+    """Every ``bole::`` implementation fails if reached: a refusal under it comes from the op's own checks,
+    before the dispatcher picks the device (so the kernels are as protected as the reference)."""
+    from trtllm_bole.ops import library
+
+    def reached(*args, **kwargs):
+        raise AssertionError("a bad input reached the implementation")
+
+    for name in ("gdn_commit", "gdn_snapshot_commit", "conv_state_commit", "tree_conv1d", "gdn_prefill",
+                 "kv_commit"):  # fmt: skip
+        monkeypatch.setattr(library, name, reached)
+
+
+def test_commit_rejects_mismatched_state_and_leaves(case, undispatched):
     tree, x = case
     _, factors = verify(x, tree)
     with pytest.raises(ValueError, match=r"state must be \[S, HV, dk, dv\]"):
@@ -91,6 +106,36 @@ def test_commit_rejects_mismatched_state_and_leaves(case):
         ops.gdn_commit(torch.stack([x.state] * 3), stacked, torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="at least one"):
         ops.stack_factors([])
+    for bad, match in [
+        (
+            ops.GDNTreeFactors(tree, x.k, factors.u, factors.log_decay[:, :1]),
+            r"factors\.log_decay must be \[7, 4\]",
+        ),
+        (
+            ops.GDNTreeFactors(tree, x.k[..., :4], factors.u, factors.log_decay),
+            r"factors\.k must be \[7, 2, 8\]",
+        ),
+        (ops.GDNTreeFactors(tree, x.k, factors.u[:-1], factors.log_decay), r"factors\.u must be \[7, 4, 4\]"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            ops.gdn_commit(x.state, bad, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="float32 or float64"):
+        ops.gdn_commit(x.state.long(), factors, torch.tensor([0, 0]))
+    for leaf, got in [
+        (torch.tensor([3.9, 0.2]), "torch.float32"),
+        ([0, 0], "list"),
+        (torch.tensor([0]), r"torch.int64 \(1,\)"),
+    ]:
+        with pytest.raises(ValueError, match=rf"accepted_leaf must be an integer tensor \[B=2\].*got {got}"):
+            ops.gdn_commit(x.state, factors, leaf)
+    for commit in (ops.gdn_commit, ops.gdn_snapshot_commit, ops.conv_state_commit):
+        args = {
+            ops.gdn_commit: (x.state, factors),
+            ops.gdn_snapshot_commit: (x.state, torch.zeros(tree.num_nodes, *x.state.shape[1:]), tree),
+            ops.conv_state_commit: (torch.zeros(2, 6, 3), torch.zeros(tree.num_nodes, 6), tree),
+        }[commit]
+        with pytest.raises(ValueError, match=r"request 0: accepted_leaf 6 is outside \[-1, 6\)"):
+            commit(*args, torch.tensor([6, 0]))
 
 
 def test_commits_refuse_leaves_on_another_device(case, gen):
@@ -117,7 +162,7 @@ def test_commits_refuse_leaves_on_another_device(case, gen):
         ops.kv_commit(cache, cache.clone(), new, new, tree, torch.tensor([0, 0]), tables, lengths.to("meta"))
 
 
-def test_conv_rejects(case, gen):
+def test_conv_rejects(case, gen, undispatched):
     tree, _ = case
     x = torch.randn(tree.num_nodes, 6, generator=gen)
     w = torch.randn(6, 4, generator=gen)
@@ -132,9 +177,20 @@ def test_conv_rejects(case, gen):
         ops.tree_conv1d(x, w, state, tree, activation="gelu")
     with pytest.raises(ValueError, match=r"expected x \[\(L,\) N, C\]"):
         ops.conv_state_commit(state, x[:-1], tree, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match=r"expected x \[\(L,\) N, C\]"):  # 2 layers of x, 3 of state
+        ops.conv_state_commit(torch.stack([state] * 3), torch.stack([x] * 2), tree, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match=r"bias must be \[C=6\]"):
+        ops.tree_conv1d(x, w, state, tree, bias=torch.zeros(1))
+    with pytest.raises(ValueError, match="x must be a floating-point tensor"):
+        ops.tree_conv1d(x.long(), w, state, tree)
 
 
-def test_prefill_rejects_bad_offsets(case):
+def test_prefill_rejects_bad_offsets(case, undispatched):
     _, x = case
     with pytest.raises(ValueError, match="increase strictly"):
         ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, x.state, torch.tensor([0, 7, 7]))
+    for chunk_size in (0, -2, 65, 2.0):
+        with pytest.raises(ValueError, match=r"chunk_size must be an integer in \[1, 64\]"):
+            ops.gdn_prefill(
+                x.q, x.k, x.v, x.g, x.beta, x.state, torch.tensor([0, 3, 7]), chunk_size=chunk_size
+            )

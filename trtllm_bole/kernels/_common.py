@@ -97,9 +97,15 @@ def check_gdn_operands(
 
 
 def check_conv_shapes(
-    x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, tree: TreeBatch
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    tree: TreeBatch,
 ) -> None:
-    """x ``[N, C]``, weight ``[C, W >= 2]``, conv_state ``[S, C, W - 1]``."""
+    """x ``[N, C]``, weight ``[C, W >= 2]``, conv_state ``[S, C, W - 1]``, bias ``[C]`` or None, all
+    floating point; activation ``"silu"`` or None."""
     if x.dim() != 2 or x.shape[0] != tree.num_nodes:
         raise ValueError(f"x must be [N={tree.num_nodes}, C], got {tuple(x.shape)}")
     c = x.shape[1]
@@ -109,6 +115,107 @@ def check_conv_shapes(
         raise ValueError(
             f"conv_state must be [S, C={c}, W-1={weight.shape[1] - 1}], got {tuple(conv_state.shape)}"
         )
+    if bias is not None and bias.shape != (c,):
+        raise ValueError(f"bias must be [C={c}], got {tuple(bias.shape)}")
+    if activation not in ("silu", None):
+        raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+    for name, t in (("x", x), ("weight", weight), ("conv_state", conv_state), ("bias", bias)):
+        if t is not None and not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
+def check_conv_commit_shapes(conv_state: torch.Tensor, x: torch.Tensor, tree: TreeBatch) -> None:
+    """conv_state ``[S, C, W - 1]`` with x ``[N, C]``, or every layer at once: ``[L, S, C, W - 1]`` with
+    ``[L, N, C]``."""
+    if x.dim() not in (2, 3) or conv_state.dim() != x.dim() + 1:
+        raise ValueError(
+            f"conv_state [(L,) S, C, W-1] and x [(L,) N, C] expected, got {tuple(conv_state.shape)} "
+            f"and {tuple(x.shape)}"
+        )
+    if x.shape[-2:] != (tree.num_nodes, conv_state.shape[-2]) or conv_state.shape[:-3] != x.shape[:-2]:
+        raise ValueError(
+            f"x {tuple(x.shape)} does not match conv_state {tuple(conv_state.shape)} and "
+            f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
+        )
+
+
+def check_commit_factors(state: torch.Tensor, factors: GDNTreeFactors) -> None:
+    """state ``[L, S, HV, dk, dv]`` with stacked factors (k ``[L, N, H, dk]``, u ``[L, N, HV, dv]``,
+    log_decay ``[L, N, HV]``), or ``[S, HV, dk, dv]`` with unstacked ones; HV a multiple of H."""
+    stacked = factors.num_layers is not None
+    if state.dim() != (5 if stacked else 4):
+        raise ValueError(
+            f"state must be {'[L, S, HV, dk, dv] for stacked' if stacked else '[S, HV, dk, dv] for'} "
+            f"factors, got shape {tuple(state.shape)}"
+        )
+    if stacked and state.shape[0] != factors.num_layers:
+        raise ValueError(f"state holds {state.shape[0]} layers but the factors {factors.num_layers}")
+    hv, dk, dv = state.shape[-3:]
+    lead, n, h = state.shape[:-4], factors.tree.num_nodes, factors.k.shape[-2]
+    expected = {"k": (*lead, n, h, dk), "u": (*lead, n, hv, dv), "log_decay": (*lead, n, hv)}
+    for name in expected:
+        t = getattr(factors, name)
+        if t.shape != expected[name]:
+            raise ValueError(
+                f"factors.{name} must be {list(expected[name])} (from state {tuple(state.shape)} and "
+                f"{n} tree nodes), got {list(t.shape)}"
+            )
+    if hv % h:
+        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
+
+
+def check_leaves(accepted_leaf: torch.Tensor, tree: TreeBatch, device: torch.device) -> torch.Tensor:
+    """``accepted_leaf`` int ``[B]`` on ``device`` (each request's deepest accepted node, local index,
+    -1 = nothing accepted), contiguous; its values are checked by the ops that may sync."""
+    if (
+        not isinstance(accepted_leaf, torch.Tensor)
+        or accepted_leaf.shape != (tree.num_requests,)
+        or accepted_leaf.dtype.is_floating_point
+        or accepted_leaf.dtype == torch.bool
+    ):
+        got = (
+            f"{accepted_leaf.dtype} {tuple(accepted_leaf.shape)}"
+            if isinstance(accepted_leaf, torch.Tensor)
+            else (type(accepted_leaf).__name__)
+        )
+        raise ValueError(
+            f"accepted_leaf must be an integer tensor [B={tree.num_requests}] (local index, -1 = nothing "
+            f"accepted), got {got}"
+        )
+    if accepted_leaf.device != device:
+        raise ValueError(f"accepted_leaf is on {accepted_leaf.device} but the data is on {device}")
+    return accepted_leaf.contiguous()
+
+
+def check_kv_shapes(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    tree: TreeBatch,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> None:
+    """Caches ``[L, num_blocks, block_size, KVH, d]`` (both alike), new entries ``[L, N, KVH, d]``,
+    ``block_tables`` int ``[B, max_blocks]``, ``context_lens`` int ``[B]``."""
+    if k_cache.dim() != 5 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must both be [L, num_blocks, block_size, KVH, d], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    layers, *_, kvh, d = k_cache.shape
+    for name, t in (("new_k", new_k), ("new_v", new_v)):
+        if t.shape != (layers, tree.num_nodes, kvh, d):
+            raise ValueError(
+                f"{name} must be [L={layers}, N={tree.num_nodes}, KVH={kvh}, d={d}], got {tuple(t.shape)}"
+            )
+    b = tree.num_requests
+    for name, t, rank in (("block_tables", block_tables, 2), ("context_lens", context_lens, 1)):
+        if t.dim() != rank or t.shape[0] != b or t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise ValueError(
+                f"{name} must be an integer tensor [B={b}{', max_blocks' if rank == 2 else ''}], got "
+                f"{t.dtype} {tuple(t.shape)}"
+            )
 
 
 def check_state_indices(state_indices: torch.Tensor, num_requests: int, device: torch.device) -> None:

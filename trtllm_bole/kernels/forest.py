@@ -83,9 +83,10 @@ def forest_metadata(
     paths = torch.empty((n, max_depth), dtype=torch.long, device=parents.device)
     if n and batch:
         block = max(16, triton.next_power_of_2(max_nodes))
+        flat = (t.long().contiguous() for t in (parents, cu_seqlens, depth))  # the kernel indexes them flat
         _forest_kernel[(batch,)](
-            parents.long(), cu_seqlens.long(), depth.long(), request, global_parents, paths, dfs_order,
-            subtree_size, max_depth, BLOCK=block, num_warps=8 if block > 64 else 4,
+            *flat, request, global_parents, paths, dfs_order, subtree_size, max_depth, BLOCK=block,
+            num_warps=8 if block > 64 else 4,
         )  # fmt: skip
     return request, global_parents, paths, dfs_order, subtree_size
 

@@ -18,9 +18,12 @@ import triton.language as tl
 
 from trtllm_bole.kernels._common import (
     GDNTreeFactors,
+    check_commit_factors,
     check_contiguous,
+    check_conv_commit_shapes,
     check_depth,
     check_device,
+    check_leaves,
     check_slot_count,
     pow2_at_least,
     slot_indices,
@@ -184,16 +187,6 @@ def _conv_state_commit_kernel(
         )
 
 
-def _check_leaves(accepted_leaf: torch.Tensor, tree: TreeBatch, device: torch.device) -> torch.Tensor:
-    accepted_leaf = torch.as_tensor(accepted_leaf, device=device)
-    if accepted_leaf.shape != (tree.num_requests,) or accepted_leaf.dtype.is_floating_point:
-        raise ValueError(
-            f"accepted_leaf must be an integer tensor [B={tree.num_requests}] (local index, -1 = nothing "
-            f"accepted), got {accepted_leaf.dtype} {tuple(accepted_leaf.shape)}"
-        )
-    return accepted_leaf.contiguous()
-
-
 def gdn_commit(
     state: torch.Tensor,
     factors: GDNTreeFactors,
@@ -211,31 +204,20 @@ def gdn_commit(
     (no device sync); :func:`trtllm_bole.ops.gdn_commit` checks them.
     """
     tree = factors.tree
-    stacked = factors.num_layers is not None
     k, u, log_p = factors.k, factors.u, factors.log_decay
     layers = factors.num_layers or 1
-    if state.dim() != (5 if stacked else 4) or state.dtype != torch.float32:
-        raise ValueError(
-            f"state must be float32 {'[L, S, HV, dk, dv]' if stacked else '[S, HV, dk, dv]'} for "
-            f"{'stacked' if stacked else 'unstacked'} factors, got {state.dtype} {tuple(state.shape)}"
-        )
+    check_commit_factors(state, factors)
     hv, dk, dv = state.shape[-3:]
-    n = tree.num_nodes
-    lead = (layers,) if stacked else ()
-    h = k.shape[-2]
-    expected = {"k": (*lead, n, h, dk), "u": (*lead, n, hv, dv), "log_decay": (*lead, n, hv)}
-    for name, t in (("k", k), ("u", u), ("log_decay", log_p)):
-        if t.shape != expected[name]:
-            raise ValueError(f"factors.{name} must be {list(expected[name])}, got {list(t.shape)}")
-    if state.shape[:-4] != lead or hv % h or dk % 16 or dv % 16:
+    n, h = tree.num_nodes, k.shape[-2]
+    if state.dtype != torch.float32 or dk % 16 or dv % 16:
         raise ValueError(
-            f"state {tuple(state.shape)} does not match the factors ({layers} layers, H={h}); "
-            f"dk and dv must be multiples of 16"
+            f"the commit kernel takes a float32 state with dk and dv multiples of 16, got {state.dtype} "
+            f"{tuple(state.shape)}"
         )
     check_device(tree, state.device, k=k, u=u, log_decay=log_p)
     check_contiguous(state=state)
     check_depth(tree, "gdn_commit")
-    leaves = _check_leaves(accepted_leaf, tree, state.device)
+    leaves = check_leaves(accepted_leaf, tree, state.device)
     num_slots = state.shape[-4]
     check_slot_count(num_slots, tree.num_requests, state_indices)
     slots = slot_indices(state_indices, tree.num_requests, state.device)
@@ -264,21 +246,12 @@ def conv_state_commit(
     Shapes: conv_state ``[S, C, W - 1]`` with x ``[N, C]``, or all layers at once: ``[L, S, C, W - 1]``
     with ``[L, N, C]``; accepted_leaf int ``[B]`` (-1 = untouched); state_indices int ``[B]``.
     """
-    if x.dim() not in (2, 3) or conv_state.dim() != x.dim() + 1:
-        raise ValueError(
-            f"conv_state [(L,) S, C, W-1] and x [(L,) N, C] expected, got {tuple(conv_state.shape)} "
-            f"and {tuple(x.shape)}"
-        )
+    check_conv_commit_shapes(conv_state, x, tree)
     layers = x.shape[0] if x.dim() == 3 else 1
     c, ws = conv_state.shape[-2:]
-    if x.shape[-2:] != (tree.num_nodes, c) or conv_state.shape[:-3] != x.shape[:-2]:
-        raise ValueError(
-            f"x {tuple(x.shape)} does not match conv_state {tuple(conv_state.shape)} and "
-            f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
-        )
     check_device(tree, conv_state.device, x=x)
     check_contiguous(conv_state=conv_state)
-    leaves = _check_leaves(accepted_leaf, tree, conv_state.device)
+    leaves = check_leaves(accepted_leaf, tree, conv_state.device)
     num_slots = conv_state.shape[-3]
     check_slot_count(num_slots, tree.num_requests, state_indices, "conv_state")
     slots = slot_indices(state_indices, tree.num_requests, conv_state.device)

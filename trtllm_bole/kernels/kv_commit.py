@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_bole.kernels._common import check_contiguous
+from trtllm_bole.kernels._common import check_contiguous, check_kv_shapes, check_leaves
 from trtllm_bole.tree import TreeBatch
 
 
@@ -54,13 +54,16 @@ def kv_commit(
     """Caches ``[L, num_blocks, block_size, KVH, d]``, new entries ``[L, N, KVH, d]``; in place, no sync
     (the arguments' values are checked by :func:`trtllm_bole.ops.kv_commit`; unchecked, a position
     outside the request's table or on a negative entry (no block) is dropped)."""
+    check_kv_shapes(k_cache, v_cache, new_k, new_v, tree, block_tables, context_lens)
     check_contiguous(k_cache=k_cache, v_cache=v_cache)
+    leaves = check_leaves(accepted_leaf, tree, k_cache.device)
     layers, num_blocks, page = k_cache.shape[:3]
     row = k_cache.shape[3] * k_cache.shape[4]
     new_k, new_v = new_k.contiguous(), new_v.contiguous()
     grid = (tree.num_requests, tree.paths.shape[1], layers)
     _kv_commit_kernel[grid](
-        k_cache, v_cache, new_k, new_v, accepted_leaf, tree.cu_seqlens, tree.paths, block_tables,
-        context_lens, tree.num_nodes, num_blocks * page, block_tables.shape[1], tree.paths.shape[1],
+        k_cache, v_cache, new_k, new_v, leaves, tree.cu_seqlens, tree.paths, block_tables.contiguous(),
+        context_lens.contiguous(), tree.num_nodes, num_blocks * page, block_tables.shape[1],
+        tree.paths.shape[1],
         ROW=row, PAGE=page, BLOCK=triton.next_power_of_2(row),
     )  # fmt: skip

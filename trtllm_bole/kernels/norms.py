@@ -35,6 +35,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](
-            rows, weight, out, n, rows.stride(0), eps, BLOCK=triton.next_power_of_2(n)
+            rows, weight.contiguous(), out, n, rows.stride(0), eps, BLOCK=triton.next_power_of_2(n)
         )
     return out

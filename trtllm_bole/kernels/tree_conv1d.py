@@ -93,12 +93,8 @@ def tree_conv1d(
     conv_state ``[S, C, W - 1]`` (the committed last inputs, oldest first; slots ``state_indices``
     int ``[B]`` or S = B); bias ``[C]``. Returns y ``[N, C]`` in x's dtype (fp32 accumulation).
     """
-    check_conv_shapes(x, weight, conv_state, tree)
+    check_conv_shapes(x, weight, conv_state, bias, activation, tree)
     c, width = weight.shape
-    if bias is not None and bias.shape != (c,):
-        raise ValueError(f"bias must be [C={c}], got {tuple(bias.shape)}")
-    if activation not in ("silu", None):
-        raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
     for name, t in (("x", x), ("weight", weight), ("conv_state", conv_state)):
         if t.dtype not in INPUT_DTYPES:
             raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")

@@ -8,7 +8,8 @@ replays.
 Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 
 - q, k ``[N, H, dk]``; v ``[N, HV, dv]``; g (log decay, <= 0) and beta (0..1) ``[N, HV]``;
-  ``HV`` a multiple of ``H`` (value head ``h`` reads key head ``h // (HV // H)``);
+  ``HV`` a multiple of ``H`` (value head ``h`` reads key head ``h // (HV // H)``); the gates' values are
+  the caller's (checking them would wait for the device): g > 0 or NaN gives non-finite outputs;
 - state ``[B, HV, dk, dv]`` (float32/float64), or a slot pool ``[S, HV, dk, dv]`` with
   ``state_indices`` int ``[B]``; a commit may also take every GDN layer at once, ``[L, S, HV, dk, dv]``
   with factors stacked by :func:`stack_factors`;
@@ -24,9 +25,14 @@ import weakref
 import torch
 
 from trtllm_bole.kernels._common import (
+    MAX_DEPTH,
     GDNTreeFactors,
+    check_commit_factors,
+    check_conv_commit_shapes,
     check_conv_shapes,
     check_device,
+    check_kv_shapes,
+    check_leaves,
     check_slot_count,
     check_state_indices,
 )
@@ -87,8 +93,9 @@ def forest(
     kernels; the torch derivation elsewhere."""
     derived = library.forest_metadata(parents, cu_seqlens, depth, max_depth, max_nodes)
     request, global_parents, paths, dfs_order, subtree_size = derived
-    return TreeBatch(parents.long(), cu_seqlens.long(), depth.long(), request, global_parents, paths,
-                     dfs_order, subtree_size, max_depth, max_nodes)  # fmt: skip
+    parents, cu_seqlens, depth = (t.long().contiguous() for t in (parents, cu_seqlens, depth))
+    return TreeBatch(parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size,
+                     max_depth, max_nodes)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------- #
@@ -170,17 +177,11 @@ def gdn_commit(
     caller built the slot indices' values itself, and nothing waits for the device.
     """
     tree = factors.tree
-    stacked = factors.num_layers is not None
-    if state.dim() != (5 if stacked else 4):
-        raise ValueError(
-            f"state must be {'[L, S, HV, dk, dv] for stacked' if stacked else '[S, HV, dk, dv] for'} "
-            f"factors, got shape {tuple(state.shape)}"
-        )
-    if stacked and state.shape[0] != factors.num_layers:
-        raise ValueError(f"state holds {state.shape[0]} layers but the factors {factors.num_layers}")
+    check_commit_factors(state, factors)
+    _check_state_dtype(state)
     _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
-    check_device(tree, state.device, accepted_leaf=accepted_leaf, k=factors.k, u=factors.u,
-                 log_decay=factors.log_decay)  # fmt: skip
+    check_device(tree, state.device, k=factors.k, u=factors.u, log_decay=factors.log_decay)
+    _check_leaves(accepted_leaf, tree, state.device, values=check)
     library.gdn_commit(
         state,
         factors.k,
@@ -226,7 +227,8 @@ def gdn_snapshot_commit(
 ) -> None:
     """Copy each request's accepted snapshot into its state slot (the serial schemes' commit)."""
     _check_slots(state.shape[0], tree.num_requests, state_indices, state.device, values=check)
-    check_device(tree, state.device, accepted_leaf=accepted_leaf, snapshots=snapshots)
+    check_device(tree, state.device, snapshots=snapshots)
+    _check_leaves(accepted_leaf, tree, state.device, values=check)
     if snapshots.shape[0] != tree.num_nodes or snapshots.shape[1:] != state.shape[1:]:
         raise ValueError(
             f"snapshots must be [N={tree.num_nodes}, {', '.join(map(str, state.shape[1:]))}], "
@@ -254,6 +256,10 @@ def gdn_prefill(
 
     Chunks of ``chunk_size`` tokens: each is a chain, verified in closed form and committed whole (on
     CUDA by the tree kernels, all prompts' chunk ``c`` in one round; ``chunk_size`` <= 64 there)."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_DEPTH:
+        raise ValueError(
+            f"chunk_size must be an integer in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size!r}"
+        )
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point:
         raise ValueError(f"cu_seqlens must be an integer tensor [B + 1], got {tuple(cu_seqlens.shape)}")
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
@@ -286,7 +292,9 @@ def tree_conv1d(
     weight ``[C, W]``; conv_state ``[S, C, W - 1]``, the committed last inputs (oldest first), read-only.
     """
     tree = as_tree(parents, cu_seqlens)
-    _check_conv(x, weight, conv_state, bias, tree, state_indices)
+    check_conv_shapes(x, weight, conv_state, bias, activation, tree)
+    check_device(tree, x.device, weight=weight, conv_state=conv_state, bias=bias)
+    _check_slots(conv_state.shape[0], tree.num_requests, state_indices, x.device)
     return library.tree_conv1d(
         x, weight, conv_state, *tree_args(tree), bias=bias, activation=activation, state_indices=state_indices
     )
@@ -306,13 +314,10 @@ def conv_state_commit(
     ``conv_state [S, C, W - 1]`` with ``x [N, C]``, or every layer at once: ``[L, S, C, W - 1]`` with
     ``x [L, N, C]``.
     """
-    if x.dim() != conv_state.dim() - 1 or x.shape[-2:] != (tree.num_nodes, conv_state.shape[-2]):
-        raise ValueError(
-            f"x {tuple(x.shape)} does not match conv_state {tuple(conv_state.shape)} and "
-            f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
-        )
+    check_conv_commit_shapes(conv_state, x, tree)
     _check_slots(conv_state.shape[-3], tree.num_requests, state_indices, conv_state.device, values=check)
-    check_device(tree, conv_state.device, accepted_leaf=accepted_leaf, x=x)
+    check_device(tree, conv_state.device, x=x)
+    _check_leaves(accepted_leaf, tree, conv_state.device, values=check)
     library.conv_state_commit(conv_state, x, *tree_args(tree), accepted_leaf, state_indices=state_indices)
 
 
@@ -342,14 +347,11 @@ def kv_commit(
     leaves, tables and lengths itself (the executor: blocks for ``context_len`` + the tree's depth are
     allocated before its verify), and nothing waits for the device.
     """
-    if new_k.shape != new_v.shape or new_k.shape[1] != tree.num_nodes or new_k.shape[0] != k_cache.shape[0]:
-        raise ValueError(
-            f"new_k/new_v must be [L={k_cache.shape[0]}, N={tree.num_nodes}, KVH, d], got "
-            f"{tuple(new_k.shape)} and {tuple(new_v.shape)}"
-        )
-    check_device(tree, k_cache.device, v_cache=v_cache, new_k=new_k, new_v=new_v, accepted_leaf=accepted_leaf,
-                 block_tables=block_tables, context_lens=context_lens)  # fmt: skip
-    if check:
+    check_kv_shapes(k_cache, v_cache, new_k, new_v, tree, block_tables, context_lens)
+    check_device(tree, k_cache.device, v_cache=v_cache, new_k=new_k, new_v=new_v, block_tables=block_tables,
+                 context_lens=context_lens)  # fmt: skip
+    _check_leaves(accepted_leaf, tree, k_cache.device, values=check)
+    if check and _values_checkable(accepted_leaf):
         _check_kv_commit(k_cache.shape[1], k_cache.shape[2], tree, accepted_leaf, block_tables, context_lens)
     library.kv_commit(
         k_cache, v_cache, new_k, new_v, *tree_args(tree), accepted_leaf, block_tables, context_lens
@@ -387,33 +389,43 @@ def _check_gdn(
             raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
     if state.dim() != 4 or state.shape[1:] != (hv, dk, dv):
         raise ValueError(f"state must be [S, HV={hv}, dk={dk}, dv={dv}], got {tuple(state.shape)}")
-    if state.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"state must be float32 or float64, got {state.dtype}")
+    _check_state_dtype(state)
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not t.dtype.is_floating_point:
             raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
         if t.device != state.device:
             raise ValueError(f"{name} is on {t.device} but state is on {state.device}")
+    if q.dtype != k.dtype:
+        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
     _check_slots(state.shape[0], num_requests, state_indices, state.device)
 
 
-def _check_conv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    conv_state: torch.Tensor,
-    bias: torch.Tensor | None,
-    tree: TreeBatch,
-    state_indices: torch.Tensor | None,
+def _check_state_dtype(state: torch.Tensor) -> None:
+    if state.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"state must be float32 or float64, got {state.dtype}")
+
+
+def _check_leaves(
+    accepted_leaf: torch.Tensor, tree: TreeBatch, device: torch.device, *, values: bool
 ) -> None:
-    check_conv_shapes(x, weight, conv_state, tree)
-    check_device(tree, x.device, weight=weight, conv_state=conv_state, bias=bias)
-    _check_slots(conv_state.shape[0], tree.num_requests, state_indices, x.device)
+    """Shape, dtype and device always; unless ``values=False``, each leaf inside its request (a sync)."""
+    check_leaves(accepted_leaf, tree, device)
+    if values and _values_checkable(accepted_leaf):
+        tree.accepted_nodes(accepted_leaf)  # raises on a leaf outside [-1, request size)
+
+
+def _values_checkable(t: torch.Tensor) -> bool:
+    """False while a CUDA graph captures or torch compiles: a graph records kernels, not values, and the
+    capturing (compiling) caller owns the values it replays."""
+    return not (torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 
 _slots_passed: tuple[weakref.ref, int, int] | None = None
 """``(state_indices, its version counter, num_slots)`` of the last slot indices whose values passed
 :func:`_check_slots`. Every GDN layer of a step checks the same tensor, and checking its values costs
-three device syncs; an unmodified tensor (same version) against as many slots or more passes again."""
+three device syncs; an unmodified tensor (same version) against as many slots or more passes again. Writes
+that bypass torch's version counter (through ``.data`` or ``.numpy()``) go unseen: change slot indices with
+tensor operations (the executor's ``copy_``)."""
 
 
 def _passed_before(state_indices: torch.Tensor, version: int | None, num_slots: int) -> bool:
@@ -439,8 +451,8 @@ def _check_slots(
     check_state_indices(state_indices, num_requests, device)
     if not values:
         return
-    if torch.compiler.is_compiling() or (state_indices.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return  # a graph records kernels, not values: the capturing (compiling) caller owns the values
+    if not _values_checkable(state_indices):
+        return
     version = None if state_indices.is_inference() else state_indices._version
     if _passed_before(state_indices, version, num_slots):
         return
@@ -460,8 +472,9 @@ def _check_kv_commit(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
 ) -> None:
-    """The leaves in range, and every written position inside its request's allocated blocks."""
-    tree.accepted_nodes(accepted_leaf)  # raises on a leaf outside [-1, request size)
+    """Every written position inside its request's allocated blocks (the leaves are in range)."""
+    if bool((context_lens < 0).any()):
+        raise ValueError(f"context_lens must not be negative, got {context_lens.tolist()}")
     _, keep, pos, column = kv_cache.accepted_positions(tree, accepted_leaf, context_lens, block_size)
     overflow = keep & (column >= block_tables.shape[1])
     if bool(overflow.any()):
