@@ -55,6 +55,13 @@ def test_generate_leaves_nothing_queued_when_a_prompt_or_a_step_fails(llm, monke
     with pytest.raises(ValueError, match="integer token ids"):
         llm.generate(["def f(x):", ["not a token id"]], use_tqdm=False)
     assert not llm.executor.has_unfinished  # the first prompt was never submitted
+    with monkeypatch.context() as patch:  # settings the executor refuses at submit, on the second prompt
+        patch.setattr(llm.executor, "decode_text", None)
+        with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+            llm.generate(
+                ["def f(x):", "class A:"], [SamplingParams(), SamplingParams(stop=["x"])], use_tqdm=False
+            )
+    assert not llm.executor.has_unfinished  # the first one was submitted, then aborted
 
     def broken_step():
         raise RuntimeError("device lost")
@@ -116,7 +123,7 @@ def test_generate_from_several_threads(llm):
         (lambda llm: list(llm.generate_stream(["a", "b"])), "one prompt, got 2"),
         (lambda llm: llm.generate(["a"], [None], use_tqdm=False), "must be SamplingParams, got None"),
         (lambda llm: LLM(max_batch_size=0), "max_batch_size must be an integer of at least 1, got 0"),
-        (lambda llm: LLM(max_seq_len=1), "max_seq_len must be an integer of at least 2, got 1"),
+        (lambda llm: LLM(max_seq_len=2), "max_seq_len must be an integer of at least 3, got 2"),
         (lambda llm: LLM(max_seq_len=4097), "max_seq_len 4097 exceeds the model's max_position_embed"),
         (lambda llm: LLM(device="meta"), "device must be 'cpu', 'cuda' or 'cuda:N', got 'meta'"),
         (lambda llm: SamplingParams(seed=2**64), "seed"),

@@ -73,7 +73,8 @@ def _stream(args: argparse.Namespace, llm: LLM, prompt: str | list[int], params:
     print(
         f"\n\n[{args.mode}] finish: {last.outputs[0].finish_reason}; {forwards}; "
         f"drafted {s.drafted}, accepted by verification {s.accepted} (rate {s.acceptance_rate:.2f}; the last "
-        f"step's may run past --max-tokens); mean accepted tokens per step {s.mean_accepted_tokens:.2f}",
+        f"step's may run past --max-tokens or a stop); mean accepted tokens per step "
+        f"{s.mean_accepted_tokens:.2f}",
         file=sys.stderr,
     )
     return 0

@@ -28,7 +28,7 @@ from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
-from trtllm_bole.spec.scheduler import Request, SpecStats
+from trtllm_bole.spec.scheduler import MIN_SEQ_LEN, Request, SpecStats
 from trtllm_bole.text import TextDelta, Tokenizer, cut_at_stop
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "qwen35-code-tiny"
@@ -139,15 +139,18 @@ class LLM:
 
         A prompt that cannot be served (too long, empty, ids out of range) gets an output with
         ``error`` set and ``finish_reason == "error"``; the others run to completion. A prompt that
-        cannot be encoded raises before anything is submitted; a step that raises aborts this call's
-        unfinished requests before the error propagates (none is left queued for a later call).
+        cannot be encoded raises before anything is submitted; settings the executor refuses, or a step
+        that raises, abort this call's unfinished requests before the error propagates (none is left
+        queued for a later call).
         """
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
         prompt_ids = [self.encode(p) for p in prompts]
-        with self._lock:
-            requests = [self.executor.submit(ids, sp) for ids, sp in zip(prompt_ids, params, strict=True)]
+        requests: list[Request] = []
         try:
+            with self._lock:  # a refused submission (stop strings without a tokenizer) aborts those before
+                for ids, sp in zip(prompt_ids, params, strict=True):
+                    requests.append(self.executor.submit(ids, sp))
             with tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm) as bar:
                 done = sum(r.finished for r in requests)
                 bar.update(done)
@@ -330,7 +333,7 @@ def _check_settings(
     check_device(device)
     for name, value, least in (
         ("max_batch_size", max_batch_size, 1),
-        ("max_seq_len", max_seq_len, 2),  # a prompt token and the one its prefill emits
+        ("max_seq_len", max_seq_len, MIN_SEQ_LEN),
         ("kv_cache_tokens", kv_cache_tokens, 1),
         ("block_size", block_size, 1),
     ):

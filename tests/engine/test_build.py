@@ -128,7 +128,7 @@ def test_missing_or_invalid_checkpoint(tmp_path):
             BuildSettings(max_draft_nodes=600),
             r"max_draft_nodes 600 cannot be served: .*less than or equal to 512",
         ),
-        (BuildSettings(max_seq_len=1), "max_seq_len must be at least 2"),
+        (BuildSettings(max_seq_len=2), "max_seq_len must be at least 3"),
         (
             BuildSettings(max_seq_len=8192),
             r"max_seq_len 8192 exceeds the model's max_position_embeddings 4096",

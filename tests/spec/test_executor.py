@@ -3,6 +3,7 @@ and no leaked slots or blocks under churn."""
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -222,7 +223,15 @@ def test_stop_tokens_and_limits(config):
 def test_bad_requests(config):
     ex = Executor(random_model(config, seed=3), BoleConfig(mode="ar"))
     r = ex.submit([3, 99], SamplingParams())
-    assert r.finish_reason == "error" and "outside [0, 16)" in r.error
+    assert r.finish_reason == "error" and "token ids [99] are not integers in [0, 16)" in r.error
+    good = ex.submit([1, 2, 3], SamplingParams(max_tokens=4))
+    for ids in ([1.5], [2.0], [np.float32(3)], ["a"], [None]):  # refused alone (a float crashed the step)
+        r = ex.submit(ids, SamplingParams())
+        assert r.finish_reason == "error" and "are not integers in [0, 16)" in r.error, ids
+    assert ex.submit([np.int64(1), torch.tensor(2)], SamplingParams(max_tokens=4)).prompt_ids == [1, 2]
+    while ex.has_unfinished:
+        ex.step()
+    assert good.finish_reason == "length" and len(good.output_ids) == 4
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         ex.submit([1], SamplingParams(stop=["x"]))
     no_mtp = random_model(config, seed=3, mtp=False)
@@ -389,6 +398,19 @@ def test_stop_strings_are_found_in_a_byte_level_tail_of_the_output():
         assert _ends_in_stop(decode, ids, ["never", stop])
         assert not _ends_in_stop(decode, ids[:-1], [stop])
     assert not _ends_in_stop(decode, list(b"\n\n") + body, ["\n\n"])  # an old match ended an old step
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_seq_len": 2}, "max_seq_len must be at least 3, got 2"),
+        ({"block_size": 0}, "block_size must be at least 1, got 0"),
+        ({"max_batch_size": 0}, "max_batch_size must be at least 1, got 0"),
+    ],
+)
+def test_limits_that_serve_nothing_are_refused_by_name(config, settings, message):
+    with pytest.raises(ValueError, match=message):
+        Executor(random_model(config, seed=3), BoleConfig(mode="ar"), **settings)
 
 
 def test_a_kv_cache_that_serves_no_request_is_refused(config):

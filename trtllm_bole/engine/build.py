@@ -41,6 +41,7 @@ from trtllm_bole.models.config import (
 )
 from trtllm_bole.models.loader import checkpoint_files, load_model
 from trtllm_bole.spec.calibration import CalibrationSettings, calibrate_model
+from trtllm_bole.spec.scheduler import MIN_SEQ_LEN
 from trtllm_bole.text import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,11 @@ class BuildSettings:
                 f"max_draft_depth {self.max_draft_depth} / max_draft_nodes {self.max_draft_nodes} cannot "
                 f"be served: {reasons}"
             ) from None
-        if self.max_seq_len < 2:
-            raise ValueError("max_seq_len must be at least 2 (a prompt token and an output token), got 1")
+        if self.max_seq_len < MIN_SEQ_LEN:
+            raise ValueError(
+                f"max_seq_len must be at least {MIN_SEQ_LEN} (a context of max_seq_len - 1 tokens: a prompt "
+                f"token and an output token), got {self.max_seq_len}"
+            )
         return BuildSettings(
             dtype, self.max_batch_size, self.max_seq_len, self.max_draft_depth, self.max_draft_nodes
         )

@@ -22,6 +22,7 @@ free when no profiler runs.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,7 @@ from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.draft_graphs import DraftGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
-from trtllm_bole.spec.scheduler import BlockManager, Request, Scheduler, SlotPool, kv_tokens
+from trtllm_bole.spec.scheduler import MIN_SEQ_LEN, BlockManager, Request, Scheduler, SlotPool, kv_tokens
 from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs
 from trtllm_bole.transfer import HostCopy, device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
@@ -106,6 +107,14 @@ class QueuedOutcome:
         )
 
 
+def _is_token_id(t: Any, vocab: int) -> bool:
+    """An integer (of any integer type: numpy's, a 0-d tensor's) in ``[0, vocab)``; 1.0 is not one."""
+    try:
+        return 0 <= operator.index(t) < vocab
+    except TypeError:
+        return False
+
+
 class Executor:
     def __init__(
         self,
@@ -126,6 +135,11 @@ class Executor:
                 f"mode {bole.mode!r} drafts with the checkpoint's MTP module, which this model lacks; "
                 "use BoleConfig(mode='ar') or a checkpoint with mtp.* tensors"
             )
+        limits = (("max_batch_size", max_batch_size, 1), ("max_seq_len", max_seq_len, MIN_SEQ_LEN),
+                  ("block_size", block_size, 1))  # fmt: skip
+        for name, value, least in limits:
+            if value < least:
+                raise ValueError(f"{name} must be at least {least}, got {value}")
         model.config.check_seq_len(max_seq_len)
         self.model = model
         self.bole = bole
@@ -178,11 +192,13 @@ class Executor:
         if params.stop and self.decode_text is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         vocab = self.model.config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        request = Request(self._next_id, list(prompt_ids), params)
+        bad = [t for t in prompt_ids if not _is_token_id(t, vocab)]
+        ids = list(prompt_ids) if bad else [operator.index(t) for t in prompt_ids]
+        request = Request(self._next_id, ids, params)
         self._next_id += 1
         if bad:
-            request.finish_reason, request.error = "error", f"token ids {bad[:5]} outside [0, {vocab})"
+            request.finish_reason = "error"
+            request.error = f"token ids {bad[:5]} are not integers in [0, {vocab})"
             request.state = request.state.FINISHED
             return request
         self.scheduler.add(request)

@@ -25,11 +25,12 @@ class RequestState(enum.Enum):
 class SpecStats:
     steps: int = 0  # target forwards (verify steps) after prefill
     drafted: int = 0  # draft tokens verified (tree nodes minus the pending token)
-    accepted: int = 0  # draft tokens accepted
+    accepted: int = 0  # draft tokens verification accepted (the last step's may pass a stop or max_tokens)
 
     @property
     def mean_accepted_tokens(self) -> float:
-        """Tokens emitted per verify step: accepted drafts plus the bonus token (MAT)."""
+        """Tokens verification accepted per step: accepted drafts plus the bonus token (MAT). A request's
+        output can be shorter: its last step's tokens past a stop or ``max_tokens`` are dropped."""
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
 
     @property
@@ -103,6 +104,11 @@ class SlotPool:
 
     def free(self, slot: int) -> None:
         self._free.append(slot)
+
+
+MIN_SEQ_LEN = 3
+"""The least ``max_seq_len`` that serves a request: a context of ``max_seq_len - 1`` tokens (the limit in
+every mode) holding a prompt token and the token its prefill emits."""
 
 
 def kv_tokens(max_seq_len: int, tree_tokens: int) -> int:
