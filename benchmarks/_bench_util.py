@@ -6,7 +6,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,6 +234,11 @@ def exact_outputs(x: Inputs) -> tuple[torch.Tensor, ...]:
 
 def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def passes(errors: Iterable[float], tol: float) -> bool:
+    """Every error is a number within ``tol``: a NaN fails (``max`` and ``>`` both let one through)."""
+    return all(e <= tol for e in errors)
 
 
 def tree_of(trees: list[list[int]], device: str) -> TreeBatch:

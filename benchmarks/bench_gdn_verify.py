@@ -164,7 +164,7 @@ class Bench:
             return self.checked[key]
         try:
             errors, tol = run()
-            ok = all(e <= tol for e in errors.values())
+            ok = U.passes(errors.values(), tol)
         except Exception as exc:
             self.r.error(f"check {what}", exc)
             errors, tol, ok = {}, None, False
@@ -181,11 +181,20 @@ class Bench:
         blocked = max_nodes is not None and max_nodes > cfg.bt
         from trtllm_bole.testing import chain_parents, topk_parents
 
+        # A request of the timed size where it fits the tile (the tile full, as timed), else of 48 nodes.
+        size = max_nodes if max_nodes is not None and not blocked else 48
+
         def run():
-            key = ("serving", hv, depth, blocked)  # one input set and truth per shape, for every candidate
+            key = (
+                "serving",
+                hv,
+                depth,
+                blocked,
+                size,
+            )  # one input set and truth per shape, for every candidate
             if key not in self._check_inputs:
                 big = [topk_parents(100, 4, depth)] if blocked else []
-                x = self.inputs([*big, topk_parents(48, 4, depth), chain_parents(depth), [-1]], hv)
+                x = self.inputs([*big, topk_parents(size, 4, depth), chain_parents(depth), [-1]], hv)
                 self._check_inputs[key] = (x, U.exact_outputs(x))
             x, (o, _, u, log_p) = self._check_inputs[key]
             o_k, u_k, lp_k = self.bole(x, cand)
@@ -196,7 +205,7 @@ class Bench:
             }, TOL_SERVING
 
         what = f"bole {cfg} {precision} HV={hv} d={depth}{' blocked' if blocked else ''}"
-        return self._check(("bole", cfg, precision, hv, squarings, blocked), what, run)
+        return self._check(("bole", cfg, precision, hv, squarings, blocked, size), what, run)
 
     def check_bole_exact(self, cfg, hv: int) -> bool:
         from trtllm_bole.testing import chain_parents, topk_parents
@@ -216,11 +225,19 @@ class Bench:
     def check_serial(self, cfg, hv: int) -> bool:
         from trtllm_bole.testing import chain_parents, topk_parents
 
-        def run():
+        def run():  # the verify, then the accepted-state copy timed with it (serial_total_us)
             x = self.inputs([topk_parents(40, 4, 8), chain_parents(9)], hv)
             o, states, _, _ = U.exact_outputs(x)
             o_k, snaps = self.serial(x, cfg)
-            return {"o": U.rel_rms(o_k, o), "snapshots": U.rel_rms(snaps, states)}, TOL_SERVING
+            leaves = torch.tensor([17, 8], device=x.state.device)
+            committed = x.state.clone()
+            self.serial_mod.gdn_snapshot_commit(committed, snaps, x.tree, leaves)
+            accepted = states[x.tree.accepted_nodes(leaves)]
+            return {
+                "o": U.rel_rms(o_k, o),
+                "snapshots": U.rel_rms(snaps, states),
+                "committed": U.rel_rms(committed, accepted),
+            }, TOL_SERVING
 
         return self._check(("serial", cfg, hv), f"tree-serial {cfg} HV={hv}", run)
 

@@ -34,3 +34,11 @@ def test_factor_phase_alone_writes_the_path_log_decay():
     (_, _, log_p), _ = P._launch(x, cfg, "tf32", 1, 1)
     _, _, lp_ref = P._verify(x, cfg, "tf32")
     assert torch.equal(log_p, lp_ref)
+
+
+def test_a_nan_error_fails_the_benchmarks_checks():
+    """``max`` keeps its first argument against a NaN and ``nan > tol`` is False: three scripts' gates let
+    a NaN output be timed."""
+    nan = float("nan")
+    assert not U.passes([2e-3, nan], 1e-2) and not U.passes([nan, 2e-3], 1e-2) and not U.passes([nan], 1e-2)
+    assert U.passes([2e-3, 5e-3], 1e-2) and not U.passes([2e-3, 2e-2], 1e-2)
