@@ -153,7 +153,8 @@ def test_is_cancelled_is_polled_for_running_and_waiting_requests():
 def test_refused_requests_get_an_error_and_the_engine_keeps_serving(engine):
     cases = {
         "empty prompt": ([], SamplingParams(max_tokens=4)),
-        "outside": ([1, 99], SamplingParams(max_tokens=4)),
+        "token ids [99] are not integers in [0,": ([1, 99], SamplingParams(max_tokens=4)),
+        "token ids [1.5] are not integers in [0,": ([1, 1.5], SamplingParams(max_tokens=4)),  # crashed a step
         "tokenizer": ([1, 2], SamplingParams(max_tokens=4, stop=["x"])),  # no decode: no stop strings
         "exceeds": (list(range(16)) * 10, SamplingParams(max_tokens=4)),
     }
