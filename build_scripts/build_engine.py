@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trtllm_bole.config import check_device
     from trtllm_bole.engine import BuildSettings, build_engine
+    from trtllm_bole.engine.build import BuildStepError
     from trtllm_bole.engine.format import environment
     from trtllm_bole.llm import DEFAULT_MODEL
 
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint, output, settings, device=device, calibration=calibration,
             plan_builder=plan_builder, force=args.force, progress=not args.quiet,
         )  # fmt: skip
-    except (ValueError, OSError) as e:  # bad settings or inputs; an output that cannot be written
+    except (ValueError, OSError, BuildStepError) as e:  # bad inputs, an unwritable output, a failed step
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -16,8 +16,8 @@ draft forest, what ``Qwen35Model.verify`` computes:
   the network from the pre-order interval test (``dfs_order``, ``subtree_size``);
 - MLPs, norms, residuals, lm_head.
 
-Outputs: logits and hidden states, plus what the commit needs: per GDN layer the factors ``u``,
-``log_p`` and the conv inputs, per attention layer the new K/V. The commit itself
+Outputs: logits and hidden states, plus what the commit needs: per GDN layer the factors ``k`` (post-conv,
+L2-normalised), ``u`` and ``log_p`` and the conv inputs, per attention layer the new K/V. The commit itself
 (``bole::gdn_commit``, in place, all layers in one launch) and the KV compaction stay in the runtime.
 """
 
@@ -54,7 +54,14 @@ def require_tensorrt() -> Any:
 def build_plan(staging: Path, config: dict[str, Any]) -> dict[str, Any]:
     """Build ``bole.plan`` next to the staged weights; returns the record kept in ``config.json``."""
     trt = require_tensorrt()
-    import plugins.bole_plugins  # noqa: F401 (registers bole::*)
+    import plugins.bole_plugins as bole_plugins  # registers bole::*
+
+    gpu = config["environment"]["arch"]
+    if gpu != f"sm_{bole_plugins.TARGET_ARCH}":
+        raise RuntimeError(
+            f"the plugins compile for sm_{bole_plugins.TARGET_ARCH} (BOLE_PLUGIN_ARCH) but the build GPU is "
+            f"{gpu}: set BOLE_PLUGIN_ARCH={gpu.removeprefix('sm_')}"
+        )
     from trtllm_bole.engine import format as fmt
     from trtllm_bole.models.config import load_config
 
@@ -74,6 +81,7 @@ def build_plan(staging: Path, config: dict[str, Any]) -> dict[str, Any]:
     return {
         "file": fmt.PLAN,
         "tensorrt": trt.__version__,
+        "plugin_arch": gpu,
         "inputs": net.input_names,
         "outputs": net.output_names,
     }
@@ -287,6 +295,7 @@ class VerifyNetwork:
             aot=True,
         )
         o = verify.get_output(0)
+        self.output(k, f"gdn{li}.k")
         self.output(verify.get_output(1), f"gdn{li}.u")
         self.output(verify.get_output(2), f"gdn{li}.log_p")
         self.output(qkv, f"gdn{li}.conv_input")

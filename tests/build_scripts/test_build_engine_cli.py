@@ -59,6 +59,8 @@ def test_user_mistakes_get_one_line_errors(tmp_path):
     cases = [
         (["--calibration-repeats", "3"], 2, "--calibration-repeats only apply with --calibrate"),
         (["--calibrate", "--calibration-repeats", "0"], 2, "repeats must be at least 1"),
+        (["--calibrate", "--epsilon", "nan"], 2, "epsilon must be a number >= 0, got nan"),
+        (["--calibrate", "--epsilon", "-1"], 2, "epsilon must be a number >= 0, got -1.0"),
         (["--device", "tpu"], 2, "device must be 'cpu', 'cuda' or 'cuda:N'"),
         (["--output", str(tmp_path / "file" / "engine")], 1, "error: "),
     ]

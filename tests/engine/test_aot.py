@@ -11,14 +11,18 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import triton
 
 from trtllm_bole.engine.aot import SPECS, compile_kernel, entry_params, trim_params
 from trtllm_bole.engine.build import BuildSettings
 from trtllm_bole.engine.kernel_set import plugin_io
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.presets import QWEN35_PRESETS
+
+TRITON_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 NINE_B = load_config(QWEN35_PRESETS["qwen3.5-9b"])
 SETTINGS = BuildSettings(dtype="bfloat16").validated("cuda")
@@ -187,7 +191,8 @@ COMPILE = textwrap.dedent(
         open(path, "w").write(p.ptx)
         out[plugin] = {"name": p.kernel_name, "ptx": path, "grid": list(p.launch.grid),
                        "block": list(p.launch.block), "shared": p.launch.shared_mem,
-                       "extra": list(p.extra_args), "params": list(p.params)}
+                       "extra": list(p.extra_args), "params": list(p.params),
+                       "cubin_params": p.kernel.cubin_num_params, "cubin": p.kernel.cubin.hex()}
     print(json.dumps(out))
     """
 )
@@ -209,9 +214,16 @@ def check_ptx(info, tmp_path):
     assert re.search(rf"\.visible \.entry {info['name']}\(", ptx)
     assert len(entry_params(ptx, info["name"])) == len(info["params"])  # exactly TensorRT's launch
     assert info["block"][0] % 32 == 0
-    if shutil.which("ptxas"):  # the PTX assembles for the H200
-        run = subprocess.run(["ptxas", "-arch=sm_90a", info["ptx"], "-o", str(tmp_path / "k.cubin")])
-        assert run.returncode == 0
+    ptxas = shutil.which("ptxas") or str(TRITON_BIN / "ptxas")  # Triton ships one
+    run = subprocess.run([ptxas, "-arch=sm_90a", info["ptx"], "-o", str(tmp_path / "k.cubin")])
+    assert run.returncode == 0  # the PTX assembles for the H200
+    # The cubin (Triton's, untrimmed) declares what the build records: the launch's parameters, then
+    # Triton's scratch pointers, which a launch of the cubin passes as nulls.
+    (tmp_path / "triton.cubin").write_bytes(bytes.fromhex(info["cubin"]))
+    elf = subprocess.run([str(TRITON_BIN / "cuobjdump"), "-elf", str(tmp_path / "triton.cubin")],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    ordinals = {int(o, 16) for o in re.findall(r"Ordinal\s*:\s*0x([0-9a-f]+)", elf)}
+    assert ordinals == set(range(info["cubin_params"])) and info["cubin_params"] > len(info["params"])
 
 
 def test_aot_ptx_for_sm90_commit_and_conv(tmp_path):

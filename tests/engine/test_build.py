@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,6 +141,38 @@ def test_bad_build_settings(settings, message, tmp_path):
         build_engine(DEFAULT_MODEL, tmp_path / "e", settings, device="cpu", progress=False)
 
 
+def test_a_failed_plan_is_a_named_build_error_and_leaves_nothing(tmp_path):
+    """A plan builder that fails as TensorRT's does (build_serialized_network returns None): one
+    BuildStepError naming the step (build_engine.py prints it in one line), no engine, no staging."""
+    from trtllm_bole.engine.build import BuildStepError
+
+    def failing(staging, config):
+        raise RuntimeError("TensorRT failed to build the verify plan (see its log above)")
+
+    with pytest.raises(BuildStepError, match=r"the TensorRT plan: TensorRT failed to build the verify plan"):
+        build_engine(DEFAULT_MODEL, tmp_path / "e", device="cpu", progress=False, plan_builder=failing)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_engine_being_replaced_is_put_back_if_the_new_one_cannot_take_its_place(tmp_path, monkeypatch):
+    output, staging = tmp_path / "engine", tmp_path / ".engine.building-1"
+    for folder, text in ((output, "old"), (staging, "new")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+    rename = Path.rename
+
+    def failing(self, target):
+        if self == staging:
+            raise OSError("disk full")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", failing)
+    with pytest.raises(OSError, match="disk full"):
+        build_mod._swap_in(staging, output)
+    assert (output / "config.json").read_text() == "old"  # it used to stay under a hidden .old-* name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".engine.building-1", "engine"]
+
+
 def test_an_interrupted_build_leaves_no_half_written_engine(engine, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise KeyboardInterrupt  # e.g. Ctrl-C after the weights are written
@@ -204,6 +237,19 @@ def test_a_weight_file_the_build_did_not_write_is_refused(engine, tmp_path):
     shutil.copyfile(weight_file(path), path / "weights" / "extra.safetensors")  # a stray or swapped-in file
     with pytest.raises(ValueError, match=r"extra\.safetensors: not written by the build"):
         load_engine(path)
+
+
+@pytest.mark.parametrize("stray", ["kernels/verify-t0.ptx", "bole.plan", "budget.json"])
+def test_kernels_a_plan_or_a_budget_the_build_did_not_write_are_refused(engine, tmp_path, stray):
+    """Where the build writes: a plan or kernels planted in an engine built without them loaded as is."""
+    path = copy_of(engine, tmp_path)
+    (path / stray).parent.mkdir(exist_ok=True)
+    (path / stray).write_text("{}")
+    with pytest.raises(ValueError, match=rf"{stray.split('/')[-1]}: not written by the build"):
+        load_engine(path)
+    (path / stray).unlink()
+    (path / "notes.txt").write_text("mine")  # elsewhere, a user's file is theirs
+    load_engine(path)
 
 
 def test_tokenizer_files_are_checked_at_build_and_load(tmp_path):

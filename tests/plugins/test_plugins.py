@@ -1,8 +1,10 @@
 """plugins/: the tensorrt.plugin definitions agree with the plain specs, and --tensorrt fails cleanly.
 
-TensorRT's plugin package is exercised for real where it imports (full TensorRT >= 10.8). The lean
-runtime that installs here (tensorrt-lean-cu13 11.4) carries the same tensorrt.plugin code but lacks
-``TensorFormat``, so the package cannot be imported on top of it: those tests skip with that reason.
+TensorRT's plugin package is exercised for real where it imports (full TensorRT >= 10.8); here no
+TensorRT is installed (and the lean runtime, tensorrt-lean-cu13 11.4, carries the same tensorrt.plugin
+code but lacks ``TensorFormat``, so the package cannot be imported on top of it either): those tests
+skip with the reason. What tensorrt.plugin validates at registration (the annotations of every
+decorated function) is checked here from the source instead.
 """
 
 import ast
@@ -21,23 +23,37 @@ DEFS = ast.parse((ROOT / "plugins" / "bole_plugins.py").read_text())
 
 
 def decorated(kind):
-    """plugin id -> parameter names of the function decorated with ``@trtp.<kind>(plugin id)``."""
+    """plugin id -> ``([(parameter, its annotation's source or None)], the return annotation's source)`` of
+    the function decorated with ``@trtp.<kind>(plugin id)``."""
     out = {}
     for node in DEFS.body:
         if isinstance(node, ast.FunctionDef):
             for dec in node.decorator_list:
                 if isinstance(dec, ast.Call) and getattr(dec.func, "attr", None) == kind:
-                    out[dec.args[0].value] = [a.arg for a in node.args.args]
+                    params = [(a.arg, a.annotation and ast.unparse(a.annotation)) for a in node.args.args]
+                    out[dec.args[0].value] = params, node.returns and ast.unparse(node.returns)
     return out
+
+
+DESC = "trtp.TensorDesc"
+AOT_RETURN = "tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]"
 
 
 @pytest.mark.parametrize("plugin", sorted(SPECS))
 def test_definitions_match_the_specs(plugin):
+    """Names in the specs' order, and the annotations tensorrt.plugin requires (it refuses at import a
+    register or aot_impl function whose parameters or return are annotated otherwise)."""
     spec = SPECS[plugin]
-    inputs, attrs = [p.name for p in spec.inputs], [name for name, _ in spec.attrs]
-    assert decorated("register")[plugin] == inputs + attrs
-    assert decorated("autotune")[plugin] == [*inputs, "outputs"]
-    assert decorated("aot_impl")[plugin] == [*inputs, *attrs, "outputs", "tactic"]
+    inputs = [(p.name, DESC) for p in spec.inputs]
+    attrs = [(name, kind.__name__) for name, kind in spec.attrs]
+    outputs = DESC if len(spec.outputs) == 1 else f"tuple[{', '.join([DESC] * len(spec.outputs))}]"
+    assert decorated("register")[plugin] == (inputs + attrs, outputs)
+    params, _ = decorated("autotune")[plugin]
+    assert [name for name, _ in params] == [*(name for name, _ in inputs), "outputs"]
+    assert decorated("aot_impl")[plugin] == (
+        [*inputs, *attrs, ("outputs", f"tuple[{DESC}]"), ("tactic", "int")],
+        AOT_RETURN,
+    )
 
 
 def tensorrt_plugin():

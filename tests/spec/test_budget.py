@@ -14,8 +14,21 @@ def test_budget_is_largest_capacity_within_epsilon():
 def test_budget_rejects_bad_input():
     with pytest.raises(ValueError, match="equal length"):
         budget_from_timings([8], [], 1.0, 0.1)
-    with pytest.raises(ValueError, match="epsilon"):
-        budget_from_timings([8], [1.0], 1.0, -0.1)
+    for epsilon in (-0.1, float("nan"), "0.2", True):
+        with pytest.raises(ValueError, match="epsilon must be a number >= 0"):
+            budget_from_timings([8], [1.0], 1.0, epsilon)
+    assert budget_from_timings([8, 64], [1.0, 9.0], 1.0, float("inf")) == 64  # any verify cost fits
+    with pytest.raises(ValueError, match="epsilon must be a number >= 0"):  # a NaN once gave every bucket
+        BudgetTable(float("nan"), [8], 9, "cpu")  # its smallest budget, and an invalid budget.json
+
+
+def test_calibration_settings_are_checked_before_anything_is_timed():
+    from trtllm_bole.spec.calibration import CalibrationSettings
+
+    with pytest.raises(ValueError, match="epsilon must be a number >= 0"):
+        CalibrationSettings(epsilon=float("nan"))
+    with pytest.raises(ValueError, match="calibration capacities must be positive integers"):
+        CalibrationSettings(capacities=(8, 0))
 
 
 def roofline_timers():
@@ -58,6 +71,14 @@ def test_another_epsilon_needs_the_timings_to_derive_it():
         ValueError, match=r"cannot re-derive a budget at epsilon 0\.5.*serve at its own epsilon 0\.2"
     ):
         table.lookup(4, 100, epsilon=0.5)
+
+
+def test_load_rejects_a_table_with_a_nan_epsilon(tmp_path):
+    path = tmp_path / "budget.json"
+    calibrate(*roofline_timers(), device="cpu", max_depth=9, progress=False).save(path)
+    path.write_text(path.read_text().replace('"epsilon": 0.2', '"epsilon": NaN'))
+    with pytest.raises(ValueError, match=r"budget\.json: not a valid budget table \(epsilon must be"):
+        BudgetTable.load(path)
 
 
 def test_load_rejects_corrupt_tables(tmp_path):

@@ -60,6 +60,7 @@ class CompiledKernel:
     shared: int  # bytes of shared memory per block
     arch: int  # compute capability, e.g. 90
     num_params: int  # parameters the PTX entry declares (after trimming Triton's scratch pointers)
+    cubin_num_params: int  # parameters the cubin's entry declares: Triton's scratch pointers kept
 
 
 def compile_kernel(
@@ -106,8 +107,9 @@ def compile_kernel(
         raise ValueError(f"{meta.name} needs Triton scratch memory, which an AOT launch does not provide")
     runtime_args = sum(1 for a in fn.arg_names if signature[a] != "constexpr")
     ptx = trim_params(compiled.asm["ptx"], meta.name, runtime_args)
+    cubin_params = len(entry_params(compiled.asm["ptx"], meta.name))  # the cubin is Triton's, untrimmed
     return CompiledKernel(
-        meta.name, ptx, compiled.asm["cubin"], meta.num_warps, meta.shared, arch, runtime_args,
+        meta.name, ptx, compiled.asm["cubin"], meta.num_warps, meta.shared, arch, runtime_args, cubin_params,
     )  # fmt: skip
 
 

@@ -92,6 +92,11 @@ class BuildSettings:
         return self.max_draft_depth + 1
 
 
+class BuildStepError(RuntimeError):
+    """A step of the build failed (a kernel's compilation, the TensorRT plan); the message says which,
+    the cause is chained."""
+
+
 PlanBuilder = Callable[[Path, dict[str, Any]], dict[str, Any]]
 """``(staging_dir, engine_config) -> plan record``: writes ``bole.plan`` (see ``plugins/network.py``)."""
 
@@ -129,16 +134,19 @@ def build_engine(
             settings.max_seq_len,
             settings.max_batch_size * (settings.max_draft_nodes + 1),
         )
-    build_id = _build_id(sources, settings, calibration, plan_builder is not None, env)
+    tensorrt = _tensorrt_version() if plan_builder is not None else None  # a new TensorRT rebuilds
+    build_id = _build_id(sources, settings, calibration, tensorrt, env)
     if _keep_existing(output, build_id, force, progress):
         return output, False
 
     output.parent.mkdir(parents=True, exist_ok=True)
-    leftovers = sorted(output.parent.glob(f".{output.name}.building-*"))
+    leftovers = sorted(
+        p for kind in ("building", "old") for p in output.parent.glob(f".{output.name}.{kind}-*")
+    )
     if leftovers:  # a killed build (SIGKILL, out of memory) could not clean up: a whole copy of weights
         log.warning(
-            "%s: staging folders of earlier builds that were killed: %s; remove them once no build of "
-            "this engine runs",
+            "%s: staging (or replaced) folders of earlier builds that were killed: %s; remove them once "
+            "no build of this engine runs",
             output,
             ", ".join(map(str, leftovers)),
         )
@@ -147,7 +155,10 @@ def build_engine(
         config = _stage(checkpoint, staging, model_config, settings, device, calibration, env, progress)
         config.update(build_id=build_id, source={"checkpoint": str(checkpoint.resolve()), "files": sources})
         if plan_builder is not None:
-            config["tensorrt"] = plan_builder(staging, config)
+            try:
+                config["tensorrt"] = plan_builder(staging, config)
+            except RuntimeError as e:
+                raise BuildStepError(f"the TensorRT plan: {e}") from e
         _make_readable(staging)
         config["files"] = fmt.file_entries(staging, progress=progress)
         (staging / fmt.CONFIG).write_text(json.dumps(fmt.seal(config), indent=2) + "\n")
@@ -162,7 +173,7 @@ def _build_id(
     sources: dict,
     settings: BuildSettings,
     calibration: CalibrationSettings | None,
-    tensorrt: bool,
+    tensorrt: str | None,
     env: dict,
 ) -> str:
     key = {
@@ -174,6 +185,18 @@ def _build_id(
         "schema": fmt.SCHEMA_VERSION,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _tensorrt_version() -> str:
+    """The installed TensorRT's version, read without importing it (the plan builder imports it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("tensorrt", "tensorrt-cu13", "tensorrt-cu12"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 def _keep_existing(output: Path, build_id: str, force: bool, progress: bool) -> bool:
@@ -222,11 +245,17 @@ def _make_readable(root: Path) -> None:
 
 
 def _swap_in(staging: Path, output: Path) -> None:
+    """``staging`` becomes ``output``; an engine already there is put back if that fails."""
     old = None
     if output.exists():
         old = output.parent / f".{output.name}.old-{os.getpid()}-{time.time_ns()}"
         output.rename(old)
-    staging.rename(output)
+    try:
+        staging.rename(output)
+    except BaseException:
+        if old is not None:
+            old.rename(output)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -298,7 +327,10 @@ def _compile_kernels(
     records = []
     jobs = engine_payloads(config, settings)
     for key, job in tqdm(jobs.items(), desc="compiling Bole kernels", unit="kernel", disable=not progress):
-        payload = job(arch)
+        try:
+            payload = job(arch)
+        except Exception as e:  # Triton's compiler or ptxas: name the kernel, keep the cause chained
+            raise BuildStepError(f"compiling kernel {key} for sm_{arch} failed: {e}") from e
         (out / f"{key}.ptx").write_text(payload.ptx)
         (out / f"{key}.cubin").write_bytes(payload.kernel.cubin)
         records.append(
@@ -310,6 +342,8 @@ def _compile_kernels(
                 "block": list(payload.launch.block),
                 "shared_mem": payload.launch.shared_mem,
                 "params": list(payload.params),
+                # The cubin keeps Triton's unused scratch pointers after these: launch it with as many nulls.
+                "cubin_trailing_null_params": payload.kernel.cubin_num_params - payload.kernel.num_params,
             }
         )
     return {"compiled": True, "arch": env["arch"], "triton": env["triton"], "list": records}

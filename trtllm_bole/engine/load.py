@@ -188,7 +188,8 @@ def check_device_compat(config: dict[str, Any], present: dict[str, Any], path: P
 
 def _check_files(path: Path, config: dict[str, Any], progress: bool) -> None:
     listed = {path / rel for rel in config["files"]}
-    present = [*(path / fmt.WEIGHTS_DIR).rglob("*"), *(path / name for name in fmt.TOKENIZER_FILES)]
+    own = [path / name for name in (*fmt.TOKENIZER_FILES, fmt.BUDGET, fmt.PLAN)]  # names the build may write
+    present = [*(path / fmt.WEIGHTS_DIR).rglob("*"), *(path / fmt.KERNELS_DIR).rglob("*"), *own]
     stray = sorted(f for f in present if f.is_file() and f not in listed)
     if stray:
         raise ValueError(

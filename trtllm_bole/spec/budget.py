@@ -29,14 +29,20 @@ DEFAULT_EPSILON = 0.2
 SCHEMA_VERSION = 1
 
 
+def check_epsilon(epsilon: float) -> None:
+    """ε is a number >= 0 (infinity: any verify cost fits). A NaN compares false everywhere, which made
+    every budget the smallest capacity without a word."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, int | float) or not epsilon >= 0:
+        raise ValueError(f"epsilon must be a number >= 0, got {epsilon!r}")
+
+
 def budget_from_timings(
     capacities: Sequence[int], t_ver: Sequence[float], t_dec: float, epsilon: float
 ) -> int:
     """``max{N : T_ver(N) <= (1 + ε) T_dec}``; the smallest capacity if none qualifies."""
     if len(capacities) != len(t_ver) or not capacities:
         raise ValueError("capacities and t_ver must be non-empty and of equal length")
-    if epsilon < 0:
-        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    check_epsilon(epsilon)
     fitting = [n for n, t in zip(capacities, t_ver, strict=True) if t <= (1 + epsilon) * t_dec]
     return max(fitting) if fitting else min(capacities)
 
@@ -59,6 +65,9 @@ class BudgetTable:
     entries: list[BudgetEntry] = field(default_factory=list)
     gpu_seconds: float = 0.0  # what calibration cost
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)  # a table saved with a NaN epsilon (not even valid JSON) is refused
 
     def lookup(self, batch_size: int, kv_len: int, epsilon: float | None = None) -> int:
         """B_ver for the smallest bucket that covers (batch_size, kv_len); the largest bucket
@@ -98,7 +107,7 @@ class BudgetTable:
                 raise ValueError(f"schema version {data.get('schema_version')}, expected {SCHEMA_VERSION}")
             data["entries"] = [BudgetEntry(**e) for e in data["entries"]]
             return cls(**data)
-        except (OSError, json.JSONDecodeError, TypeError, KeyError) as exc:
+        except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{path}: not a valid budget table ({exc})") from exc
 
 

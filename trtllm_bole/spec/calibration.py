@@ -37,6 +37,7 @@ from trtllm_bole.spec.budget import (
     DEFAULT_KV_BUCKETS,
     BudgetTable,
     calibrate,
+    check_epsilon,
 )
 from trtllm_bole.spec.verify_graphs import VerifyGraphs
 from trtllm_bole.testing import topk_parents
@@ -187,6 +188,13 @@ class CalibrationSettings:
     batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS
     kv_buckets: tuple[int, ...] = DEFAULT_KV_BUCKETS
     timing: TimingSettings = TimingSettings()
+
+    def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)  # before the build times anything
+        for name in ("capacities", "batch_buckets", "kv_buckets"):
+            values = getattr(self, name)
+            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(f"calibration {name} must be positive integers, got {values!r}")
 
     def fitted(self, max_batch: int, max_seq_len: int, max_tokens: int) -> CalibrationSettings:
         """Buckets an engine can meet: batches up to ``max_batch``, KV lengths below ``max_seq_len``,
