@@ -75,6 +75,7 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int) -> dict:
         "seconds_synchronised": timed["seconds"],
         "ms_per_step": {name: 1e3 * sec / steps for name, sec in clock.seconds.items()},
         "host_ms_per_step": {name: 1e3 * sec / steps for name, sec in clock.host_seconds.items()},
+        "_outputs": free["_outputs"],
     }
 
 
@@ -85,14 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     bole_args = PROFILED_SPECULATION
     runs = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        for mode in args.modes.split(","):
-            r = profile(llm, mode, bole_args, data, batch)
-            runs.append(r)
+        rows = [profile(llm, mode, bole_args, data, batch) for mode in args.modes.split(",")]
+        ar = next((r["_outputs"] for r in rows if r["mode"] == "ar"), None)
+        for r in rows:  # greedy speculation must decode what plain decoding does (None: ar not profiled)
+            r["identical_to_ar"] = None if ar is None else r.pop("_outputs") == ar
+            r.pop("_outputs", None)
             phases = " ".join(f"{k} {v:.1f}" for k, v in r["ms_per_step"].items())
             print(
-                f"{mode:<12} b{batch:>3}: {r['output_tokens_per_s_free']:7.1f} tok/s free, "
-                f"{r['steps']} steps | ms/step synchronised: {phases}"
+                f"{r['mode']:<12} b{batch:>3}: {r['output_tokens_per_s_free']:7.1f} tok/s free, "
+                f"{r['steps']} steps, identical to ar: {r['identical_to_ar']} | ms/step: {phases}"
             )
+        runs += rows
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     result = {
         "what": "wall time per executor phase and step, device synchronised around each phase",

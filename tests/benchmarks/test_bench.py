@@ -143,11 +143,13 @@ def test_profile_host_ranks_the_executor_step(tmp_path, checkpoint):
 def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
     data = tiny_dataset(tmp_path)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--dataset", str(data),
-           "--engine", str(checkpoint), "--modes", "tree-serial,bole", "--batch-sizes", "2",
+           "--engine", str(checkpoint), "--modes", "ar,tree-serial,bole", "--batch-sizes", "2",
            "--out", str(tmp_path)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     result = json.loads((tmp_path / "profile_step_cpu.json").read_text())
-    for r in result["runs"]:
+    assert [r["mode"] for r in result["runs"]] == ["ar", "tree-serial", "bole"]
+    assert all(r["identical_to_ar"] is True and "_outputs" not in r for r in result["runs"])
+    for r in result["runs"][1:]:
         assert r["steps"] > 0 and r["seconds_synchronised"] > 0
         assert set(r["ms_per_step"]) == {"draft", "select", "verify", "accept", "commit", "mtp_follow"}
         assert all(ms > 0 for ms in r["ms_per_step"].values())
