@@ -15,10 +15,10 @@ per scheme, how much of it is GDN verification, and where the budget should sit.
    (``--acceptance``: the JSON of ``eval_acceptance.py``), gives an ESTIMATE of output tokens/s at
    real size — the trained small model stands in for Qwen3.5's MTP acceptance.
 
-Before Bole is timed at a point, one GDN layer's verify runs as the model calls it at that shape (bf16
-q/k/v, fp32 state, the launcher's default config and precision) on random inputs and is checked against
-the float64 reference (:func:`verify_check`, the serving tolerance 1e-2); a point that fails is
-recorded as an error, never timed or reported.
+Before Bole or tree-serial is timed at a point, one GDN layer's verify of that scheme runs as the model
+calls it at that shape (bf16 q/k/v, fp32 state; for Bole the launcher's default config and precision) on
+random inputs and is checked against the float64 reference (:func:`verify_check`, the serving tolerance
+1e-2); a point that fails is recorded as an error, never timed or reported (nor is their ratio).
 """
 
 from __future__ import annotations
@@ -81,13 +81,22 @@ def random_model_on_device(preset: str, *, device: str, seed: int = 0) -> Qwen35
 
 
 def verify_check(
-    trees: list[list[int]], h: int, hv: int, dk: int, dv: int, device: str, seed: int = 0
+    trees: list[list[int]],
+    h: int,
+    hv: int,
+    dk: int,
+    dv: int,
+    device: str,
+    seed: int = 0,
+    scheme: str = "bole",
 ) -> dict:
-    """One GDN layer's closed-form verify of ``trees`` as the model runs it (bf16 q/k/v, fp32 gates and
-    state, the launcher's default config and precision for this shape) against the float64 reference
-    closed form on the same rounded inputs (itself held to the serial recurrence node by node in CI; the
-    serial walk would keep a float64 state per node, gigabytes at these sizes): relative RMS of ``o`` and
-    ``u``, and whether both pass."""
+    """One GDN layer's verify of ``trees`` as the model runs it (bf16 q/k/v, fp32 gates and state): the
+    closed form (``scheme="bole"``, the launcher's default config and precision for this shape) or the
+    tree-serial kernel (``"serial"``), against the float64 reference closed form on the same rounded inputs
+    (itself held to the serial recurrence node by node in CI; the serial walk would keep a float64 state
+    per node, gigabytes at these sizes): relative RMS of ``o`` (and of ``u`` for the closed form), and
+    whether they pass."""
+    from trtllm_bole.kernels.baselines import tree_serial
     from trtllm_bole.kernels.gdn_tree_verify import gdn_tree_verify
     from trtllm_bole.reference import gdn_tree
     from trtllm_bole.testing import forest, random_gdn_inputs
@@ -97,10 +106,14 @@ def verify_check(
     x = random_gdn_inputs(tree.num_nodes, tree.num_requests, h, hv, dk, dv, generator=gen, device=device)
     q, k, v = (t.to(torch.bfloat16) for t in (x.q, x.k, x.v))
     g, beta, state = (t.float() for t in (x.g, x.beta, x.state))
-    o, u, _ = gdn_tree_verify(q, k, v, g, beta, state, tree, scale=x.scale)
     exact = (q.double(), k.double(), v.double(), g.double(), beta.double(), state.double(), tree)
     o_ref, u_ref, _ = gdn_tree.closed_form_tree_verify(*exact, scale=x.scale)
-    errors = {"o": rel_rms(o, o_ref), "u": rel_rms(u, u_ref)}
+    if scheme == "serial":
+        o, _ = tree_serial.gdn_tree_verify_serial(q, k, v, g, beta, state, tree, scale=x.scale)
+        errors = {"o": rel_rms(o, o_ref)}
+    else:
+        o, u, _ = gdn_tree_verify(q, k, v, g, beta, state, tree, scale=x.scale)
+        errors = {"o": rel_rms(o, o_ref), "u": rel_rms(u, u_ref)}
     return {**errors, "tolerance": CHECK_TOL, "ok": all(e <= CHECK_TOL for e in errors.values())}
 
 
@@ -229,9 +242,10 @@ def measure_model(name: str, args, batches: list[int], per_request: list[int], a
             row = {"batch": batch, "tokens_per_request": n, "decode": decode, "chain9": chain[batch]}
             trees = [topk_parents(n, timer.settings.top_k, timer.settings.depth)] * batch
             row["bole_check"] = verify_check(trees, *gdn_dims, device="cuda")
+            row["tree_serial_check"] = verify_check(trees, *gdn_dims, device="cuda", scheme="serial")
             for scheme, key in (("bole", "bole"), ("serial", "tree_serial")):
-                if scheme == "bole" and not row["bole_check"]["ok"]:
-                    row[key] = {"error": f"verify check failed: {row['bole_check']}"}
+                if not row[f"{key}_check"]["ok"]:
+                    row[key] = {"error": f"verify check failed: {row[f'{key}_check']}"}
                     continue
                 row[key] = step_point(timer, partial(timer.verify, batch, kv, n * batch, scheme))
             if "error" not in row["bole"] and "error" not in row["tree_serial"]:

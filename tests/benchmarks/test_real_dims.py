@@ -124,6 +124,8 @@ def test_verify_check_runs_the_kernel_against_float64_and_catches_a_wrong_one(mo
     trees = [topk_parents(20, 4, 9)] * 2
     ok = verify_check(trees, 2, 4, 32, 32, device="cpu")
     assert ok["ok"] and ok["o"] < 1e-2 and ok["u"] < 1e-2
+    serial = verify_check(trees, 2, 4, 32, 32, device="cpu", scheme="serial")  # the tree-serial kernel
+    assert serial["ok"] and serial["o"] < 1e-2 and "u" not in serial
     real = kernel.gdn_tree_verify
 
     def off(*args, **kwargs):
