@@ -254,20 +254,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-_DRAIN_PARAMETER = re.compile(r'key:\s*"drain_file"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+# A parameters entry in protobuf text format: the ':' before a message is optional, fields may end in ','
+# or ';'. Comments (# to the end of a line) are removed first.
+_DRAIN_PARAMETER = re.compile(
+    r'key\s*:\s*"drain_file"\s*[,;]?\s*value\s*:?\s*\{\s*string_value\s*:\s*"([^"]*)"'
+)
 
 
 def repository_drain_file(repository: Path) -> Path | None:
     """The drain file the ``bole`` model of a filled repository watches (its ``drain_file`` parameter);
-    None where the parameter is unset (empty, or still a ``${...}`` placeholder) or there is no such model."""
+    None where the parameter is unset (empty, or still a ``${...}`` placeholder) or there is no such model.
+    A drain file the launcher could not write on stop (relative, in a missing or read-only folder) is
+    refused now."""
     config = repository / MODEL / "config.pbtxt"
-    match = _DRAIN_PARAMETER.search(config.read_text()) if config.is_file() else None
+    text = re.sub(r"#[^\n]*", "", config.read_text()) if config.is_file() else ""
+    match = _DRAIN_PARAMETER.search(text)
+    if match is None and '"drain_file"' in text:
+        raise SystemExit(f"error: {config}: its drain_file parameter could not be read")
     value = match.group(1).strip() if match else ""
     if not value or value.startswith("${"):
         return None
-    if not Path(value).is_absolute():  # the model's process runs in another working directory
+    path = Path(value)
+    if not path.is_absolute():  # the model's process runs in another working directory
         raise SystemExit(f"error: {config}: drain_file {value!r} must be an absolute path")
-    return Path(value)
+    if not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+        raise SystemExit(f"error: {config}: drain_file {value!r}: its folder is missing or not writable")
+    return path
 
 
 def template_values(args: argparse.Namespace, drain_file: Path) -> dict[str, str]:
@@ -362,7 +374,11 @@ def serve(
         return 1
     drain_file, grace = drain
     if stopping and drain_file is not None and process.poll() is None:
-        request_drain(drain_file, grace)
+        try:
+            request_drain(drain_file, grace)
+        except OSError as e:  # the server is stopped all the same, without the grace
+            warning = f"warning: could not write the drain file ({e}); stopping without draining"
+            print(warning, file=sys.stderr, flush=True)
     code = stop(process, stop_timeout)
     if code is None:
         print(f"error: tritonserver did not stop within {stop_timeout:.0f} s and was killed", file=sys.stderr,

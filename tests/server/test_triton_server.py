@@ -302,23 +302,54 @@ def test_client_refuses_malformed_ids_by_name(ids, capsys):
     assert exit_info.value.code == 2 and "--ids takes comma-separated integers" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    ("drain_file", "watched"),
-    [("/run/bole/drain", Path("/run/bole/drain")), ("", None), ("${drain_file}", None)],
-)
-def test_a_served_repository_s_drain_file_is_its_model_s_parameter(tmp_path, drain_file, watched):
+def served(tmp_path: Path, drain_file: str) -> Path:
     import launch
 
     values = launch.template_values(launch.parse_args([]), Path("/unused")) | {"drain_file": drain_file}
-    assert launch.repository_drain_file(launch.make_repository(tmp_path, values)) == watched
+    return launch.make_repository(tmp_path / "repository", values)
 
 
-def test_a_served_repository_s_relative_drain_file_is_refused(tmp_path):
+@pytest.mark.parametrize("drain_file", ["{tmp}/drain", "", "${drain_file}"])
+def test_a_served_repository_s_drain_file_is_its_model_s_parameter(tmp_path, drain_file):
     import launch
 
-    values = launch.template_values(launch.parse_args([]), Path("/unused")) | {"drain_file": "drain"}
-    with pytest.raises(SystemExit, match="drain_file 'drain' must be an absolute path"):
-        launch.repository_drain_file(launch.make_repository(tmp_path, values))
+    value = drain_file.replace("{tmp}", str(tmp_path))
+    watched = Path(value) if value.startswith("/") else None  # unset: not drained
+    assert launch.repository_drain_file(served(tmp_path, value)) == watched
+
+
+def test_a_served_repository_s_drain_file_is_read_in_any_text_format_spelling(tmp_path):
+    """Protobuf text format: the ':' before a message is optional, fields may end in ',' or ';', and a
+    commented-out line is no parameter (the template's own spelling is one of many Triton reads)."""
+    import launch
+
+    repository = served(tmp_path, f"{tmp_path}/drain")
+    config = repository / "bole" / "config.pbtxt"
+    template = config.read_text()
+    entry = f'key: "drain_file"\n  value: {{ string_value: "{tmp_path}/drain" }}'
+    assert entry in template
+    for spelling in (
+        f'key: "drain_file", value {{ string_value: "{tmp_path}/drain" }}',
+        f'key: "drain_file";\n  value {{string_value:"{tmp_path}/drain"}}',
+        f'# key: "drain_file" value: {{ string_value: "/old/drain" }}\n  {entry}',
+    ):
+        config.write_text(template.replace(entry, spelling))
+        assert launch.repository_drain_file(repository) == tmp_path / "drain", spelling
+    config.write_text(template.replace(entry, 'key: "drain_file" value: { string_value: 7 }'))
+    with pytest.raises(SystemExit, match="its drain_file parameter could not be read"):
+        launch.repository_drain_file(repository)
+
+
+@pytest.mark.parametrize(
+    ("drain_file", "words"),
+    [("drain", "must be an absolute path"), ("{tmp}/missing/drain", "its folder is missing or not writable")],
+)
+def test_a_served_repository_s_drain_file_that_could_not_be_written_is_refused(tmp_path, drain_file, words):
+    """Else the launcher failed while stopping and left tritonserver running."""
+    import launch
+
+    with pytest.raises(SystemExit, match=words):
+        launch.repository_drain_file(served(tmp_path, drain_file.replace("{tmp}", str(tmp_path))))
     assert launch.repository_drain_file(tmp_path / "no-model") is None
 
 
