@@ -204,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     plan_builder = None
     if args.tensorrt:
         sys.path.insert(0, str(ROOT))
-        from plugins.network import build_plan, require_tensorrt
+        from plugins.network import build_plan, check_plugin_arch, require_tensorrt
 
         try:
             require_tensorrt()
+            check_plugin_arch(environment(device)["arch"])  # before the build writes or times anything
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -51,17 +51,23 @@ def require_tensorrt() -> Any:
     return trt
 
 
-def build_plan(staging: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """Build ``bole.plan`` next to the staged weights; returns the record kept in ``config.json``."""
-    trt = require_tensorrt()
-    import plugins.bole_plugins as bole_plugins  # registers bole::*
+def check_plugin_arch(gpu: str) -> None:
+    """The plugins' PTX targets the build GPU (``gpu``: ``"sm_90"``); else ``RuntimeError`` saying how to
+    set ``BOLE_PLUGIN_ARCH``. Needs TensorRT (importing the plugins registers them)."""
+    import plugins.bole_plugins as bole_plugins
 
-    gpu = config["environment"]["arch"]
     if gpu != f"sm_{bole_plugins.TARGET_ARCH}":
         raise RuntimeError(
             f"the plugins compile for sm_{bole_plugins.TARGET_ARCH} (BOLE_PLUGIN_ARCH) but the build GPU is "
             f"{gpu}: set BOLE_PLUGIN_ARCH={gpu.removeprefix('sm_')}"
         )
+
+
+def build_plan(staging: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Build ``bole.plan`` next to the staged weights; returns the record kept in ``config.json``."""
+    trt = require_tensorrt()
+    gpu = config["environment"]["arch"]
+    check_plugin_arch(gpu)
     from trtllm_bole.engine import format as fmt
     from trtllm_bole.models.config import load_config
 

@@ -136,6 +136,17 @@ def test_bad_inputs_are_refused_by_name(llm, call, words):
         call(llm)
 
 
+def test_a_max_seq_len_beyond_the_model_is_refused_before_its_weights_load(monkeypatch):
+    import trtllm_bole.llm as llm_module
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the weights were loaded before max_seq_len was checked")
+
+    monkeypatch.setattr(llm_module, "load_model", loaded)
+    with pytest.raises(ValueError, match="max_seq_len 4097 exceeds the model's max_position_embeddings 4096"):
+        LLM(max_seq_len=4097)
+
+
 def test_an_empty_stream_prompt_is_one_refused_request(llm):
     (out,) = list(llm.generate_stream([]))
     assert out.finished and out.outputs[0].finish_reason == "error" and "empty prompt" in out.error

@@ -23,12 +23,12 @@ from tqdm import tqdm
 
 from trtllm_bole.config import BoleConfig, SamplingParams, check_device, short_repr
 from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
-from trtllm_bole.models.config import eos_token_ids, load_json, read_generation_config
+from trtllm_bole.models.config import eos_token_ids, load_config, load_json, read_generation_config
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
-from trtllm_bole.spec.scheduler import MIN_SEQ_LEN, Request, SpecStats
+from trtllm_bole.spec.scheduler import MIN_SEQ_LEN, Request, SpecStats, check_limits
 from trtllm_bole.text import TextDelta, Tokenizer, cut_at_stop
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "qwen35-code-tiny"
@@ -106,6 +106,7 @@ class LLM:
             max_batch_size = 8 if max_batch_size is None else max_batch_size
             max_seq_len = 1024 if max_seq_len is None else max_seq_len
             torch_dtype = _resolve_dtype(dtype, device)
+            load_config(path).check_seq_len(max_seq_len)  # before the weights load (minutes at 27B)
             self.model = load_model(
                 path, dtype=torch_dtype, device=device, mtp=self.speculative_config.speculates
             )
@@ -148,7 +149,7 @@ class LLM:
         prompt_ids = [self.encode(p) for p in prompts]
         requests: list[Request] = []
         try:
-            with self._lock:  # a refused submission (stop strings without a tokenizer) aborts those before
+            with self._lock:  # a refused submission (stop strings without a tokenizer): abort those before it
                 for ids, sp in zip(prompt_ids, params, strict=True):
                     requests.append(self.executor.submit(ids, sp))
             with tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm) as bar:
@@ -331,14 +332,8 @@ def _check_settings(
     block_size: int,
 ) -> None:
     check_device(device)
-    for name, value, least in (
-        ("max_batch_size", max_batch_size, 1),
-        ("max_seq_len", max_seq_len, MIN_SEQ_LEN),
-        ("kv_cache_tokens", kv_cache_tokens, 1),
-        ("block_size", block_size, 1),
-    ):
-        if value is not None and (not isinstance(value, int) or value < least):
-            raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    check_limits(max_batch_size=(max_batch_size, 1), max_seq_len=(max_seq_len, MIN_SEQ_LEN),
+                 kv_cache_tokens=(kv_cache_tokens, 1), block_size=(block_size, 1))  # fmt: skip
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

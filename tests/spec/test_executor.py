@@ -225,7 +225,7 @@ def test_bad_requests(config):
     r = ex.submit([3, 99], SamplingParams())
     assert r.finish_reason == "error" and "token ids [99] are not integers in [0, 16)" in r.error
     good = ex.submit([1, 2, 3], SamplingParams(max_tokens=4))
-    for ids in ([1.5], [2.0], [np.float32(3)], ["a"], [None]):  # refused alone (a float crashed the step)
+    for ids in ([1.5], [2.0], [np.float32(3)], ["a"], [None], [True]):  # alone (a float crashed the step)
         r = ex.submit(ids, SamplingParams())
         assert r.finish_reason == "error" and "are not integers in [0, 16)" in r.error, ids
     assert ex.submit([np.int64(1), torch.tensor(2)], SamplingParams(max_tokens=4)).prompt_ids == [1, 2]
@@ -403,9 +403,9 @@ def test_stop_strings_are_found_in_a_byte_level_tail_of_the_output():
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"max_seq_len": 2}, "max_seq_len must be at least 3, got 2"),
-        ({"block_size": 0}, "block_size must be at least 1, got 0"),
-        ({"max_batch_size": 0}, "max_batch_size must be at least 1, got 0"),
+        ({"max_seq_len": 2}, "max_seq_len must be an integer of at least 3, got 2"),
+        ({"block_size": 0}, "block_size must be an integer of at least 1, got 0"),
+        ({"max_batch_size": 0}, "max_batch_size must be an integer of at least 1, got 0"),
     ],
 )
 def test_limits_that_serve_nothing_are_refused_by_name(config, settings, message):

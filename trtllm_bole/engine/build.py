@@ -134,7 +134,8 @@ def build_engine(
             settings.max_seq_len,
             settings.max_batch_size * (settings.max_draft_nodes + 1),
         )
-    tensorrt = _tensorrt_version() if plan_builder is not None else None  # a new TensorRT rebuilds
+    # TensorRT's version when a plan is built (a new TensorRT rebuilds); False keeps earlier engines' ids.
+    tensorrt = _tensorrt_version() if plan_builder is not None else False
     build_id = _build_id(sources, settings, calibration, tensorrt, env)
     if _keep_existing(output, build_id, force, progress):
         return output, False
@@ -173,7 +174,7 @@ def _build_id(
     sources: dict,
     settings: BuildSettings,
     calibration: CalibrationSettings | None,
-    tensorrt: str | None,
+    tensorrt: str | bool,
     env: dict,
 ) -> str:
     key = {

@@ -9,7 +9,8 @@ Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 
 - q, k ``[N, H, dk]``; v ``[N, HV, dv]``; g (log decay, <= 0) and beta (0..1) ``[N, HV]``;
   ``HV`` a multiple of ``H`` (value head ``h`` reads key head ``h // (HV // H)``); the gates' values are
-  the caller's (checking them would wait for the device): g > 0 or NaN gives non-finite outputs;
+  the caller's (checking them would wait for the device): g > 0 grows the state instead of decaying
+  it (finite, wrong), a NaN spreads to the outputs;
 - state ``[B, HV, dk, dv]`` (float32/float64), or a slot pool ``[S, HV, dk, dv]`` with
   ``state_indices`` int ``[B]``; a commit may also take every GDN layer at once, ``[L, S, HV, dk, dv]``
   with factors stacked by :func:`stack_factors`;
@@ -226,6 +227,9 @@ def gdn_snapshot_commit(
     check: bool = True,
 ) -> None:
     """Copy each request's accepted snapshot into its state slot (the serial schemes' commit)."""
+    _check_state_dtype(state)
+    if snapshots.dtype != state.dtype:
+        raise ValueError(f"snapshots must be {state.dtype} like the state, got {snapshots.dtype}")
     _check_slots(state.shape[0], tree.num_requests, state_indices, state.device, values=check)
     check_device(tree, state.device, snapshots=snapshots)
     _check_leaves(accepted_leaf, tree, state.device, values=check)
@@ -254,8 +258,9 @@ def gdn_prefill(
 ) -> torch.Tensor:
     """Whole prompts (one chain per request) through the recurrence; ``state`` updated in place.
 
-    Chunks of ``chunk_size`` tokens: each is a chain, verified in closed form and committed whole (on
-    CUDA by the tree kernels, all prompts' chunk ``c`` in one round; ``chunk_size`` <= 64 there)."""
+    Chunks of ``chunk_size`` tokens (1 to 64, the kernels' depth, on every device): each is a chain,
+    verified in closed form and committed whole (on CUDA by the tree kernels, all prompts' chunk ``c`` in
+    one round)."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(
             f"chunk_size must be an integer in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size!r}"

@@ -37,7 +37,15 @@ from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.draft_graphs import DraftGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.sampling import process_logits
-from trtllm_bole.spec.scheduler import MIN_SEQ_LEN, BlockManager, Request, Scheduler, SlotPool, kv_tokens
+from trtllm_bole.spec.scheduler import (
+    MIN_SEQ_LEN,
+    BlockManager,
+    Request,
+    Scheduler,
+    SlotPool,
+    check_limits,
+    kv_tokens,
+)
 from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs
 from trtllm_bole.transfer import HostCopy, device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
@@ -108,7 +116,9 @@ class QueuedOutcome:
 
 
 def _is_token_id(t: Any, vocab: int) -> bool:
-    """An integer (of any integer type: numpy's, a 0-d tensor's) in ``[0, vocab)``; 1.0 is not one."""
+    """An integer (of any integer type: numpy's, a 0-d tensor's) in ``[0, vocab)``; 1.0 and True are not."""
+    if isinstance(t, bool):
+        return False
     try:
         return 0 <= operator.index(t) < vocab
     except TypeError:
@@ -135,11 +145,8 @@ class Executor:
                 f"mode {bole.mode!r} drafts with the checkpoint's MTP module, which this model lacks; "
                 "use BoleConfig(mode='ar') or a checkpoint with mtp.* tensors"
             )
-        limits = (("max_batch_size", max_batch_size, 1), ("max_seq_len", max_seq_len, MIN_SEQ_LEN),
-                  ("block_size", block_size, 1))  # fmt: skip
-        for name, value, least in limits:
-            if value < least:
-                raise ValueError(f"{name} must be at least {least}, got {value}")
+        check_limits(max_batch_size=(max_batch_size, 1), max_seq_len=(max_seq_len, MIN_SEQ_LEN),
+                     block_size=(block_size, 1))  # fmt: skip
         model.config.check_seq_len(max_seq_len)
         self.model = model
         self.bole = bole

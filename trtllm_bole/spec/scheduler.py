@@ -111,6 +111,13 @@ MIN_SEQ_LEN = 3
 every mode) holding a prompt token and the token its prefill emits."""
 
 
+def check_limits(**limits: tuple[int | None, int]) -> None:
+    """Each ``name=(value, least)``: ``value`` an integer of at least ``least``, or None (unset)."""
+    for name, (value, least) in limits.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+
+
 def kv_tokens(max_seq_len: int, tree_tokens: int) -> int:
     """Most KV positions one request may use: a context of at most ``max_seq_len - 1`` tokens (the
     limit in every mode, so that speculation stops where plain decoding does) and, past it, the deepest

@@ -22,6 +22,7 @@ from trtllm_bole.kernels._common import (
     check_contiguous,
     check_device,
     check_gdn_operands,
+    check_leaves,
     check_slot_count,
     gdn_shapes,
     slot_indices,
@@ -182,10 +183,9 @@ def gdn_snapshot_commit(
         raise ValueError(f"snapshots {tuple(snapshots.shape)} do not match state {tuple(state.shape)}")
     if state.shape[:-4] != snapshots.shape[:-4] or state.dtype != snapshots.dtype:
         raise ValueError("state and snapshots must have the same layers and dtype")
-    check_device(tree, state.device, snapshots=snapshots, accepted_leaf=accepted_leaf)
+    check_device(tree, state.device, snapshots=snapshots)
     check_contiguous(state=state, snapshots=snapshots)
-    if accepted_leaf.shape != (tree.num_requests,) or accepted_leaf.dtype.is_floating_point:
-        raise ValueError(f"accepted_leaf must be an integer tensor [B={tree.num_requests}]")
+    leaves = check_leaves(accepted_leaf, tree, state.device)
     num_slots = state.shape[-4]
     check_slot_count(num_slots, tree.num_requests, state_indices)
     slots = slot_indices(state_indices, tree.num_requests, state.device)
@@ -196,7 +196,7 @@ def gdn_snapshot_commit(
         raise ValueError(f"a state of {entry} elements is not a multiple of the copy block {block}")
     grid = (entry // block, layers * tree.num_requests)
     _snapshot_commit_kernel[grid](
-        state, snapshots, accepted_leaf.contiguous(), slots, tree.cu_seqlens,
+        state, snapshots, leaves, slots, tree.cu_seqlens,
         tree.num_requests, num_slots, tree.num_nodes,
         ENTRY=entry, BLOCK=block, USE_SLOTS=state_indices is not None, num_warps=4,
     )  # fmt: skip
