@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from trtllm_bole.config import BoleConfig
 from trtllm_bole.engine import format as fmt
-from trtllm_bole.models.config import Qwen35Config, load_config
+from trtllm_bole.models.config import Qwen35Config, load_config, load_json
 from trtllm_bole.models.model import Qwen35Model
 
 _REBUILD = "rebuild it with `python build_scripts/build_engine.py`"
@@ -131,13 +131,13 @@ def load_engine(
     every file hashed against the build's record, under a progress bar)."""
     path = Path(path)
     config_path = path / fmt.CONFIG
+    if not config_path.is_file():
+        raise ValueError(f"{path}: no {fmt.CONFIG}; is this an engine directory?")
     try:
-        config = json.loads(config_path.read_text())
-    except OSError as e:
-        raise ValueError(f"{path}: no readable {fmt.CONFIG} ({e}); is this an engine directory?") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config_path}: not valid JSON ({e}); the engine is corrupt: {_REBUILD}") from None
-    if not isinstance(config, dict) or config.get("format") != fmt.FORMAT:
+        config = load_json(config_path)
+    except ValueError as e:
+        raise ValueError(f"{e}; the engine is corrupt: {_REBUILD}") from None
+    if config.get("format") != fmt.FORMAT:
         raise ValueError(f"{path}: {fmt.CONFIG} does not describe a trtllm_bole engine")
     if config.get("schema_version") != fmt.SCHEMA_VERSION:
         raise ValueError(
