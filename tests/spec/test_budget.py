@@ -73,6 +73,15 @@ def test_another_epsilon_needs_the_timings_to_derive_it():
         table.lookup(4, 100, epsilon=0.5)
 
 
+def test_a_batch_bucket_larger_than_every_capacity_is_refused_before_timing():
+    def timed(*args):
+        raise AssertionError("timed before the buckets were checked")
+
+    with pytest.raises(ValueError, match=r"batch buckets \[32\] exceed every capacity \[8, 16\]"):
+        calibrate(timed, timed, device="cpu", max_depth=9, capacities=(8, 16), batch_buckets=(1, 32),
+                  progress=False)  # fmt: skip
+
+
 def test_load_rejects_a_table_with_a_nan_epsilon(tmp_path):
     path = tmp_path / "budget.json"
     calibrate(*roofline_timers(), device="cpu", max_depth=9, progress=False).save(path)

@@ -91,8 +91,9 @@ def rejection_step(
 ) -> tuple[int | None, torch.Tensor]:
     """Try deterministic candidates in order against target distribution ``p`` ``[V]``.
 
-    Returns the index of the accepted candidate (or None) and the distribution a bonus token must
-    then be drawn from (the residual after the rejected candidates; ``p`` itself if none).
+    Returns the index of the accepted candidate and the residual it was tested against, or None and the
+    residual after rejecting every candidate: then the distribution the bonus token is drawn from
+    (``p`` itself when there are no candidates).
     """
     residual = p.float()
     for i, token in enumerate(candidates.tolist()):

@@ -130,6 +130,12 @@ def calibrate(
     kv_len)``: one plain decode step. Capacities below the batch size are skipped (every request
     needs its pending token).
     """
+    unserved = [b for b in batch_buckets if not any(n >= b for n in capacities)]
+    if unserved:
+        raise ValueError(
+            f"batch buckets {unserved} exceed every capacity {list(capacities)}: a verify of B requests "
+            "holds at least B tree tokens; add a capacity at least as large"
+        )
     start = time.perf_counter()
     table = BudgetTable(epsilon, list(capacities), max_depth, device)
     buckets = [(b, kv) for b in batch_buckets for kv in kv_buckets]

@@ -1,7 +1,8 @@
 """Turning logits into the distribution a request samples from: temperature, top-k, top-p.
 
-The same function processes the target's and the drafter's logits, so both sides of the lossless
-acceptance test see the same sampling rule (BOLE.md §4).
+The target's logits go through it before acceptance, which tests each draft as a point mass against
+the result (BOLE.md §4); the drafter's go through it too, but only to rank and prune draft candidates
+(a request's drafts then follow its own temperature, top-k and top-p).
 """
 
 from __future__ import annotations
