@@ -194,3 +194,15 @@ def test_prefill_rejects_bad_offsets(case, undispatched):
             ops.gdn_prefill(
                 x.q, x.k, x.v, x.g, x.beta, x.state, torch.tensor([0, 3, 7]), chunk_size=chunk_size
             )
+
+
+def test_trees_deeper_than_the_kernels_are_refused_on_every_device(gen):
+    """The closed form is exact (and tested) to depth 64, the kernels' compiled maximum; on CPU a chain of
+    100 once ran and drifted (1.2e-4 against transformers, 0.42 at 200) where CUDA refused it."""
+    from trtllm_bole.tree import TreeBatch
+
+    tree = TreeBatch.chains([65])
+    x = random_gdn_inputs(tree.num_nodes, 1, 1, 2, 8, 4, generator=gen).cast(torch.float32)
+    with pytest.raises(ValueError, match="tree depth 65 exceeds the kernels' compiled maximum depth 64"):
+        ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, x.state, tree, scale=x.scale)
+    ops.gdn_tree_verify(x.q[:64], x.k[:64], x.v[:64], x.g[:64], x.beta[:64], x.state, TreeBatch.chains([64]))

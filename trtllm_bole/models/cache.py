@@ -203,6 +203,11 @@ class PendingCommit:
         ctx = self.ctx
         accepted_leaf = torch.as_tensor(accepted_leaf, device=ctx.slots.device).long()
         slots = ctx.slots
+        if self.new_k is not None:  # first: its checks refuse a path past the blocks before any state moves
+            ops.kv_commit(
+                self.k_cache, self.v_cache, self.new_k, self.new_v, ctx.tree, accepted_leaf,
+                ctx.block_tables, ctx.context_lens, check=check,
+            )  # fmt: skip
         if self.gdn_factors is not None:
             ops.gdn_commit(self.gdn_state, self.gdn_factors, accepted_leaf, state_indices=slots, check=check)
         if self.gdn_snapshots is not None:
@@ -214,8 +219,3 @@ class PendingCommit:
             ops.conv_state_commit(
                 self.conv_state, self.conv_inputs, ctx.tree, accepted_leaf, state_indices=slots, check=check
             )
-        if self.new_k is not None:
-            ops.kv_commit(
-                self.k_cache, self.v_cache, self.new_k, self.new_v, ctx.tree, accepted_leaf,
-                ctx.block_tables, ctx.context_lens, check=check,
-            )  # fmt: skip

@@ -129,8 +129,11 @@ class Qwen35Model(EmptyInitModule):
         chunked (:func:`trtllm_bole.ops.gdn_prefill`), equal to the recurrence.
         """
         last = ctx.last_of_chains()
+        leaves = last - ctx.tree.cu_seqlens[:-1]
+        if self.config.attn_layer_ids and self.cache is not None:  # before the GDN layers update their state
+            ops.check_kv_room(self.cache.k_cache, ctx.tree, leaves, ctx.block_tables, ctx.context_lens)
         hidden, pending = self._forward_tree(input_ids, ctx, "prefill")
-        pending.commit(last - ctx.tree.cu_seqlens[:-1])
+        pending.commit(leaves)
         return hidden, self.logits(hidden[last])
 
     @torch.no_grad()

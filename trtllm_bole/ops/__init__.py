@@ -31,6 +31,7 @@ from trtllm_bole.kernels._common import (
     check_commit_factors,
     check_conv_commit_shapes,
     check_conv_shapes,
+    check_depth,
     check_device,
     check_kv_shapes,
     check_leaves,
@@ -45,6 +46,7 @@ from trtllm_bole.tree import TreeBatch
 __all__ = [
     "GDNTreeFactors",
     "as_tree",
+    "check_kv_room",
     "chunk_gated_delta_rule",
     "conv_state_commit",
     "forest",
@@ -137,6 +139,7 @@ def gdn_tree_verify(
     The committed state is read, never written. ``scale`` multiplies q when given.
     """
     tree = as_tree(parents, cu_seqlens)
+    check_depth(tree, "gdn_tree_verify")  # the closed form's exactness is tested to this depth, on any device
     _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
     check_device(tree, state.device)
     o, u, log_p = library.gdn_tree_verify(
@@ -178,6 +181,7 @@ def gdn_commit(
     caller built the slot indices' values itself, and nothing waits for the device.
     """
     tree = factors.tree
+    check_depth(tree, "gdn_commit")
     check_commit_factors(state, factors)
     _check_state_dtype(state)
     _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
@@ -357,7 +361,7 @@ def kv_commit(
                  context_lens=context_lens)  # fmt: skip
     _check_leaves(accepted_leaf, tree, k_cache.device, values=check)
     if check and _values_checkable(accepted_leaf):
-        _check_kv_commit(k_cache.shape[1], k_cache.shape[2], tree, accepted_leaf, block_tables, context_lens)
+        check_kv_room(k_cache, tree, accepted_leaf, block_tables, context_lens)
     library.kv_commit(
         k_cache, v_cache, new_k, new_v, *tree_args(tree), accepted_leaf, block_tables, context_lens
     )
@@ -469,15 +473,18 @@ def _check_slots(
         _slots_passed = (weakref.ref(state_indices), version, num_slots)
 
 
-def _check_kv_commit(
-    num_blocks: int,
-    block_size: int,
+def check_kv_room(
+    k_cache: torch.Tensor,
     tree: TreeBatch,
     accepted_leaf: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
 ) -> None:
-    """Every written position inside its request's allocated blocks (the leaves are in range)."""
+    """Every position the accepted paths would be written to lies inside its request's allocated blocks
+    (the leaves in range; a device sync). :func:`kv_commit` checks it; a caller that must refuse before
+    any state moves (a prefill, whose GDN layers update their state as they run) calls it first."""
+    num_blocks, block_size = k_cache.shape[1], k_cache.shape[2]
+    tree.accepted_nodes(accepted_leaf)  # raises on a leaf outside [-1, request size)
     if bool((context_lens < 0).any()):
         raise ValueError(f"context_lens must not be negative, got {context_lens.tolist()}")
     _, keep, pos, column = kv_cache.accepted_positions(tree, accepted_leaf, context_lens, block_size)
