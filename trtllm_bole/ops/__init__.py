@@ -359,7 +359,7 @@ def kv_commit(
     check_kv_shapes(k_cache, v_cache, new_k, new_v, tree, block_tables, context_lens)
     check_device(tree, k_cache.device, v_cache=v_cache, new_k=new_k, new_v=new_v, block_tables=block_tables,
                  context_lens=context_lens)  # fmt: skip
-    _check_leaves(accepted_leaf, tree, k_cache.device, values=check)
+    _check_leaves(accepted_leaf, tree, k_cache.device, values=False)  # check_kv_room checks their range
     if check and _values_checkable(accepted_leaf):
         check_kv_room(k_cache, tree, accepted_leaf, block_tables, context_lens)
     library.kv_commit(
