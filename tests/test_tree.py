@@ -67,6 +67,16 @@ def test_chains_closed_form_equals_build(lengths):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
 
 
+def test_chains_carry_a_depth_bound():
+    """A bound wider than the longest chain pads the paths with -1; one below it is refused."""
+    bounded, exact = TreeBatch.chains([3, 1], max_depth=8), TreeBatch.chains([3, 1])
+    assert (bounded.max_depth, bounded.max_nodes) == (8, 8)
+    assert torch.equal(bounded.paths[:, :3], exact.paths) and bool((bounded.paths[:, 3:] == -1).all())
+    assert torch.equal(bounded.dfs_order, exact.dfs_order) and torch.equal(bounded.depth, exact.depth)
+    with pytest.raises(ValueError, match="below the longest chain"):
+        TreeBatch.chains([3, 1], max_depth=2)
+
+
 @pytest.mark.parametrize("lengths", [[], [3, 0], [-1]])
 def test_chains_refuse_empty_requests(lengths):
     with pytest.raises(ValueError, match="positive length"):

@@ -219,8 +219,8 @@ class LLM:
         if bad:
             raise ValueError(f"warm-up batch sizes must lie in [1, {limit}] (max_batch_size), got {bad}")
         # Two speculative steps per request at the deepest tree; token ids 1-15 exist in any vocabulary.
-        # Prompt lengths 4, 44 and 84 meet the prefill's chunk shapes: a last chunk of <= 16, <= 64 and
-        # <= 32 tokens after a full one of 64 (the commit kernel pads a path to 16, 32 or 64 rows).
+        # Prompt lengths 4, 44 and 84 meet the prefill's chunk shapes: a lone partial chunk, and a full one
+        # of 64 then a partial one (rounds of one chain and of several).
         params = SamplingParams(max_tokens=2 * (self.speculative_config.max_depth + 1), ignore_eos=True)
         lengths = [n for n in (4, 44, 84) if n <= self.executor.scheduler.max_seq_len // 4] or [1]
         for b in tqdm(batch_sizes, desc="warming up", unit="batch", disable=not use_tqdm):

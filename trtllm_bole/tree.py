@@ -117,8 +117,13 @@ class TreeBatch:
         return replace(self, **moved)
 
     @classmethod
-    def chains(cls, lengths: list[int], device: torch.device | str = "cpu") -> TreeBatch:
+    def chains(
+        cls, lengths: list[int], device: torch.device | str = "cpu", *, max_depth: int | None = None
+    ) -> TreeBatch:
         """One chain (a tree with a single path) per request: the shape of prefill and chain drafts.
+        ``max_depth``: a bound on the lengths to carry instead of the longest (the host ints that pick
+        kernels and their tiles; the prefill passes its chunk size, so that a chunk's arithmetic does not
+        depend on the longest chunk beside it).
 
         Its metadata in closed form (what :meth:`build` derives, without the sweeps): node ``i`` of a
         chain has depth ``i + 1``, its path is the chain's first ``i + 1`` nodes, the packed order is
@@ -127,10 +132,12 @@ class TreeBatch:
         prompts), too much to build on the host and copy."""
         if not lengths or any(n <= 0 for n in lengths):
             raise ValueError(f"chains need one positive length per request, got {list(lengths)}")
+        if max_depth is not None and max_depth < max(lengths):
+            raise ValueError(f"max_depth {max_depth} is below the longest chain, {max(lengths)}")
         device = torch.device(device)
         sizes = device_tensor(lengths, device)
         cu_seqlens = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
-        num_nodes, max_depth = sum(lengths), max(lengths)
+        num_nodes, max_depth = sum(lengths), max_depth or max(lengths)
         nodes = torch.arange(num_nodes, device=device)
         request = _owners(sizes, num_nodes)
         local = nodes - cu_seqlens[:-1][request]

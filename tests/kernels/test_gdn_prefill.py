@@ -7,6 +7,7 @@ import torch
 from tests.kernels.helpers import DEVICE, rel_rms
 from trtllm_bole import ops
 from trtllm_bole.kernels import gdn_prefill as kernel
+from trtllm_bole.kernels.gdn_tree_verify import InverseConfig, exact_config
 from trtllm_bole.reference import gdn_tree
 from trtllm_bole.testing import random_gdn_inputs
 from trtllm_bole.tree import TreeBatch
@@ -62,6 +63,12 @@ def test_prefill_in_serving_precision(gen):
     serving_precision_check([70, 9], 2, 4, 16, 32, gen)
 
 
+def test_prefill_in_serving_precision_with_a_key_dim_that_is_not_a_power_of_two(gen):
+    """dk = 48 runs the blocked kernel (the explicit inverse loads whole rows of K)."""
+    assert kernel.prefill_config(48, 32, fp32_exact=False) == exact_config(48, 32)
+    serving_precision_check([5, 3], 1, 2, 48, 32, gen)
+
+
 @pytest.mark.gpu
 def test_prefill_in_serving_precision_at_qwen35_9b_sizes(gen):
     serving_precision_check([262, 64, 1, 130], 16, 32, 128, 128, gen)
@@ -70,21 +77,23 @@ def test_prefill_in_serving_precision_at_qwen35_9b_sizes(gen):
 def test_prefill_config_follows_the_inputs_precision():
     """fp32 inputs run the fp32-exact verify config, 16-bit ones the explicit inverse; neither depends on
     the batch (a prompt's prefill must not depend on the prompts beside it)."""
-    from trtllm_bole.kernels.gdn_tree_verify import InverseConfig, exact_config
-
     assert kernel.prefill_config(128, 128, fp32_exact=True) == exact_config(128, 128)
     assert isinstance(kernel.prefill_config(128, 128, fp32_exact=False), InverseConfig)
 
 
-def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(gen):
-    """Bit for bit: prompt 0 alone, or sharing its rounds with a long and a short prompt."""
-    lengths = [40, 70, 3]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("first", [40, 10], ids=["deep-first", "shallow-first"])
+def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(first, dtype, gen):
+    """Bit for bit: prompt 0 alone, or sharing its rounds with a long and a short prompt. Alone, a
+    prompt of 10 is a chain of depth 10 (the compact factor kernel's); beside one of 70 its round's
+    longest chain is 64 (the dense one's): the chunk size, not the round, picks the factor kernel."""
+    lengths = [first, 70, 3]
     x = random_gdn_inputs(sum(lengths), 3, 2, 4, 16, 32, generator=gen, device=DEVICE)
-    inputs = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta)]
+    inputs = [t.to(dtype) for t in (x.q, x.k, x.v)] + [x.g.float(), x.beta.float()]
     together, alone = x.state.float(), x.state.float()[:1].clone()
     o_together = kernel.gdn_prefill(*inputs, together, lengths, scale=x.scale)
-    o_alone = kernel.gdn_prefill(*(t[:40] for t in inputs), alone, [40], scale=x.scale)
-    assert torch.equal(o_together[:40], o_alone)
+    o_alone = kernel.gdn_prefill(*(t[:first] for t in inputs), alone, [first], scale=x.scale)
+    assert torch.equal(o_together[:first], o_alone)
     assert torch.equal(together[0], alone[0])
 
 

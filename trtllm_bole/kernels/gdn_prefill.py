@@ -6,10 +6,12 @@ and factors, and the factored commit (:mod:`.gdn_commit`) of each chain's last n
 past the chunk. A batch of prompts takes ``ceil(longest / C)`` rounds of a verify and a commit each,
 instead of the torch reference's dozens of small operations per chunk and prompt.
 
-Every round runs the same kernel config (:func:`prefill_config`), whatever the batch: a prompt's
-prefill must not depend on which prompts share its rounds. The launcher's shape-based default would
-switch kernels (and so rounding) with a round's average chunk, so that a prompt's state, and at a
-near-tie its greedy output, would depend on how the scheduler grouped the prompts.
+Every round runs the same kernel config (:func:`prefill_config`) on chains bounded by the chunk size
+(what picks the factor kernel and the number of squarings), whatever the batch: a prompt's prefill
+must not depend on which prompts share its rounds. The launcher's shape-based default would switch
+kernels (and so rounding) with a round's average chunk, and a round's longest chunk would switch the
+factor kernel of its shorter ones, so that a prompt's state, and at a near-tie its greedy output, would
+depend on how the scheduler grouped the prompts.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def prefill_rounds(
             PrefillRound(
                 torch.tensor(rows, device=device),
                 torch.tensor(taking, device=device),
-                TreeBatch.chains(sizes, device=device),
+                TreeBatch.chains(sizes, device=device, max_depth=chunk_size),
                 torch.tensor([size - 1 for size in sizes], device=device),
             )
         )
@@ -67,8 +69,9 @@ def prefill_config(dk: int, dv: int, fp32_exact: bool) -> VerifyConfig | Inverse
     """Serving precisions: the explicit-inverse path in one tile of 64 (any chunk fits), factors and values
     in two launches. fp32 q/k/v (``ieee`` dots): :func:`~.gdn_tree_verify.exact_config`, 12x faster there
     on chains of 64 (40 against 500 µs at the embedded model's heads, benchmarks/results/
-    verify_configs_h200.json)."""
-    if fp32_exact:
+    verify_configs_h200.json); its blocked kernel also serves a dk that is not a power of two, which the
+    explicit-inverse path cannot load."""
+    if fp32_exact or dk & (dk - 1):
         return verify_kernel.exact_config(dk, dv)
     return InverseConfig(64, tile_dividing(dk, 64), tile_dividing(dv, 64), num_warps=4, launches=2, warps1=4)
 
