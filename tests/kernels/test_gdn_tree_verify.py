@@ -448,6 +448,16 @@ def test_default_pair_is_the_measured_best_on_the_h200():
         assert timed[key] <= 1.05 * min(timed.values()), (point["model"], batch, size, key)
 
 
+def test_a_key_dim_that_is_not_a_power_of_two_takes_the_blocked_kernel(gen):
+    """dk = 48: the serving default (a 20-node tree, bf16) and the prefill run the blocked kernel, which
+    tiles any multiple of 16; the explicit-inverse path, which loads whole rows of K, is refused by name."""
+    tree, x = make([topk_parents(20, 4, 8)], 1, 2, 48, 32, gen, dtype=torch.bfloat16)
+    assert isinstance(default_config(20, 1, 2, 48, 32), VerifyConfig)
+    check(run(x, tree, torch.bfloat16), truth(x, tree), SERVING)
+    with pytest.raises(ValueError, match="dk a power of two"):
+        run(x, tree, torch.bfloat16, config=InverseConfig(32, 16, 32, 4, 2, 2))
+
+
 def test_refuses_the_config_that_miscompiles_on_the_h200(gen):
     tree, x = make([topk_parents(20, 4, 8)], 1, 2, 32, 32, gen)
     bad = InverseConfig(32, 32, 32, 4, launches=1)

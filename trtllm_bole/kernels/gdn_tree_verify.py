@@ -356,10 +356,11 @@ def default_config(
       27B, B = 32: 125.3 against 128.8); where it saves none, the few spilled bytes cost (27B, B = 8:
       41.4 against 38.8 µs);
     - smaller or larger trees: the blocked kernel (:func:`blocked_default_config`), faster there (T = 8,
-      16: 30 µs against 36-39 µs; T = 128, 256: 1.3-1.5x at B = 16)."""
+      16: 30 µs against 36-39 µs; T = 128, 256: 1.3-1.5x at B = 16); so is a dk that is not a power of
+      two (the explicit-inverse path loads whole rows of K)."""
     per_request = -(-num_nodes // max(num_requests, 1))
     pairs = num_requests * hv
-    if per_request <= 16 or per_request > 64:
+    if per_request <= 16 or per_request > 64 or dk & (dk - 1):
         return blocked_default_config(num_requests, hv, dk, dv)
     if per_request <= 32:
         picked = (32, 64, 64, 4, 2, 2)
@@ -462,6 +463,11 @@ def gdn_tree_verify(
     if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16 or cfg.bt & (cfg.bt - 1):
         raise ValueError(
             f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv, bt a power of two)"
+        )
+    if isinstance(cfg, InverseConfig) and dk & (dk - 1):
+        raise ValueError(
+            f"{cfg} needs dk a power of two (the explicit-inverse path loads whole rows of K), got dk={dk}; "
+            "the blocked kernel (VerifyConfig) takes any multiple of 16"
         )
     call = VerifyCall(
         *(t.contiguous() for t in (q, k, v, g, beta)), state,
