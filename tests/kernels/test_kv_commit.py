@@ -126,3 +126,18 @@ def test_unchecked_writes_outside_a_request_s_blocks_are_dropped(commit, gen):
         for p in positions
     }
     assert written == inside
+
+
+def test_unchecked_negative_context_lengths_write_only_their_own_positions(gen):
+    """A negative context length (refused by the checked op) puts the path's first nodes before
+    position 0: the kernel drops them rather than writing the block before the request's first one."""
+    tree, k_cache, v_cache, new_k, new_v, tables, _ = case(gen)
+    lens = torch.tensor([-2, 9, 0], device=DEVICE)
+    leaf = torch.tensor([13, -1, -1], device=DEVICE)
+    depth = int(tree.depth[13])
+    k_before = k_cache.clone()
+    kv_commit(k_cache, v_cache, new_k, new_v, tree, leaf, tables, lens)
+    written = {
+        (int(block), int(row)) for block, row in torch.nonzero((k_cache != k_before).any(dim=(0, 3, 4)))
+    }
+    assert written == {(int(tables[0, p // PAGE]), p % PAGE) for p in range(depth - 2)}

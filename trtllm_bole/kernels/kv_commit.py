@@ -30,7 +30,8 @@ def _kv_commit_kernel(
     )
     pos = tl.load(context_lens + b).to(tl.int64) + j
     column = pos // PAGE
-    block = tl.load(block_tables + b * table_width + column, mask=column < table_width, other=-1).to(tl.int64)
+    inside = (pos >= 0) & (column < table_width)
+    block = tl.load(block_tables + b * table_width + column, mask=inside, other=-1).to(tl.int64)
     row = block * PAGE + pos % PAGE
     keep = (leaf >= 0) & (node >= 0) & (block >= 0) & (row < cache_rows)  # drop writes outside the blocks
     cols = tl.arange(0, BLOCK)
@@ -53,7 +54,8 @@ def kv_commit(
 ) -> None:
     """Caches ``[L, num_blocks, block_size, KVH, d]``, new entries ``[L, N, KVH, d]``; in place, no sync
     (the arguments' values are checked by :func:`trtllm_bole.ops.kv_commit`; unchecked, a position
-    outside the request's table or on a negative entry (no block) is dropped)."""
+    outside the request's table (below 0 or past its end) or on a negative entry (no block) is
+    dropped)."""
     check_kv_shapes(k_cache, v_cache, new_k, new_v, tree, block_tables, context_lens)
     check_contiguous(k_cache=k_cache, v_cache=v_cache)
     leaves = check_leaves(accepted_leaf, tree, k_cache.device)
