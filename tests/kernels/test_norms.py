@@ -40,6 +40,7 @@ def test_strided_rows_and_empty_input(gen, nan_outputs):
     assert not q.is_contiguous()
     assert rel_rms(rms_norm(q, weight, 1e-6), truth(q, weight, 1e-6)) <= 1e-6
     assert rms_norm(q[:0], weight, 1e-6).shape == (0, 4, 32)
+    assert rms_norm(torch.zeros(3, 0, device=DEVICE), torch.zeros(0, device=DEVICE), 1e-6).shape == (3, 0)
 
 
 def test_dispatch_checks_the_weight_and_keeps_gradients(gen):

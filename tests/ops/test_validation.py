@@ -55,6 +55,7 @@ def test_tree_arguments(case):
     [
         (torch.tensor([0]), r"integer tensor \[B=2\]"),
         (torch.tensor([0.0, 1.0]), r"integer tensor \[B=2\]"),
+        (torch.tensor([True, False]), r"integer tensor \[B=2\]"),
         (torch.tensor([0, 5]), r"must lie in \[0, 3\)"),
         (torch.tensor([1, 1]), "distinct slots"),
     ],
@@ -183,12 +184,18 @@ def test_conv_rejects(case, gen, undispatched):
         ops.tree_conv1d(x, w, state, tree, bias=torch.zeros(1))
     with pytest.raises(ValueError, match="x must be a floating-point tensor"):
         ops.tree_conv1d(x.long(), w, state, tree)
+    with pytest.raises(ValueError, match="conv_state holds 3 slots but the tree has 2 requests"):
+        ops.tree_conv1d(x, w, torch.zeros(3, 6, 3), tree)
+    with pytest.raises(ValueError, match="conv_state holds 3 slots but the tree has 2 requests"):
+        ops.conv_state_commit(torch.zeros(3, 6, 3), x, tree, torch.tensor([0, 0]))
 
 
 def test_prefill_rejects_bad_offsets(case, undispatched):
     _, x = case
     with pytest.raises(ValueError, match="increase strictly"):
         ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, x.state, torch.tensor([0, 7, 7]))
+    with pytest.raises(ValueError, match="at least one prompt"):
+        ops.gdn_prefill(x.q[:0], x.k[:0], x.v[:0], x.g[:0], x.beta[:0], x.state[:0], torch.tensor([0]))
     for chunk_size in (0, -2, 65, 2.0):
         with pytest.raises(ValueError, match=r"chunk_size must be an integer in \[1, 64\]"):
             ops.gdn_prefill(

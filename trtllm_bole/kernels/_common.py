@@ -219,7 +219,11 @@ def check_kv_shapes(
 
 
 def check_state_indices(state_indices: torch.Tensor, num_requests: int, device: torch.device) -> None:
-    if state_indices.shape != (num_requests,) or state_indices.dtype.is_floating_point:
+    if (
+        state_indices.shape != (num_requests,)
+        or state_indices.dtype.is_floating_point
+        or (state_indices.dtype == torch.bool)
+    ):
         raise ValueError(
             f"state_indices must be an integer tensor [B={num_requests}], got "
             f"{state_indices.dtype} {tuple(state_indices.shape)}"

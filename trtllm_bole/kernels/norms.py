@@ -28,13 +28,14 @@ def _rms_norm_kernel(x, weight, out, n_cols, row_stride, eps, BLOCK: tl.constexp
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The norm of every row of ``x [..., n]`` (rows may be strided, e.g. a split of a projection);
     ``weight [n]``. Returns a contiguous tensor of x's shape and dtype."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if not x.numel():
+        return out
     n = x.shape[-1]
     rows = x.reshape(-1, n)  # a view for the layers' inputs; a copy only for an unusual layout
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if rows.shape[0]:
-        _rms_norm_kernel[(rows.shape[0],)](
-            rows, weight.contiguous(), out, n, rows.stride(0), eps, BLOCK=triton.next_power_of_2(n)
-        )
+    _rms_norm_kernel[(rows.shape[0],)](
+        rows, weight.contiguous(), out, n, rows.stride(0), eps, BLOCK=triton.next_power_of_2(n)
+    )
     return out

@@ -269,8 +269,14 @@ def gdn_prefill(
         raise ValueError(
             f"chunk_size must be an integer in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size!r}"
         )
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point:
-        raise ValueError(f"cu_seqlens must be an integer tensor [B + 1], got {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
+        raise ValueError(
+            f"cu_seqlens must be an integer tensor [B + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+        )
+    if cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"gdn_prefill needs at least one prompt (cu_seqlens [B + 1], B >= 1), got {cu_seqlens.tolist()}"
+        )
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     if int(cu_seqlens[0]) != 0 or bool((lengths <= 0).any()):
         raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {cu_seqlens.tolist()}")
@@ -303,7 +309,7 @@ def tree_conv1d(
     tree = as_tree(parents, cu_seqlens)
     check_conv_shapes(x, weight, conv_state, bias, activation, tree)
     check_device(tree, x.device, weight=weight, conv_state=conv_state, bias=bias)
-    _check_slots(conv_state.shape[0], tree.num_requests, state_indices, x.device)
+    _check_slots(conv_state.shape[0], tree.num_requests, state_indices, x.device, what="conv_state")
     return library.tree_conv1d(
         x, weight, conv_state, *tree_args(tree), bias=bias, activation=activation, state_indices=state_indices
     )
@@ -324,7 +330,14 @@ def conv_state_commit(
     ``x [L, N, C]``.
     """
     check_conv_commit_shapes(conv_state, x, tree)
-    _check_slots(conv_state.shape[-3], tree.num_requests, state_indices, conv_state.device, values=check)
+    _check_slots(
+        conv_state.shape[-3],
+        tree.num_requests,
+        state_indices,
+        conv_state.device,
+        values=check,
+        what="conv_state",
+    )
     check_device(tree, conv_state.device, x=x)
     _check_leaves(accepted_leaf, tree, conv_state.device, values=check)
     library.conv_state_commit(conv_state, x, *tree_args(tree), accepted_leaf, state_indices=state_indices)
@@ -451,10 +464,11 @@ def _check_slots(
     device: torch.device,
     *,
     values: bool = True,
+    what: str = "state",
 ) -> None:
     """Shapes and devices always; the indices' values (three device syncs) unless ``values=False``."""
     global _slots_passed
-    check_slot_count(num_slots, num_requests, state_indices)
+    check_slot_count(num_slots, num_requests, state_indices, what)
     if state_indices is None:
         return
     check_state_indices(state_indices, num_requests, device)
