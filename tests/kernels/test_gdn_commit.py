@@ -76,6 +76,18 @@ def test_all_layers_one_launch_with_slot_pool(bf16_keys, cfg, gen):
         assert torch.equal(pool[i, untouched], before[i, untouched])
 
 
+@pytest.mark.parametrize("cfg", FORMS, ids=["default", "dot", "outer"])
+def test_an_unchecked_leaf_past_its_request_commits_nothing(cfg, gen):
+    """The kernel's own guard (the checked op refuses such leaves first): a leaf one past its request's
+    last node leaves that request's state bit for bit, and reads no other request's nodes."""
+    tree = forest([topk_parents(10, 3, 4), chain_parents(5)], device=DEVICE)
+    ((x, _, factors),) = verified_layers(tree, 1, 2, gen)
+    state = x.state.float().contiguous()
+    before = state.clone()
+    kernel.gdn_commit(state, factors, torch.tensor([10, 5], device=DEVICE), config=cfg)
+    assert torch.equal(state, before)
+
+
 def test_depth_at_maximum_and_beyond(gen):
     tree = forest([chain_parents(MAX_DEPTH), [-1]], device=DEVICE)
     ((x, states, factors),) = verified_layers(tree, 1, 2, gen, 1, 1, 16, 16)

@@ -141,3 +141,13 @@ def test_unchecked_negative_context_lengths_write_only_their_own_positions(gen):
         (int(block), int(row)) for block, row in torch.nonzero((k_cache != k_before).any(dim=(0, 3, 4)))
     }
     assert written == {(int(tables[0, p // PAGE]), p % PAGE) for p in range(depth - 2)}
+
+
+@pytest.mark.parametrize("commit", [kv_commit, write_accepted_kv], ids=["kernel", "reference"])
+def test_unchecked_block_ids_past_the_cache_are_dropped(commit, gen):
+    """A corrupt table (block ids past the cache, refused by the checked op) writes nothing anywhere."""
+    tree, k_cache, v_cache, new_k, new_v, tables, lens = case(gen)
+    tables[0, :] = k_cache.shape[1] + 1
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    commit(k_cache, v_cache, new_k, new_v, tree, torch.tensor([13, -1, -1], device=DEVICE), tables, lens)
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)

@@ -1,6 +1,6 @@
 import pytest
 
-from trtllm_bole.spec.budget import BudgetTable, budget_from_timings, calibrate
+from trtllm_bole.spec.budget import BudgetEntry, BudgetTable, budget_from_timings, calibrate
 
 
 def test_budget_is_largest_capacity_within_epsilon():
@@ -20,6 +20,24 @@ def test_budget_rejects_bad_input():
     assert budget_from_timings([8, 64], [1.0, 9.0], 1.0, float("inf")) == 64  # any verify cost fits
     with pytest.raises(ValueError, match="epsilon must be a number >= 0"):  # a NaN once gave every bucket
         BudgetTable(float("nan"), [8], 9, "cpu")  # its smallest budget, and an invalid budget.json
+
+
+def test_lookup_at_a_bucket_s_edge_takes_that_bucket():
+    """A bucket covers its bounds inclusively: a KV length on an edge is that bucket's, one past it the
+    next one's."""
+    entries = [BudgetEntry(1, 256, 16, 1.0, [1.0, 1.0]), BudgetEntry(1, 1024, 8, 1.0, [1.0, 2.0])]
+    table = BudgetTable(0.2, [8, 16], 8, "test", entries)
+    assert [table.lookup(1, kv) for kv in (256, 257, 1024)] == [16, 8, 8]
+
+
+def test_another_epsilon_keeps_a_capacity_equal_to_the_batch_bucket():
+    """Re-deriving budgets at another epsilon keeps every capacity the bucket's batch can fill (one
+    equal to the batch bucket included) and refuses none."""
+    table = calibrate(
+        lambda batch, kv, n: 1e-3, lambda batch, kv: 1e-3, device="fake", max_depth=8, epsilon=0.0,
+        capacities=[8, 16, 64], batch_buckets=[8], kv_buckets=[256], progress=False,
+    )  # fmt: skip
+    assert table.lookup(8, 100, epsilon=1.0) == 64
 
 
 def test_calibration_settings_are_checked_before_anything_is_timed():

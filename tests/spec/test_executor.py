@@ -2,6 +2,7 @@
 and no leaked slots or blocks under churn."""
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -92,6 +93,99 @@ def test_a_greedy_request_batched_behind_sampled_ones_decodes_as_plain_greedy(co
     while spec.has_unfinished:
         spec.step()
     assert mixed[1].output_ids == ar[0].output_ids and mixed[1].stats.accepted > 0
+
+
+def test_a_seeded_request_samples_the_same_alone_or_batched(config):
+    """A seeded request's tokens are its own: batched behind a sampled request with another top-p and a
+    greedy one, it draws what it draws alone (its own generator, its own nucleus, sampled acceptance)."""
+    bole = BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3)
+    target = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=11)
+    alone = run(Executor(random_model(config, seed=3), bole, max_batch_size=3), [PROMPTS[2]], target)[0]
+    spec = Executor(random_model(config, seed=3), bole, max_batch_size=3)
+    others = (SamplingParams(max_tokens=20, temperature=1.0, seed=5), SamplingParams(max_tokens=20))
+    batch = [
+        spec.submit(PROMPTS[0], others[0]),
+        spec.submit(PROMPTS[2], target),
+        spec.submit(PROMPTS[1], others[1]),
+    ]
+    while spec.has_unfinished:
+        spec.step()
+    assert batch[1].output_ids == alone.output_ids
+
+
+def test_a_sampled_request_s_first_token_comes_from_its_own_prompt(config):
+    """top_k = 1 samples greedily: batched behind another prompt, the request decodes what plain greedy
+    decoding of its own prompt does, from its first token on."""
+    greedy = run(Executor(random_model(config, seed=3), BoleConfig(mode="ar")), [PROMPTS[2]],
+                 SamplingParams(max_tokens=20))[0]  # fmt: skip
+    spec = Executor(random_model(config, seed=3), BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3),
+                    max_batch_size=3)  # fmt: skip
+    spec.submit(PROMPTS[0], SamplingParams(max_tokens=20, temperature=5.0, seed=1))
+    top1 = spec.submit(PROMPTS[2], SamplingParams(max_tokens=20, temperature=1.0, top_k=1, seed=2))
+    while spec.has_unfinished:
+        spec.step()
+    assert top1.output_ids == greedy.output_ids
+
+
+def test_drafts_follow_the_committed_sequence(config):
+    """What drafting reads after steps with accepted drafts: the target's hidden state at the last
+    committed position, MTP cache rows ``(hidden_p, token_{p+1})`` as a prefill of the sequence writes
+    them, and a candidate pool whose every node's log rho is the MTP's log-probability of its path, each
+    draft row fed its parent row's MTP output. Mistakes here cost acceptance, never exactness, so no
+    output comparison would see them."""
+    model = random_model(config, seed=3)
+    spec = Executor(model, BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3), max_batch_size=2)
+    r = spec.submit(PROMPTS[3], SamplingParams(max_tokens=40))
+    while r.stats.accepted < 3 and r.stats.steps < 12:
+        spec.step()
+    assert not r.finished and r.stats.accepted >= 3
+    committed = r.prompt_ids + r.output_ids[:-1]  # the last output token is pending
+    assert r.context_len == len(committed)
+    hidden, _ = model.forward_sequences(torch.tensor([committed]))
+    torch.testing.assert_close(r.runtime.last_hidden, hidden[0, -1], atol=1e-4, rtol=1e-4)
+
+    cache = model.cache
+    written = [t.clone() for t in (cache.mtp_k_cache, cache.mtp_v_cache)]
+    slots, tables = spec._slots_and_tables([r])
+    ctx = StepContext.chains([len(committed) - 1], slots, tables, torch.zeros(1, dtype=torch.long))
+    model.mtp.prefill(hidden[0, :-1], torch.tensor(committed[1:]), ctx)  # rewrites the same rows
+    for got, expected in zip(written, (cache.mtp_k_cache, cache.mtp_v_cache), strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+    pending, pools, draft = r.runtime.pending, [], spec._draft
+    spec._draft = lambda *args: pools.append(draft(*args)) or pools[-1]
+    spec.step()
+    pool = pools[0]
+    for node in range(pool.tokens.numel()):
+        path = [node]
+        while int(pool.parents[path[0]]) >= 0:
+            path.insert(0, int(pool.parents[path[0]]))
+        rows, ids, log_rho = hidden[0][None], [*committed[1:], pending], 0.0
+        for child in path[1:]:
+            mtp_hidden, logits = model.mtp.forward_sequences(rows, torch.tensor([ids]))
+            log_rho += float(logits[0, -1].float().log_softmax(-1)[pool.tokens[child]])
+            rows, ids = torch.cat([rows, mtp_hidden[:, -1:]], 1), [*ids, int(pool.tokens[child])]
+        assert abs(float(pool.log_rho[node]) - log_rho) < 1e-4, node
+    _, logits = model.mtp.forward_sequences(hidden[0][None], torch.tensor([[*committed[1:], pending]]))
+    assert pool.tokens[pool.depth == 2].tolist() == logits[0, -1].topk(3).indices.tolist()
+
+
+def test_the_budget_is_looked_up_for_the_longest_context(config):
+    """The batch's verify budget comes from the bucket of its longest committed context."""
+    entries = [BudgetEntry(64, 16, 4, 1.0, [1.0]), BudgetEntry(64, 10**6, 9, 1.0, [1.0])]
+    spec = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10),
+                    budget=BudgetTable(0.2, [4], 8, "test", entries))  # fmt: skip
+    assert spec._budget([SimpleNamespace(context_len=5), SimpleNamespace(context_len=30)]) == 9
+
+
+def test_the_default_cache_serves_a_full_batch_of_full_length_requests(config):
+    """The default KV cache holds max_batch_size requests of max_seq_len (and a tree past it) at once."""
+    spec = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), max_batch_size=2,
+                    max_seq_len=30, block_size=4)  # fmt: skip
+    for _ in range(2):
+        spec.submit([1, 2, 3, 4, 5], SamplingParams(max_tokens=100))
+    spec.step()
+    assert len(spec.scheduler.running) == 2
 
 
 def test_budget_caps_tree_tokens_per_step(config):

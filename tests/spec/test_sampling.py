@@ -62,3 +62,17 @@ def test_rows_are_independent():
     logits = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0]])
     p = process_logits(logits, torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), torch.tensor([1.0, 1.0]))
     assert p.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+
+
+def test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch():
+    """Draft rows rank tokens as their own request samples them: a greedy request by the plain softmax
+    (a one-hot would leave a chain), a sampled one through its filters (nothing outside its top-k)."""
+    from trtllm_bole.spec.drafter import DraftSettings
+
+    logits = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    settings = DraftSettings.of([0.0, 1.0], [0, 2], [1.0, 1.0], "cpu")
+    request = torch.tensor([0, 1, 1, 0])
+    got = settings.log_probs(logits, request)
+    for i, b in enumerate(request.tolist()):
+        want = logits[i].log_softmax(-1) if b == 0 else row(logits[i].tolist(), top_k=2).log()
+        torch.testing.assert_close(got[i], want)

@@ -29,6 +29,14 @@ def test_admission_reserves_slot_and_blocks_fifo():
     assert s.admit(max_batch=8) == [c]
 
 
+def test_a_request_needing_exactly_the_free_blocks_is_admitted():
+    """With one slot and the blocks a full-length request needs, that request is served, not held."""
+    s = make(n_blocks=4, slots=1)
+    r = req(0, 4, max_tokens=8)  # 4 + 8 + 4 (tree) = 16 positions = all 4 blocks
+    s.add(r)
+    assert s.admit(8) == [r] and s.blocks.num_free == 0
+
+
 def test_fifo_head_waits_for_blocks():
     s = make(n_blocks=5, slots=4)
     big, small = req(0, 12), req(1, 1)
