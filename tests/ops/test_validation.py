@@ -122,7 +122,7 @@ def test_commit_rejects_mismatched_state_and_leaves(case, undispatched):
             ops.gdn_commit(x.state, bad, torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="float32 or float64"):
         ops.gdn_commit(x.state.long(), factors, torch.tensor([0, 0]))
-    with pytest.raises(ValueError, match="snapshots must be torch.float32 like the state"):
+    with pytest.raises(ValueError, match=r"snapshots must be torch\.float32 like the state"):
         snapshots = torch.zeros(tree.num_nodes, *x.state.shape[1:], dtype=torch.float64)
         ops.gdn_snapshot_commit(x.state, snapshots, tree, torch.tensor([0, 0]))
     for leaf, got in [

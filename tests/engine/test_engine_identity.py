@@ -1,0 +1,83 @@
+"""Engine identity and loading: what makes another engine, edits after the build, engines without an
+MTP head, the calibration's capacities."""
+
+import json
+import shutil
+
+import pytest
+
+from trtllm_bole import LLM, BoleConfig
+from trtllm_bole.engine import BuildSettings, build_engine, load_engine
+from trtllm_bole.engine import build as build_mod
+from trtllm_bole.engine import format as fmt
+from trtllm_bole.llm import DEFAULT_MODEL
+from trtllm_bole.models.checkpoint import random_tensors, write_safetensors
+from trtllm_bole.models.config import load_config
+from trtllm_bole.spec.calibration import CalibrationSettings, TimingSettings
+from trtllm_bole.testing import TINY_CONFIG
+
+SMALL = BuildSettings(max_batch_size=1, max_seq_len=64, max_draft_depth=2, max_draft_nodes=3)
+
+
+def test_an_engine_is_identified_by_the_gpu_it_was_built_for():
+    """A build for another GPU architecture (its kernels compiled for it) is another engine."""
+    env = {"trtllm_bole": "1", "torch": "2", "triton": "3", "arch": "sm_90"}
+    ids = {
+        build_mod._build_id({}, SMALL, None, False, {**env, "arch": arch})
+        for arch in ("sm_90", "sm_100", "cpu")
+    }
+    assert len(ids) == 3
+
+
+def test_an_edited_tokenizer_rebuilds(tmp_path):
+    checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
+    path, _ = build_engine(checkpoint, tmp_path / "e", SMALL, device="cpu", progress=False)
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 12345
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"different engine.*--force"):
+        build_engine(checkpoint, path, SMALL, device="cpu", progress=False)
+
+
+def test_an_edited_file_list_is_an_edited_config(tmp_path):
+    """The file list (sizes, hashes) is part of the sealed config: a weight file swapped together with
+    its listed hash is still caught."""
+    path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", SMALL, device="cpu", progress=False)
+    config = json.loads((path / fmt.CONFIG).read_text())
+    rel = next(r for r in config["files"] if r.endswith(".safetensors"))
+    config["files"][rel]["sha256"] = "0" * 64
+    (path / fmt.CONFIG).write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="edited after the build"):
+        load_engine(path)
+
+
+def test_an_engine_without_an_mtp_head_serves_without_speculation(tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(TINY_CONFIG))
+    write_safetensors(checkpoint, random_tensors(load_config(TINY_CONFIG), seed=0, mtp=False))
+    path, _ = build_engine(checkpoint, tmp_path / "e", SMALL, device="cpu", progress=False)
+    engine = load_engine(path)
+    assert engine.config["model"]["has_mtp"] is False
+    assert engine.load_model(mtp=True, progress=False).mtp is None
+    with pytest.raises(ValueError, match="drafts with the checkpoint's MTP module"):
+        LLM(path)
+    assert LLM(path, speculative_config=BoleConfig(mode="ar", max_depth=8)).model.mtp is None
+
+
+def test_calibration_covers_every_tree_token_of_a_full_batch(tmp_path, monkeypatch):
+    """Capacities up to max_batch_size * (max_draft_nodes + 1): the pending token of each request is
+    verified too."""
+    seen = []
+    real = build_mod.calibrate_model
+
+    def spy(model, settings, **kwargs):
+        seen.append(settings)
+        return real(model, settings, **kwargs)
+
+    monkeypatch.setattr(build_mod, "calibrate_model", spy)
+    calibration = CalibrationSettings(
+        capacities=(2, 4, 8), batch_buckets=(1,), kv_buckets=(8,), timing=TimingSettings(warmup=0, repeats=1)
+    )
+    build_engine(DEFAULT_MODEL, tmp_path / "e", SMALL, device="cpu", calibration=calibration, progress=False)
+    assert seen[0].capacities == (2, 4)  # 1 request x (3 drafts + the pending token)

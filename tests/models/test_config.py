@@ -1,0 +1,75 @@
+"""Checkpoint configs at their edges: what a config.json leaves out, older field names, end tokens, a
+config without an MTP layer; and the model's KV cache reuse."""
+
+import json
+
+import pytest
+import torch
+
+from trtllm_bole.models.checkpoint import random_tensors, write_safetensors
+from trtllm_bole.models.config import eos_token_ids, load_config
+from trtllm_bole.models.loader import load_model, random_model
+from trtllm_bole.testing import TINY_CONFIG
+
+
+def test_allocate_cache_never_keeps_a_cache_smaller_than_asked():
+    """Each request is checked against the cache kept at that moment (a larger one since), on every
+    dimension: a kept cache with too few blocks would clamp block ids into other requests' blocks."""
+    model = random_model(load_config(TINY_CONFIG), seed=1)
+    for slots, blocks, block_size in ((4, 20, 4), (8, 20, 4), (4, 21, 4), (9, 8, 4), (2, 30, 4), (2, 2, 8)):
+        cache = model.allocate_cache(slots, blocks, block_size)
+        assert cache.num_slots >= slots and cache.num_blocks >= blocks and cache.block_size == block_size
+        assert model.cache is cache
+
+
+OPTIONAL = (
+    "full_attention_interval", "layer_types", "rope_parameters", "rope_theta", "partial_rotary_factor",
+    "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings", "linear_conv_kernel_dim",
+)  # fmt: skip
+
+
+def test_settings_a_config_leaves_out_take_transformers_defaults():
+    """A ``config.json`` without the optional fields reads as transformers reads it (its
+    ``Qwen3_5TextConfig`` defaults, written out by ``to_dict``)."""
+    transformers = pytest.importorskip("transformers")
+    minimal = {k: v for k, v in TINY_CONFIG.items() if k not in OPTIONAL}
+    minimal["num_hidden_layers"] = 8
+    ours = load_config(minimal)
+    kwargs = {k: v for k, v in minimal.items() if k != "model_type"}
+    theirs = load_config(transformers.Qwen3_5TextConfig(**kwargs).to_dict())
+    for name in ("layer_types", "rope_theta", "rotary_dim", "rms_norm_eps", "tie_word_embeddings",
+                 "max_position_embeddings", "linear_conv_kernel_dim"):  # fmt: skip
+        assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_the_longest_trained_sequence_is_served():
+    config = load_config({**TINY_CONFIG, "max_position_embeddings": 64})
+    config.check_seq_len(64)
+    with pytest.raises(ValueError, match="max_seq_len 65 exceeds"):
+        config.check_seq_len(65)
+
+
+def test_older_configs_rope_scaling_is_read_and_checked():
+    """``rope_scaling`` (the field's name before ``rope_parameters``) carries the same settings."""
+    scaling = {"rope_type": "default", "partial_rotary_factor": 0.5, "rope_theta": 5e5}
+    legacy = load_config({**TINY_CONFIG, "rope_scaling": scaling})
+    assert (legacy.rotary_dim, legacy.rope_theta) == (8, 5e5)
+    with pytest.raises(ValueError, match="rope_type = 'yarn'"):
+        load_config({**TINY_CONFIG, "rope_scaling": {"type": "yarn", "factor": 4.0}})
+
+
+def test_an_end_token_only_the_text_config_declares_is_read(tmp_path):
+    assert eos_token_ids(tmp_path, {"model_type": "qwen3_5", "text_config": {"eos_token_id": 5}}, None) == [5]
+    assert eos_token_ids(tmp_path, {"eos_token_id": 1, "text_config": {"eos_token_id": [5, 1]}}, None) == [
+        1,
+        5,
+    ]
+
+
+def test_a_config_without_an_mtp_layer_loads_no_mtp_head(tmp_path):
+    """``mtp_num_hidden_layers: 0`` says the checkpoint has no MTP module: leftover ``mtp.*`` tensors
+    are not loaded as a drafter."""
+    settings = {**TINY_CONFIG, "mtp_num_hidden_layers": 0}
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    write_safetensors(tmp_path, random_tensors(load_config(settings), seed=0, mtp=True))
+    assert load_model(tmp_path, dtype=torch.float32, progress=False).mtp is None

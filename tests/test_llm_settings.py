@@ -1,0 +1,33 @@
+"""LLM API and speculative settings at their edges."""
+
+import pytest
+
+from trtllm_bole import LLM, BoleConfig
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(max_batch_size=2, max_seq_len=48, speculative_config=BoleConfig(mode="ar"))
+
+
+def test_kv_cache_tokens_round_up_to_whole_blocks():
+    """``kv_cache_tokens`` is a floor: a partial block is a whole one more, never one fewer."""
+    llm = LLM(max_batch_size=1, max_seq_len=48, kv_cache_tokens=40, speculative_config=BoleConfig(mode="ar"))
+    assert llm.executor.cache.num_blocks == 3  # 40 tokens / 16 per block
+    assert (
+        llm.executor.scheduler.request_limit == 47
+    )  # 48 KV tokens hold max_seq_len - 1 and a one-token tree
+
+
+def test_no_prompts_give_no_outputs(llm):
+    assert llm.generate([], use_tqdm=False) == []
+
+
+def test_a_chain_may_be_deeper_than_the_tree_node_limit():
+    """``max_nodes`` bounds trees; a chain drafts ``max_depth`` tokens whatever it says."""
+    chain = BoleConfig(mode="chain", max_depth=8, max_nodes=4)
+    assert chain.draft_tokens == 8 and chain.branching == 1
+    with pytest.raises(ValueError, match=r"max_nodes \(4\) must be at least max_depth \(8\)"):
+        BoleConfig(mode="bole", max_depth=8, max_nodes=4)
+    assert BoleConfig(mode="bole", max_depth=8, max_nodes=8).draft_tokens == 8
+    assert BoleConfig(mode="ar").draft_tokens == 0
