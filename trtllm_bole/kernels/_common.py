@@ -222,7 +222,7 @@ def check_state_indices(state_indices: torch.Tensor, num_requests: int, device: 
     if (
         state_indices.shape != (num_requests,)
         or state_indices.dtype.is_floating_point
-        or (state_indices.dtype == torch.bool)
+        or state_indices.dtype == torch.bool
     ):
         raise ValueError(
             f"state_indices must be an integer tensor [B={num_requests}], got "

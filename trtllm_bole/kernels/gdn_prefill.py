@@ -27,7 +27,7 @@ from trtllm_bole.kernels import gdn_commit as commit_kernel
 from trtllm_bole.kernels import gdn_tree_verify as verify_kernel
 from trtllm_bole.kernels._common import MAX_DEPTH, GDNTreeFactors, tile_dividing
 from trtllm_bole.kernels.gdn_tree_verify import VerifyConfig
-from trtllm_bole.kernels.gdn_tree_verify_inverse import InverseConfig
+from trtllm_bole.kernels.gdn_tree_verify_inverse import InverseConfig, loads_key_dim
 from trtllm_bole.tree import TreeBatch
 
 
@@ -71,7 +71,7 @@ def prefill_config(dk: int, dv: int, fp32_exact: bool) -> VerifyConfig | Inverse
     on chains of 64 (40 against 500 µs at the embedded model's heads, benchmarks/results/
     verify_configs_h200.json); its blocked kernel also serves a dk that is not a power of two, which the
     explicit-inverse path cannot load."""
-    if fp32_exact or dk & (dk - 1):
+    if fp32_exact or not loads_key_dim(dk):
         return verify_kernel.exact_config(dk, dv)
     return InverseConfig(64, tile_dividing(dk, 64), tile_dividing(dv, 64), num_warps=4, launches=2, warps1=4)
 

@@ -65,6 +65,7 @@ from trtllm_bole.kernels.gdn_tree_verify_inverse import (
     bf16_refused,
     check_inverse_config,
     launch_inverse,
+    loads_key_dim,
 )
 from trtllm_bole.tree import TreeBatch
 
@@ -360,7 +361,7 @@ def default_config(
       two (the explicit-inverse path loads whole rows of K)."""
     per_request = -(-num_nodes // max(num_requests, 1))
     pairs = num_requests * hv
-    if per_request <= 16 or per_request > 64 or dk & (dk - 1):
+    if per_request <= 16 or per_request > 64 or not loads_key_dim(dk):
         return blocked_default_config(num_requests, hv, dk, dv)
     if per_request <= 32:
         picked = (32, 64, 64, 4, 2, 2)
@@ -464,7 +465,7 @@ def gdn_tree_verify(
         raise ValueError(
             f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv, bt a power of two)"
         )
-    if isinstance(cfg, InverseConfig) and dk & (dk - 1):
+    if isinstance(cfg, InverseConfig) and not loads_key_dim(dk):
         raise ValueError(
             f"{cfg} needs dk a power of two (the explicit-inverse path loads whole rows of K), got dk={dk}; "
             "the blocked kernel (VerifyConfig) takes any multiple of 16"

@@ -450,6 +450,12 @@ are ``[depth, BT]`` and its back substitution takes ``depth - 1`` dependent step
 prefill's chains of up to 64) take the dense factor kernel's squarings."""
 
 
+def loads_key_dim(dk: int) -> bool:
+    """Whether the explicit-inverse path can serve key dim ``dk``: it loads whole rows of K
+    (``tl.arange(0, dk)``), so ``dk`` must be a power of two; the blocked kernel takes any multiple of 16."""
+    return dk & (dk - 1) == 0
+
+
 def compact_factors(max_depth: int) -> bool:
     """Whether the factors of trees ``max_depth`` deep (rounded up to a power of two, at most
     :data:`COMPACT_MAX_DEPTH`) are formed on compact path tiles (:func:`_path_factors`: the factor
@@ -543,6 +549,7 @@ __all__ = [
     "check_inverse_config",
     "compact_factors",
     "launch_inverse",
+    "loads_key_dim",
     "phase_launch",
     "phases",
 ]
