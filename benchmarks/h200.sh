@@ -12,6 +12,7 @@
 #   bash benchmarks/h200.sh configs   # every verify config at the embedded model's and 9B's heads, fp32 and bf16
 #   bash benchmarks/h200.sh ratios    # the launcher's default vs SGLang, B = 1 and 16, five fresh-input rounds
 #   bash benchmarks/h200.sh ncu       # Nsight Compute on the verify's two kernels at batch 16 (what limits them)
+#   bash benchmarks/h200.sh probe     # what the value-tile kernel waits for: its inputs' traffic, its stores, its on-chip work (+ ncu)
 #   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
 #   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
 set -uo pipefail
@@ -100,7 +101,22 @@ ncu)
     "$NCU" -i /tmp/phases.ncu-rep --page source --csv --print-source sass > /tmp/source.csv
     python benchmarks/ncu_verify_phases.py summarize /tmp/details.csv /tmp/source.csv --out "$OUT"
     ;;
+probe)
+    python benchmarks/probe_value_bytes.py --out "$OUT" > "$OUT/probe_log.txt" 2>&1; echo "probe rc=$?"
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for V in base all; do
+        timeout 200 "$NCU" --clock-control none -k regex:inverse --launch-skip 2 --launch-count 1 --set full \
+            --import-source yes -o "/tmp/value_$V" -f python benchmarks/probe_value_bytes.py --launch "$V" \
+            > "$OUT/ncu_log_$V.txt" 2>&1
+        echo "ncu $V rc=$?"
+        "$NCU" -i "/tmp/value_$V.ncu-rep" --page details --csv > "/tmp/details_$V.csv"
+        "$NCU" -i "/tmp/value_$V.ncu-rep" --page source --csv --print-source sass > "/tmp/source_$V.csv"
+        python benchmarks/ncu_verify_phases.py summarize "/tmp/details_$V.csv" "/tmp/source_$V.csv" --out "$OUT" \
+            --name "ncu_value_tiles_${V}_h200.json" \
+            --profiled "bash benchmarks/h200.sh probe (ncu --set full on probe_value_bytes.py --launch $V)"
+    done
+    ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|depth|ops" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|depth|ops" >&2
     exit 2 ;;
 esac

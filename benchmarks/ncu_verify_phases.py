@@ -42,6 +42,7 @@ SECTIONS = {
     "Memory Workload Analysis": ("L1/TEX Hit Rate", "L2 Hit Rate", "Local Memory Spilling Requests"),
 }  # fmt: skip
 SAMPLES = "Warp Stall Sampling (All Samples)"
+PROFILED = "bash benchmarks/h200.sh ncu (ncu --set full on `launch`, then this summary)"
 
 
 def launch(batch: int) -> None:
@@ -85,6 +86,17 @@ def _kernels_of_source(path: Path) -> list[list[dict]]:
     return [list(csv.DictReader(block)) for block in blocks]
 
 
+def _shared_wavefronts(rows: list[dict]) -> dict[str, int]:
+    """Shared-memory wavefronts of the L1 data pipe by SASS opcode (the tensor cores' operand reads from
+    shared memory count under their HGMMA), largest first."""
+    totals = collections.Counter()
+    for row in rows:
+        words = row["Source"].split()
+        op = words[1] if words and words[0].startswith("@") else (words[0] if words else "")
+        totals[op] += int(_number(row["L1 Wavefronts Shared"]))
+    return {op: n for op, n in totals.most_common() if n}
+
+
 def summarize(details: Path, source: Path, top: int = 12) -> list[dict]:
     kernels: dict[str, dict] = {}
     for row in csv.DictReader(details.open()):
@@ -102,6 +114,7 @@ def summarize(details: Path, source: Path, top: int = 12) -> list[dict]:
         all_samples = sum(totals.values())
         entry["stall_share"] = {c[6:]: round(v / all_samples, 3) for c, v in totals.most_common() if v}
         samples = sum(_number(r[SAMPLES]) for r in rows)
+        entry["shared_wavefronts_by_op"] = _shared_wavefronts(rows)
         entry["top_instructions"] = [
             {
                 "sass": row["Source"].strip(),
@@ -121,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("details", type=Path)
     s.add_argument("source", type=Path)
     s.add_argument("--out", type=Path, required=True)
+    s.add_argument("--name", default="ncu_verify_phases_h200.json")
+    s.add_argument("--profiled", default=PROFILED, help="the run the CSVs come from, for the JSON's meta")
     args = ap.parse_args(argv)
     if args.command == "launch":
         launch(args.batch)
@@ -133,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-        "command": "bash benchmarks/h200.sh ncu (ncu --set full on `launch`, then this summary)",
+        "command": args.profiled,
     }  # fmt: skip
     summary = {"meta": meta, "phases": summarize(args.details, args.source)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ncu_verify_phases_h200.json").write_text(json.dumps(summary, indent=1))
+    (args.out / args.name).write_text(json.dumps(summary, indent=1))
     for entry in summary["phases"]:
         print(json.dumps({k: v for k, v in entry.items() if k != "top_instructions"}))
     return 0
