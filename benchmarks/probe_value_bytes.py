@@ -1,6 +1,7 @@
 """What the value-tile kernel waits for: its inputs' traffic, its stores, or its own on-chip chain.
 
     python benchmarks/probe_value_bytes.py --out DIR    # H200, about 30 s
+    python benchmarks/probe_value_bytes.py --plot-only results/probe_value_bytes_h200.json   # any machine
     ncu ... python benchmarks/probe_value_bytes.py --launch all   # one variant at 9B batch 16, for a profiler
 
 The verify's value-tile kernel (the launcher's default at batch 8-32: two launches, tiles of 64, four
@@ -19,7 +20,8 @@ The edited variants compute wrong outputs by design (a time only); the unedited 
 the float64 serial recurrence first (relative RMS of o under 1e-2) and nothing is timed if it fails.
 CUDA-graph replays with the L2 flushed (``_bench_util.graph_timer``), inputs rotating, two rounds.
 Qwen3.5-9B GDN heads at batch 8, 16 and 32, 27B at 16; top-4 trees of 64 nodes, depth 8, bf16 q/k/v,
-fp32 state. Writes ``<out>/probe_value_bytes_h200.json``. Diagnostic only: no speed-up is reported.
+fp32 state. Writes ``<out>/probe_value_bytes_h200.json`` and a PNG of each variant's time as a share of
+the kept kernel's. Diagnostic only: no speed-up is reported.
 """
 
 from __future__ import annotations
@@ -96,13 +98,49 @@ def load_variant(name: str, edits: tuple[str, ...], folder: Path):
     return module
 
 
+def plot(data: dict, png: Path) -> None:
+    """Each variant's best time as a share of the kept kernel's, one bar per point (no PNG without
+    matplotlib: redraw with ``--plot-only`` where it is installed)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib missing: no PNG (run --plot-only <json> where it is installed)")
+        return
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for row in data["rows"] if row["value_us"]]
+    names = list(VARIANTS)[::-1]
+    fig, ax = plt.subplots(figsize=(9, 6))
+    height = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        kept = min(row["value_us"]["base"])
+        shares = [100 * min(row["value_us"][n]) / kept for n in names]
+        label = f"{row['model']} batch {row['batch']} (kept {kept:.1f} µs)"
+        ax.barh([y + i * height for y in range(len(names))], shares, height, label=label)
+    ax.set_yticks([y + 0.4 - height / 2 for y in range(len(names))], names)
+    ax.axvline(100, color="grey", lw=0.8)
+    ax.set_xlim(0, 140)
+    ax.set_xlabel("% of the kept value-tile kernel's time (CUDA graphs, L2 flushed)")
+    ax.set_title("What the value-tile kernel waits for: inputs read at one address, stores dropped")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--rep-ms", type=int, default=25)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--launch", choices=VARIANTS, help="only launch this variant (9B, batch 16) three times")
+    ap.add_argument("--plot-only", type=Path, metavar="JSON", help="redraw the PNG of a committed result")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(args.plot_only.read_text()), args.plot_only.with_suffix(".png"))
+        return 0
     if not torch.cuda.is_available():
         print("probe_value_bytes.py times GPU kernels: it needs CUDA", file=sys.stderr)
         return 2
@@ -156,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "probe_value_bytes_h200.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {out / 'probe_value_bytes_h200.json'}")
+    data = {"meta": meta, "rows": rows}
+    (out / "probe_value_bytes_h200.json").write_text(json.dumps(data, indent=1))
+    plot(data, out / "probe_value_bytes_h200.png")
+    print(f"wrote {out / 'probe_value_bytes_h200.json'} and its PNG")
     return 0
 
 

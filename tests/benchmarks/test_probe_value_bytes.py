@@ -55,3 +55,11 @@ def test_refuses_to_run_without_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert P.main([]) == 2
     assert "needs CUDA" in capsys.readouterr().err
+
+
+def test_plot_only_redraws_the_committed_result(tmp_path):
+    committed = ROOT / "benchmarks" / "results" / "probe_value_bytes_h200.json"
+    copy = tmp_path / committed.name
+    copy.write_text(committed.read_text())
+    assert P.main(["--plot-only", str(copy)]) == 0
+    assert copy.with_suffix(".png").stat().st_size > 10_000
