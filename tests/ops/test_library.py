@@ -38,6 +38,8 @@ def _samples(tree, x):
     tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
     lengths = torch.tensor([2, 3], dtype=torch.int32, device=DEVICE)
     cu = torch.tensor([0, 5, n], device=DEVICE)
+    queries = torch.randn(n, 2, 8, device=DEVICE)
+    attention = (*(kv[0] for kv in new_kv), *(c[0] for c in caches))  # k, v, k_cache, v_cache of layer 0
     return [
         (library.rms_norm, (x.v, torch.randn(x.v.shape[-1], device=DEVICE), 1e-6), {}),
         (
@@ -69,6 +71,7 @@ def _samples(tree, x):
             {"state_indices": slots},
         ),
         (library.kv_commit, (*caches, *new_kv, *t, _leaves(tree), tables, lengths), {}),
+        (library.tree_attention, (queries, *attention, tables, lengths, *t, 0.3), {}),
     ]
 
 
@@ -81,7 +84,7 @@ def test_every_operator_is_sampled(case):
     assert {op.name().split("::")[1] for op, _, _ in _samples(*case)} == defined
 
 
-@pytest.mark.parametrize("index", range(10))
+@pytest.mark.parametrize("index", range(11))
 def test_opcheck(case, index):
     """Schema (mutated arguments declared, nothing else written), fake against real outputs, and the
     operator under AOT dispatch (what torch.compile runs)."""

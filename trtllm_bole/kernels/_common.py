@@ -53,6 +53,17 @@ def check_device(tree: TreeBatch, device: torch.device, **tensors: torch.Tensor 
         raise ValueError(f"the tree is on {tree.parents.device} but the data is on {device}")
 
 
+H200_SMS = 132
+"""Streaming multiprocessors of the H200 (and H100 SXM): the launchers' wave counts off CUDA."""
+
+
+def num_sms(device: torch.device) -> int:
+    """The device's SM count (a host-side query, no sync); the H200's off CUDA (the interpreter)."""
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def check_contiguous(**tensors: torch.Tensor) -> None:
     """Tensors written in place (states) must be contiguous: a copy would be updated instead."""
     for name, t in tensors.items():
@@ -209,7 +220,12 @@ def check_kv_shapes(
             raise ValueError(
                 f"{name} must be [L={layers}, N={tree.num_nodes}, KVH={kvh}, d={d}], got {tuple(t.shape)}"
             )
-    b = tree.num_requests
+    check_block_tables(block_tables, context_lens, tree.num_requests)
+
+
+def check_block_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, num_requests: int) -> None:
+    """``block_tables`` int ``[B, max_blocks]`` and ``context_lens`` int ``[B]``."""
+    b = num_requests
     for name, t, rank in (("block_tables", block_tables, 2), ("context_lens", context_lens, 1)):
         if t.dim() != rank or t.shape[0] != b or t.dtype.is_floating_point or t.dtype == torch.bool:
             raise ValueError(

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from trtllm_bole.kernels._common import (
+    H200_SMS,
     MAX_DEPTH,
     VerifyCall,
     check_contiguous,
@@ -47,6 +48,7 @@ from trtllm_bole.kernels._common import (
     check_gdn_operands,
     check_slot_count,
     gdn_shapes,
+    num_sms,
     slot_indices,
     tile_dividing,
 )
@@ -301,13 +303,6 @@ def blocked_default_config(num_requests: int, hv: int, dk: int, dv: int) -> Veri
 
 
 @cache
-def _num_sms(device: torch.device) -> int:
-    """The device's SM count (a host-side query, no sync); the H200's off CUDA (the interpreter)."""
-    if device.type != "cuda":
-        return H200_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def exact_config(dk: int, dv: int) -> VerifyConfig:
     """The fp32-exact mode's config (``ieee`` dots), whatever the tree and the batch: the blocked kernel in
     row blocks of 32, ``dk`` in chunks of 32, value tiles of 64. The fastest config at every fp32 point of
@@ -328,10 +323,6 @@ def default_precision(q_dtype: torch.dtype, v_dtype: torch.dtype, cfg: VerifyCon
     if q_dtype == torch.float32 and v_dtype == torch.float32:
         return "ieee"
     return "tf32" if isinstance(cfg, InverseConfig) and (bf16_refused(cfg) or cfg.bt == 32) else "bf16"
-
-
-H200_SMS = 132
-"""Streaming multiprocessors of the H200 (and H100 SXM): :func:`default_config`'s wave count."""
 
 
 def default_config(
@@ -459,7 +450,7 @@ def gdn_tree_verify(
         )
     cfg, precision = default_plan(
         n, tree.num_requests, hv, dk, dv, q.dtype, v.dtype,
-        precision=precision, config=config, num_sms=_num_sms(state.device),
+        precision=precision, config=config, num_sms=num_sms(state.device),
     )  # fmt: skip
     if dk % cfg.bk or dv % cfg.bv or min(cfg.bt, cfg.bk, cfg.bv) < 16 or cfg.bt & (cfg.bt - 1):
         raise ValueError(

@@ -4,7 +4,7 @@ Every token mixer runs two ways over the same weights:
 
 - over a packed forest of new tokens on top of the serving caches (:class:`ForwardState`): GDN
   through :mod:`trtllm_bole.ops` (tree conv, closed-form verify / serial verify / chunked prefill),
-  attention over the paged KV cache with ancestor masks;
+  attention over the paged KV cache and the node's ancestors (:func:`trtllm_bole.ops.tree_attention`);
 - over whole sequences without a cache (:class:`SequenceState`), differentiable, for training and
   for checking logits against transformers.
 
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trtllm_bole import ops
-from trtllm_bole.models.attention import TreeAttention, causal_attention, tree_attention
+from trtllm_bole.models.attention import causal_attention, tree_attention
 from trtllm_bole.models.cache import PendingCommit, StepContext
 from trtllm_bole.models.config import LINEAR_ATTENTION, Qwen35Config
 
@@ -98,7 +98,6 @@ class ForwardState:
     ctx: StepContext
     cos: torch.Tensor  # [N, rotary_dim], position = context_len + depth - 1
     sin: torch.Tensor
-    attn: TreeAttention
     k_cache: torch.Tensor  # [L_attn, num_blocks, block_size, KVH, d]
     v_cache: torch.Tensor
     gdn_state: torch.Tensor | None = None  # [L_gdn, S, HV, dk, dv]
@@ -137,11 +136,8 @@ class ForwardState:
         positions = ctx.context_lens.long()[tree.request] + tree.depth - 1
         if rows is not None:
             positions = positions[rows]
-        attn = TreeAttention.build(
-            tree, ctx.block_tables, ctx.context_lens, k_cache.shape[2], k_cache.shape[1]
-        )
-        return cls(ctx, *rope_cos_sin(positions, config, dtype), attn, k_cache, v_cache,
-                   gdn_state, conv_state, gdn_mode, rows, past_k, past_v)  # fmt: skip
+        return cls(ctx, *rope_cos_sin(positions, config, dtype), k_cache, v_cache, gdn_state, conv_state,
+                   gdn_mode, rows, past_k, past_v)  # fmt: skip
 
     def pending(self) -> PendingCommit:
         def stacked(xs: list[torch.Tensor]) -> torch.Tensor | None:
@@ -310,7 +306,9 @@ class Attention(_Mixer):
             v = fs.past_v[self.index].index_copy(0, fs.rows, v)
         fs.new_k.append(k)
         fs.new_v.append(v)
-        o = tree_attention(q, k, v, fs.k_cache[self.index], fs.v_cache[self.index], fs.attn, fs.rows)
+        ctx = fs.ctx
+        o = tree_attention(q, k, v, fs.k_cache[self.index], fs.v_cache[self.index], ctx.block_tables,
+                           ctx.context_lens, ctx.tree, fs.rows)  # fmt: skip
         return self._output(o, gate)
 
     def forward_sequences(self, x: torch.Tensor, ss: SequenceState) -> torch.Tensor:

@@ -28,6 +28,7 @@ import torch
 from trtllm_bole.kernels._common import (
     MAX_DEPTH,
     GDNTreeFactors,
+    check_block_tables,
     check_commit_factors,
     check_conv_commit_shapes,
     check_conv_shapes,
@@ -58,6 +59,7 @@ __all__ = [
     "kv_commit",
     "rms_norm",
     "stack_factors",
+    "tree_attention",
     "tree_conv1d",
 ]
 
@@ -377,6 +379,55 @@ def kv_commit(
         check_kv_room(k_cache, tree, accepted_leaf, block_tables, context_lens)
     library.kv_commit(
         k_cache, v_cache, new_k, new_v, *tree_args(tree), accepted_leaf, block_tables, context_lens
+    )
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    tree: TreeBatch,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """Full attention of a forest's nodes: node ``i`` of request ``b`` attends to the request's
+    ``context_lens[b]`` committed positions of the paged cache and to its ancestors and itself
+    (:mod:`trtllm_bole.reference.attention_tree`; on CUDA one Triton launch,
+    :mod:`trtllm_bole.kernels.tree_attention`). Returns ``[N, Hq, d]`` in q's dtype.
+
+    q ``[N, Hq, d]``, k and v ``[N, KVH, d]`` (every node's, ``Hq`` a multiple of ``KVH``: query head
+    ``h`` reads key/value head ``h // (Hq / KVH)``), one layer's caches ``[num_blocks, block_size, KVH,
+    d]``, all of one dtype; ``block_tables`` int ``[B, max_blocks]``, ``context_lens`` int
+    ``[B]``. Their values are the caller's (checking them would wait for the device): positions past the
+    table are not attended to, and a position on a negative entry reads block 0.
+    """
+    n, hq, d = q.shape if q.dim() == 3 else (None, None, None)
+    if n != tree.num_nodes:
+        raise ValueError(f"q must be [N={tree.num_nodes}, Hq, d] (one row per node), got {tuple(q.shape)}")
+    if k.dim() != 3 or v.shape != k.shape or k.shape[0] != n or k.shape[2] != d or hq % k.shape[1]:
+        raise ValueError(
+            f"k and v must both be [N={n}, KVH, d={d}] with Hq={hq} a multiple of KVH, got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[2:] != k.shape[1:]:
+        raise ValueError(
+            f"k_cache and v_cache must both be [num_blocks, block_size, KVH={k.shape[1]}, d={d}], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    dtypes = {t.dtype for t in (q, k, v, k_cache, v_cache)}
+    if len(dtypes) != 1 or not q.dtype.is_floating_point:
+        raise ValueError(
+            f"q, k, v and the caches must share one floating-point dtype, got {sorted(map(str, dtypes))}"
+        )
+    check_block_tables(block_tables, context_lens, tree.num_requests)
+    check_device(tree, q.device, k=k, v=v, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                 context_lens=context_lens)  # fmt: skip
+    return library.tree_attention(
+        q, k, v, k_cache, v_cache, block_tables, context_lens, *tree_args(tree), float(scale)
     )
 
 

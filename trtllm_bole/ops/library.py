@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from trtllm_bole.kernels._common import GDNTreeFactors
-from trtllm_bole.reference import conv_tree, gdn_tree, kv_cache, norms
+from trtllm_bole.reference import attention_tree, conv_tree, gdn_tree, kv_cache, norms
 from trtllm_bole.tree import TreeBatch
 
 _LIB = torch.library.Library("bole", "DEF")
@@ -286,4 +286,13 @@ kv_commit = _define(
     cuda=_kernel("kv_commit", "kv_commit"),
     fake=_nothing,
     tree_at=4,
+)
+
+tree_attention = _define(
+    f"tree_attention(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+    f"Tensor context_lens, {_TREE}, float scale) -> Tensor",
+    cpu=attention_tree.tree_attention,
+    cuda=_kernel("tree_attention", "tree_attention"),
+    fake=lambda q, *args: q.new_empty(q.shape),
+    tree_at=7,
 )

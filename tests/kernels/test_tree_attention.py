@@ -1,0 +1,132 @@
+"""Tree attention over the paged cache: the Triton kernel against the torch path in float64, the torch
+path against attention written node by node, and the checks of ``ops.tree_attention``."""
+
+import pytest
+import torch
+
+from tests.kernels.helpers import DEVICE, rel_rms
+from trtllm_bole import ops
+from trtllm_bole.kernels.tree_attention import tree_attention
+from trtllm_bole.reference import attention_tree
+from trtllm_bole.testing import chain_parents, forest, topk_parents
+
+PAGE = 4
+
+
+def case(gen, dtype=torch.float32, hq=4, kvh=2, d=16, lens=(5, 0, 13, 30), trees=None, num_blocks=48):
+    """A top-4 tree, a single node, a chain and a top-2 tree, scattered blocks, context lengths that are
+    not multiples of the page (and one empty)."""
+    trees = trees or [topk_parents(12, 4, 4), [-1], chain_parents(9), topk_parents(20, 2, 6)]
+    tree = forest(trees, device=DEVICE)
+    n, b = tree.num_nodes, tree.num_requests
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(DEVICE, dtype)
+
+    q, k, v = randn(n, hq, d), randn(n, kvh, d), randn(n, kvh, d)
+    k_cache, v_cache = randn(num_blocks, PAGE, kvh, d), randn(num_blocks, PAGE, kvh, d)
+    width = -(-max(lens) // PAGE) + 1
+    tables = torch.randperm(num_blocks, generator=gen)[: b * width].view(b, width).int().to(DEVICE)
+    return q, k, v, k_cache, v_cache, tables, torch.tensor(lens, device=DEVICE), tree
+
+
+def float64_reference(q, k, v, k_cache, v_cache, tables, lens, tree):
+    args = [t.double() for t in (q, k, v, k_cache, v_cache)]
+    return attention_tree.tree_attention(*args, tables, lens, tree, q.shape[-1] ** -0.5)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"]
+)
+@pytest.mark.parametrize(("hq", "kvh", "d"), [(4, 2, 16), (6, 2, 64), (2, 1, 40)])
+def test_matches_the_float64_torch_path(dtype, tol, hq, kvh, d, gen, nan_outputs):
+    """Grouped heads, a head dim that is not a power of two; every row written (outputs NaN-poisoned)."""
+    args = case(gen, dtype, hq, kvh, d)
+    out = tree_attention(*args, d**-0.5)
+    assert out.dtype == dtype and out.shape == args[0].shape
+    assert rel_rms(out, float64_reference(*args)) < tol
+
+
+def test_requests_larger_than_a_block_of_nodes_and_long_contexts(gen, nan_outputs):
+    """More nodes than one program's block of queries and one block of keys, and a context of several
+    key blocks: every block boundary inside a request."""
+    trees = [topk_parents(100, 4, 8), chain_parents(40), topk_parents(70, 3, 6)]
+    args = case(gen, trees=trees, lens=(150, 3, 64), num_blocks=128)
+    assert rel_rms(tree_attention(*args, 16**-0.5), float64_reference(*args)) < 1e-5
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_contexts_split_across_programs_combine_to_the_same_attention(splits, gen, nan_outputs):
+    """Each split streams its share of the committed positions (a request's context may end in any
+    split, or be empty), split 0 also the forest's nodes; the second launch combines them."""
+    trees = [topk_parents(100, 4, 8), chain_parents(40), topk_parents(70, 3, 6), [-1]]
+    args = case(gen, trees=trees, lens=(150, 3, 64, 0), num_blocks=180)
+    out = tree_attention(*args, 16**-0.5, splits=splits)
+    assert rel_rms(out, float64_reference(*args)) < 1e-5
+
+
+def test_split_count_fills_the_gpu_only_for_long_contexts():
+    from trtllm_bole.kernels.tree_attention import MIN_CHUNK, split_count
+
+    assert split_count(16, 16 * MIN_CHUNK, 132) == 16  # one request, 16k positions: 264 programs
+    assert split_count(16, 4 * MIN_CHUNK, 132) == 4  # at most one split per MIN_CHUNK positions
+    assert split_count(512, 16 * MIN_CHUNK, 132) == 1  # a large batch fills the SMs unsplit
+    assert split_count(16, MIN_CHUNK - 1, 132) == 1
+
+
+def test_the_torch_path_is_attention_written_node_by_node(gen):
+    """Each node: softmax over its request's committed positions (read through the block table) and its
+    path in the forest, in float64."""
+    q, k, v, k_cache, v_cache, tables, lens, tree = case(gen, torch.float64)
+    out = attention_tree.tree_attention(q, k, v, k_cache, v_cache, tables, lens, tree, 16**-0.5)
+    group = q.shape[1] // k.shape[1]
+    for i in range(tree.num_nodes):
+        b = int(tree.request[i])
+        rows = [int(tables[b, p // PAGE]) * PAGE + p % PAGE for p in range(int(lens[b]))]
+        path = tree.path(i).tolist()
+        keys = torch.cat([k_cache.flatten(0, 1)[rows], k[path]])
+        values = torch.cat([v_cache.flatten(0, 1)[rows], v[path]])
+        for h in range(q.shape[1]):
+            weights = torch.softmax(keys[:, h // group] @ q[i, h] * 16**-0.5, 0)
+            torch.testing.assert_close(out[i, h], weights @ values[:, h // group])
+
+
+def test_positions_past_the_table_are_left_out_and_negative_entries_read_block_0(gen):
+    """Unchecked values (the op does not sync to check them) give what the torch path gives, never a read
+    outside the cache: a context longer than the table is cut at the table, a NO_BLOCK entry reads block
+    0."""
+    q, k, v, k_cache, v_cache, tables, _, tree = case(gen)
+    tables[2, 1] = -1
+    lens = torch.tensor([5, 0, 13, 10 * PAGE], device=DEVICE)  # request 3's table holds 9 pages
+    args = (q, k, v, k_cache, v_cache, tables, lens, tree)
+    assert rel_rms(tree_attention(*args, 16**-0.5), float64_reference(*args)) < 1e-5
+
+
+def test_op_dispatches_and_checks_by_name(gen):
+    q, k, v, k_cache, v_cache, tables, lens, tree = case(gen)
+    out = ops.tree_attention(q, k, v, k_cache, v_cache, tables, lens, tree, scale=0.25)
+    assert rel_rms(out, float64_reference(q, k, v, k_cache, v_cache, tables, lens, tree)) < 1e-5
+    for bad, match in [
+        ({"q": q[:-1]}, r"q must be \[N=42, Hq, d\]"),
+        ({"k": k[:, :1].expand(-1, 3, -1)}, r"Hq=4 a multiple of KVH"),
+        ({"v": v[..., :8]}, r"k and v must both be \[N=42, KVH, d=16\]"),
+        ({"k_cache": k_cache[..., :8]}, r"k_cache and v_cache must both be \[num_blocks, block_size, KVH=2"),
+        ({"v_cache": v_cache.half()}, r"share one floating-point dtype"),
+        ({"block_tables": tables[:2]}, r"block_tables must be an integer tensor \[B=4"),
+        ({"context_lens": lens.float()}, r"context_lens must be an integer tensor \[B=4\]"),
+    ]:
+        call = {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "block_tables": tables,
+                "context_lens": lens} | bad  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            ops.tree_attention(**call, tree=tree, scale=0.25)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hq", "kvh"), [(16, 4), (24, 4)], ids=["9b", "27b"])
+@pytest.mark.parametrize("lens", [(1000, 517, 3, 1203), (9000,)], ids=["batch4", "batch1-split"])
+def test_qwen35_attention_sizes_on_the_gpu(hq, kvh, lens, gen, nan_outputs):
+    """Qwen3.5-9B/27B full-attention heads (head dim 256), 64-node trees over contexts of ~1,000 tokens,
+    and one request over 9,000 (its context split across programs)."""
+    trees = [topk_parents(64, 4, 8)] * len(lens)
+    args = case(gen, torch.bfloat16, hq, kvh, 256, lens=lens, trees=trees, num_blocks=2400)
+    assert rel_rms(tree_attention(*args, 256**-0.5), float64_reference(*args)) < 2e-2

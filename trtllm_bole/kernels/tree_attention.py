@@ -1,0 +1,184 @@
+"""Full attention of a forest of new tokens over a paged KV cache plus their ancestors, in one launch.
+
+Node ``i`` of request ``b`` attends to the request's ``context_lens[b]`` committed positions (through its
+block table) and to its ancestors in the forest and itself (the DFS interval test of
+:class:`~trtllm_bole.tree.TreeBatch`). One program per (block of ``BM`` query rows, key/value head,
+request), its rows the (node, query head) pairs of the heads that share that key/value head, streams
+the committed keys, then the request's own nodes, in blocks of ``BN`` with an online softmax (flash
+attention's), so nothing of size context x nodes is ever materialised: the torch path
+(:mod:`trtllm_bole.reference.attention_tree`) gathers the whole block table's window and builds a dense
+mask for every forward. fp32 inputs use IEEE dots (the fp32 serving runs compare greedy outputs token
+for token); 16-bit inputs use 16-bit tensor-core dots with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from trtllm_bole.kernels._common import num_sms, pow2_at_least
+from trtllm_bole.kernels._verify_tiles import _UPCAST, _operand
+from trtllm_bole.tree import TreeBatch
+
+
+@triton.jit
+def _softmax_step(q_t, k_ptrs, v_ptrs, cols, keep, m_i, l_i, acc, scale, d_mask, PREC: tl.constexpr,
+                  UPCAST: tl.constexpr):  # fmt: skip
+    """One block of keys (``cols``: the valid ones): scores under ``keep`` ``[BM, BN]``, the running max,
+    sum and output updated."""
+    k_t = tl.load(k_ptrs, mask=cols[:, None] & d_mask[None, :], other=0.0)
+    s = tl.dot(_operand(q_t, UPCAST), tl.trans(_operand(k_t, UPCAST)), input_precision=PREC) * scale
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    v_t = tl.load(v_ptrs, mask=cols[:, None] & d_mask[None, :], other=0.0)
+    pv = tl.dot(_operand(p.to(v_t.dtype), UPCAST), _operand(v_t, UPCAST), input_precision=PREC)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
+
+
+@triton.jit(do_not_specialize=["table_width", "num_blocks", "splits", "chunk", "n_total"])
+def _tree_attention_kernel(
+    q, k, v, k_cache, v_cache, o, part_m, part_l, part_o, block_tables, context_lens, cu_seqlens, dfs_order,
+    subtree_size, scale, table_width, num_blocks, splits, chunk, n_total,
+    HQ: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PAGE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
+):  # fmt: skip
+    """Program ``(i_m * splits + i_s, i_kv, i_b)``: split ``i_s`` of the committed positions (``chunk`` of
+    them) for its rows; split 0 also takes the forest's nodes. One split writes ``o``; several
+    (``SPLIT``) write their running max, sum and unnormalised output to ``part_*`` for
+    :func:`_combine_kernel`."""
+    i_m, i_s = tl.program_id(0) // splits, tl.program_id(0) % splits
+    i_kv, i_b = tl.program_id(1), tl.program_id(2)
+    bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+    n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
+    if i_m * BM < n_t * (HQ // KVH):
+        # Query rows are (node, query head of this key/value head's group) pairs, so that the group's
+        # heads share every key and value the program loads.
+        r = i_m * BM + tl.arange(0, BM)
+        rows = r // (HQ // KVH)
+        m_rows = rows < n_t
+        o_d = tl.arange(0, BD)
+        m_d = o_d < D
+        heads = (bos + rows) * HQ + i_kv * (HQ // KVH) + r % (HQ // KVH)  # row of q/o as [N * HQ, D]
+        q_t = tl.load(q + heads[:, None] * D + o_d[None, :], mask=m_rows[:, None] & m_d[None, :], other=0.0)
+        ord_r = tl.load(dfs_order + bos + rows, mask=m_rows, other=0)
+        m_i = tl.full([BM], -1.0e30, dtype=tl.float32)  # finite: a block of masked keys adds nothing
+        l_i = tl.zeros([BM], dtype=tl.float32)
+        acc = tl.zeros([BM, BD], dtype=tl.float32)
+        # The committed positions inside the table (as the torch path's window), through the block table;
+        # an entry out of range reads a clamped block (the reference gathers the same).
+        ctx = tl.minimum(tl.load(context_lens + i_b).to(tl.int32), table_width * PAGE)
+        end = tl.minimum(ctx, (i_s + 1) * chunk)
+        for start in range(i_s * chunk, end, BN):
+            pos = start + tl.arange(0, BN)
+            m_p = pos < end
+            block = tl.load(block_tables + i_b * table_width + pos // PAGE, mask=m_p, other=0).to(tl.int64)
+            block = tl.minimum(tl.maximum(block, 0), num_blocks - 1)
+            kv_off = ((block * PAGE + pos % PAGE) * KVH + i_kv)[:, None] * D + o_d[None, :]
+            keep = m_rows[:, None] & m_p[None, :]
+            m_i, l_i, acc = _softmax_step(q_t, k_cache + kv_off, v_cache + kv_off, m_p, keep, m_i, l_i, acc,
+                                          scale, m_d, PREC, UPCAST)  # fmt: skip
+        if i_s == 0:  # the request's nodes: ancestors of the query node, and itself
+            for start in range(0, n_t, BN):
+                cols = start + tl.arange(0, BN)
+                m_c = cols < n_t
+                ord_c = tl.load(dfs_order + bos + cols, mask=m_c, other=0)
+                end_c = ord_c + tl.load(subtree_size + bos + cols, mask=m_c, other=0)
+                keep = (ord_c[None, :] <= ord_r[:, None]) & (ord_r[:, None] < end_c[None, :])
+                keep = keep & m_rows[:, None] & m_c[None, :]
+                kv_off = ((bos + cols) * KVH + i_kv)[:, None] * D + o_d[None, :]
+                m_i, l_i, acc = _softmax_step(q_t, k + kv_off, v + kv_off, m_c, keep, m_i, l_i, acc, scale,
+                                              m_d, PREC, UPCAST)  # fmt: skip
+        out_mask = m_rows[:, None] & m_d[None, :]
+        if SPLIT:
+            part = i_s * n_total * HQ + heads
+            tl.store(part_m + part, m_i, mask=m_rows)
+            tl.store(part_l + part, l_i, mask=m_rows)
+            tl.store(part_o + part[:, None] * D + o_d[None, :], acc, mask=out_mask)
+        else:
+            out = acc / tl.where(m_rows, l_i, 1.0)[:, None]
+            tl.store(o + heads[:, None] * D + o_d[None, :], out.to(o.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _combine_kernel(o, part_m, part_l, part_o, rows_total, D: tl.constexpr, BD: tl.constexpr,
+                    SP: tl.constexpr, splits):  # fmt: skip
+    """Row ``(node, query head)`` of ``o`` from its splits' running maxima, sums and outputs."""
+    row = tl.program_id(0)
+    o_s = tl.arange(0, SP)
+    m_s = o_s < splits
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    m = tl.load(part_m + o_s * rows_total + row, mask=m_s, other=-1.0e30)
+    weight = tl.where(m_s, tl.exp(m - tl.max(m, 0)), 0.0)
+    l_sum = tl.sum(weight * tl.load(part_l + o_s * rows_total + row, mask=m_s, other=0.0), 0)
+    part_rows = (o_s * rows_total + row)[:, None] * D + o_d[None, :]
+    part = tl.load(part_o + part_rows, mask=m_s[:, None] & m_d[None, :], other=0.0)
+    out = tl.sum(weight[:, None] * part, 0) / l_sum
+    tl.store(o + row * D + o_d, out.to(o.dtype.element_ty), mask=m_d)
+
+
+def tiles(dtype: torch.dtype, bd: int) -> tuple[int, int, int]:
+    """Query rows and keys a block, and warps, for q's dtype and the padded head dim: fp32's IEEE dots run
+    on the FMA units, with their operand tiles in registers (H200, the embedded model's heads, d = 64:
+    blocks of 64 query rows halved the end-to-end tokens/s against 32); 16-bit dots run on the tensor
+    cores, 64 query rows (two warpgroups at d = 256)."""
+    if dtype == torch.float32:
+        return 32, 64, 4
+    return (64, 32, 8) if bd >= 256 else (64, 64, 4)
+
+
+MIN_CHUNK = 2048
+"""Fewest committed positions a split streams: shorter contexts are not split."""
+
+
+def split_count(programs: int, window: int, sms: int) -> int:
+    """Splits of the committed positions so that a launch of ``programs`` programs (one per block of query
+    rows, key/value head and request) fills the SMs twice over, each split streaming at least
+    :data:`MIN_CHUNK` of the table's ``window`` positions (the context's bound the host knows: the
+    lengths themselves are on the device)."""
+    return max(1, min(-(-2 * sms // programs), window // MIN_CHUNK))
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    tree: TreeBatch,
+    scale: float,
+    splits: int | None = None,
+) -> torch.Tensor:
+    """:func:`trtllm_bole.reference.attention_tree.tree_attention` in one launch (two where the committed
+    positions are split across programs: ``splits``, default :func:`split_count`), no host sync (the
+    arguments are checked by :func:`trtllm_bole.ops.tree_attention`)."""
+    n, hq, d = q.shape
+    kvh = k.shape[1]
+    o = torch.empty_like(q)
+    bd = pow2_at_least(max(d, 16))
+    bm, bn, warps = tiles(q.dtype, bd)
+    row_blocks = triton.cdiv(tree.max_nodes * (hq // kvh), bm)
+    window = block_tables.shape[1] * k_cache.shape[1]
+    programs = row_blocks * kvh * tree.num_requests
+    splits = splits or split_count(programs, window, num_sms(q.device))
+    chunk = triton.cdiv(triton.cdiv(window, splits), bn) * bn
+    parts = [  # unused by one split
+        torch.empty((splits, n, hq, *extra), dtype=torch.float32, device=q.device) if splits > 1 else o
+        for extra in ((), (), (d,))
+    ]
+    _tree_attention_kernel[(row_blocks * splits, kvh, tree.num_requests)](
+        *(t.contiguous() for t in (q, k, v, k_cache, v_cache)), o, *parts, block_tables.contiguous(),
+        context_lens.contiguous(), tree.cu_seqlens, tree.dfs_order, tree.subtree_size, float(scale),
+        block_tables.shape[1], k_cache.shape[0], splits, chunk, n,
+        HQ=hq, KVH=kvh, D=d, BD=bd, PAGE=k_cache.shape[1], BM=bm, BN=bn,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=_UPCAST, SPLIT=splits > 1,
+        num_warps=warps,
+    )  # fmt: skip
+    if splits > 1:
+        _combine_kernel[(n * hq,)](o, *parts, n * hq, D=d, BD=bd, SP=pow2_at_least(splits), splits=splits)
+    return o
