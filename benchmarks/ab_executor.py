@@ -3,6 +3,7 @@
     python benchmarks/ab_executor.py outcome-queue    # H200: ~30 s -> results/ab_outcome_queue_<device>.json
     python benchmarks/ab_executor.py forest-kernel --trials 8 --batches 8,16,32 --out DIR
     python benchmarks/ab_executor.py dispatcher --trials 6
+    python benchmarks/ab_executor.py tree-attention
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -14,7 +15,11 @@
   the kernel's node limit to 0 (``ops.forest`` then falls back);
 - ``dispatcher``: the ``bole::*`` operators (2026-12-01) against calling what they run directly (as
   ``trtllm_bole.ops`` did before them), reproduced by replacing each operator of ``ops.library`` with
-  its implementation for the device (``library.IMPLEMENTATIONS``).
+  its implementation for the device (``library.IMPLEMENTATIONS``);
+- ``tree-attention``: full attention (the target's verify, drafting, the MTP's follow-up, prefill) in
+  one Triton launch against the torch path (a dense mask and the block table's whole window gathered for
+  every forward, then SDPA), reproduced by running ``bole::tree_attention``'s CPU implementation, plain
+  torch, on the GPU's tensors.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request, at batch 8, 16 and 32 (``--batches``), a model for each side (warmed up and its graphs
@@ -83,10 +88,21 @@ def operators_called_directly():
             setattr(library, name, operator)
 
 
+@contextmanager
+def attention_in_torch():
+    operator = library.tree_attention
+    library.tree_attention = library.IMPLEMENTATIONS["tree_attention"]["CPU"]  # plain torch, any device
+    try:
+        yield
+    finally:
+        library.tree_attention = operator
+
+
 OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
     "dispatcher": operators_called_directly,
+    "tree-attention": attention_in_torch,
 }
 
 

@@ -13,6 +13,7 @@
 #   bash benchmarks/h200.sh ratios    # the launcher's default vs SGLang, B = 1 and 16, five fresh-input rounds
 #   bash benchmarks/h200.sh ncu       # Nsight Compute on the verify's two kernels at batch 16 (what limits them)
 #   bash benchmarks/h200.sh probe     # what the value-tile kernel waits for: its inputs' traffic, its stores, its on-chip work (+ ncu)
+#   bash benchmarks/h200.sh attention # tree attention: the Triton kernel vs the torch path at 9B/27B heads, and its A/B end to end
 #   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
 #   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
 set -uo pipefail
@@ -101,6 +102,12 @@ ncu)
     "$NCU" -i /tmp/phases.ncu-rep --page source --csv --print-source sass > /tmp/source.csv
     python benchmarks/ncu_verify_phases.py summarize /tmp/details.csv /tmp/source.csv --out "$OUT"
     ;;
+attention)
+    timeout 300 python benchmarks/bench_tree_attention.py --out "$OUT" > "$OUT/attention_log.txt" 2>&1
+    echo "bench rc=$?"; tail -4 "$OUT/attention_log.txt"
+    timeout 280 python benchmarks/ab_executor.py tree-attention --trials 6 --out "$OUT" > "$OUT/ab_log.txt" 2>&1
+    echo "ab rc=$?"; tail -4 "$OUT/ab_log.txt"
+    ;;
 probe)
     python benchmarks/probe_value_bytes.py --out "$OUT" > "$OUT/probe_log.txt" 2>&1; echo "probe rc=$?"
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
@@ -117,6 +124,6 @@ probe)
     done
     ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|depth|ops" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|attention|depth|ops" >&2
     exit 2 ;;
 esac
