@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,11 +46,17 @@ def run_mutant(clone: Path, mutant: Mutant, timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(clone), "TRITON_INTERPRET": "1"}
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests]
     started = time.monotonic()
+    # Its own process group, so that a timeout also stops what the tests started (a Triton server still
+    # holding the output pipes would keep the run waiting for their end).
+    tests = subprocess.Popen(command, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)  # fmt: skip
     try:
-        done = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
-        status = "killed" if done.returncode else "equivalent" if mutant.equivalent else "survived"
-        failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        stdout, _ = tests.communicate(timeout=timeout)
+        status = "killed" if tests.returncode else "equivalent" if mutant.equivalent else "survived"
+        failed = [line for line in stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     except subprocess.TimeoutExpired:
+        os.killpg(tests.pid, signal.SIGKILL)
+        tests.communicate()
         status, failed = "killed (timeout)", []
     finally:
         path.write_text(source)

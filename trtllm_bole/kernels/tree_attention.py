@@ -1,4 +1,5 @@
-"""Full attention of a forest of new tokens over a paged KV cache plus their ancestors, in one launch.
+"""Full attention of a forest of new tokens over a paged KV cache plus their ancestors, in one launch
+(two where a long context is split across programs, then combined).
 
 Node ``i`` of request ``b`` attends to the request's ``context_lens[b]`` committed positions (through its
 block table) and to its ancestors in the forest and itself (the DFS interval test of
