@@ -8,7 +8,7 @@ kernels in its interpreter). A mutant is *killed* when a test fails, *survived* 
 survivor is a test to write; an edit that changes no result is marked ``equivalent`` (with the reason)
 and reported so, not as a failure.
 
-    python tests/mutation/run.py                 # every mutant (about an hour on two cores)
+    python tests/mutation/run.py                 # every mutant (~25 minutes on two cores)
     python tests/mutation/run.py --only A5 E4    # some of them
     python tests/mutation/run.py --out mutants.json
 """
