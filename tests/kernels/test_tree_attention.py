@@ -102,6 +102,17 @@ def test_positions_past_the_table_are_left_out_and_negative_entries_read_block_0
     assert rel_rms(tree_attention(*args, 16**-0.5), float64_reference(*args)) < 1e-5
 
 
+def test_a_permuted_query_view_is_written_row_major(gen):
+    """q with permuted strides (dense storage of ``[Hq, N, d]`` seen as ``[N, Hq, d]``): the output was
+    once allocated with q's strides and written as if row-major."""
+    q, *rest = case(gen)
+    permuted = q.transpose(0, 1).contiguous().transpose(0, 1)
+    assert torch.equal(permuted, q) and not permuted.is_contiguous()
+    for splits in (1, 2):
+        out = tree_attention(permuted, *rest, 16**-0.5, splits=splits)
+        assert rel_rms(out, float64_reference(q, *rest)) < 1e-5
+
+
 def test_op_dispatches_and_checks_by_name(gen):
     q, k, v, k_cache, v_cache, tables, lens, tree = case(gen)
     out = ops.tree_attention(q, k, v, k_cache, v_cache, tables, lens, tree, scale=0.25)
@@ -111,7 +122,12 @@ def test_op_dispatches_and_checks_by_name(gen):
         ({"k": k[:, :1].expand(-1, 3, -1)}, r"Hq=4 a multiple of KVH"),
         ({"v": v[..., :8]}, r"k and v must both be \[N=42, KVH, d=16\]"),
         ({"k_cache": k_cache[..., :8]}, r"k_cache and v_cache must both be \[num_blocks, block_size, KVH=2"),
-        ({"v_cache": v_cache.half()}, r"share one floating-point dtype"),
+        ({"v_cache": v_cache.half()}, r"must share one dtype of"),
+        (
+            {"k_cache": k_cache.transpose(0, 1), "v_cache": v_cache.transpose(0, 1)},
+            r"caches must be contiguous",
+        ),
+        ({"k_cache": k_cache[:0], "v_cache": v_cache[:0]}, r"at least one block"),
         ({"block_tables": tables[:2]}, r"block_tables must be an integer tensor \[B=4"),
         ({"context_lens": lens.float()}, r"context_lens must be an integer tensor \[B=4\]"),
     ]:
@@ -119,6 +135,19 @@ def test_op_dispatches_and_checks_by_name(gen):
                 "context_lens": lens} | bad  # fmt: skip
         with pytest.raises(ValueError, match=match):
             ops.tree_attention(**call, tree=tree, scale=0.25)
+    if DEVICE == "cuda":  # float64 has the CPU's torch path only
+        with pytest.raises(ValueError, match=r"float64 on the CPU's torch path only"):
+            ops.tree_attention(
+                *(t.double() for t in (q, k, v, k_cache, v_cache)), tables, lens, tree, scale=0.25
+            )
+    else:
+        out = ops.tree_attention(
+            *(t.double() for t in (q, k, v, k_cache, v_cache)), tables, lens, tree, scale=0.25
+        )
+        assert out.dtype == torch.float64
+    fp8 = [t.to(torch.float8_e4m3fn) for t in (q, k, v, k_cache, v_cache)]
+    with pytest.raises(ValueError, match=r"must share one dtype of"):
+        ops.tree_attention(*fp8, tables, lens, tree, scale=0.25)
 
 
 @pytest.mark.gpu

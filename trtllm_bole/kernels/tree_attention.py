@@ -160,7 +160,8 @@ def tree_attention(
     arguments are checked by :func:`trtllm_bole.ops.tree_attention`)."""
     n, hq, d = q.shape
     kvh = k.shape[1]
-    o = torch.empty_like(q)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    o = torch.empty_like(q)  # row-major, as the kernel writes it (q's own strides could be permuted)
     bd = pow2_at_least(max(d, 16))
     bm, bn, warps = tiles(q.dtype, bd)
     row_blocks = triton.cdiv(tree.max_nodes * (hq // kvh), bm)
@@ -168,17 +169,17 @@ def tree_attention(
     programs = row_blocks * kvh * tree.num_requests
     splits = splits or split_count(programs, window, num_sms(q.device))
     chunk = triton.cdiv(triton.cdiv(window, splits), bn) * bn
-    parts = [  # unused by one split
+    parts = [  # the splits' running maxima, sums and outputs; one split writes o alone (o stands in)
         torch.empty((splits, n, hq, *extra), dtype=torch.float32, device=q.device) if splits > 1 else o
         for extra in ((), (), (d,))
     ]
     _tree_attention_kernel[(row_blocks * splits, kvh, tree.num_requests)](
-        *(t.contiguous() for t in (q, k, v, k_cache, v_cache)), o, *parts, block_tables.contiguous(),
+        q, k, v, k_cache, v_cache, o, *parts, block_tables.contiguous(),
         context_lens.contiguous(), tree.cu_seqlens, tree.dfs_order, tree.subtree_size, float(scale),
         block_tables.shape[1], k_cache.shape[0], splits, chunk, n,
         HQ=hq, KVH=kvh, D=d, BD=bd, PAGE=k_cache.shape[1], BM=bm, BN=bn,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", UPCAST=_UPCAST, SPLIT=splits > 1,
-        num_warps=warps,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",  # (16-bit operands ignore it)
+        UPCAST=_UPCAST, SPLIT=splits > 1, num_warps=warps,
     )  # fmt: skip
     if splits > 1:
         _combine_kernel[(n * hq,)](o, *parts, n * hq, D=d, BD=bd, SP=pow2_at_least(splits), splits=splits)

@@ -382,6 +382,10 @@ def kv_commit(
     )
 
 
+ATTENTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""What the tree-attention kernel takes (fp32 with IEEE dots, 16-bit on the tensor cores)."""
+
+
 def tree_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -401,9 +405,10 @@ def tree_attention(
 
     q ``[N, Hq, d]``, k and v ``[N, KVH, d]`` (every node's, ``Hq`` a multiple of ``KVH``: query head
     ``h`` reads key/value head ``h // (Hq / KVH)``), one layer's caches ``[num_blocks, block_size, KVH,
-    d]``, all of one dtype; ``block_tables`` int ``[B, max_blocks]``, ``context_lens`` int
-    ``[B]``. Their values are the caller's (checking them would wait for the device): positions past the
-    table are not attended to, and a position on a negative entry reads block 0.
+    d]`` (contiguous), all of one dtype (:data:`ATTENTION_DTYPES`, or float64 on the CPU);
+    ``block_tables`` int ``[B, max_blocks]``, ``context_lens`` int ``[B]``. Their values are the
+    caller's (checking them would wait for the device): positions past the table are not attended to,
+    and a position on a negative entry reads block 0.
     """
     n, hq, d = q.shape if q.dim() == 3 else (None, None, None)
     if n != tree.num_nodes:
@@ -419,9 +424,16 @@ def tree_attention(
             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     dtypes = {t.dtype for t in (q, k, v, k_cache, v_cache)}
-    if len(dtypes) != 1 or not q.dtype.is_floating_point:
+    allowed = ATTENTION_DTYPES if q.is_cuda else (*ATTENTION_DTYPES, torch.float64)
+    if len(dtypes) != 1 or q.dtype not in allowed:
         raise ValueError(
-            f"q, k, v and the caches must share one floating-point dtype, got {sorted(map(str, dtypes))}"
+            f"q, k, v and the caches must share one dtype of {[str(t) for t in allowed]} on {q.device.type} "
+            f"(float64 on the CPU's torch path only), got {sorted(map(str, dtypes))}"
+        )
+    if 0 in k_cache.shape[:2] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(
+            f"the caches must be contiguous with at least one block of at least one row, got "
+            f"{tuple(k_cache.shape)} (a copy of a layer's cache would be made for every call)"
         )
     check_block_tables(block_tables, context_lens, tree.num_requests)
     check_device(tree, q.device, k=k, v=v, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
