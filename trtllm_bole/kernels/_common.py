@@ -5,6 +5,7 @@ here synchronises with the device: launchers stay cheap enough to be timed and c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -57,6 +58,7 @@ H200_SMS = 132
 """Streaming multiprocessors of the H200 (and H100 SXM): the launchers' wave counts off CUDA."""
 
 
+@cache
 def num_sms(device: torch.device) -> int:
     """The device's SM count (a host-side query, no sync); the H200's off CUDA (the interpreter)."""
     if device.type != "cuda":

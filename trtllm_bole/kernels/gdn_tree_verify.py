@@ -32,7 +32,6 @@ tile otherwise (the benchmark measures both kinds of config); the state tile is 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cache
 
 import torch
 import triton
@@ -302,7 +301,6 @@ def blocked_default_config(num_requests: int, hv: int, dk: int, dv: int) -> Veri
     return VerifyConfig(16, bk, bv, 1 if bv <= 16 else 2 if bv <= 64 else 4, 2, fused=bv <= 64)
 
 
-@cache
 def exact_config(dk: int, dv: int) -> VerifyConfig:
     """The fp32-exact mode's config (``ieee`` dots), whatever the tree and the batch: the blocked kernel in
     row blocks of 32, ``dk`` in chunks of 32, value tiles of 64. The fastest config at every fp32 point of
