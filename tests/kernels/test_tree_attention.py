@@ -93,11 +93,12 @@ def test_the_torch_path_is_attention_written_node_by_node(gen):
 
 def test_positions_past_the_table_are_left_out_and_negative_entries_read_block_0(gen):
     """Unchecked values (the op does not sync to check them) give what the torch path gives, never a read
-    outside the cache: a context longer than the table is cut at the table, a NO_BLOCK entry reads block
-    0."""
+    outside the cache: a context longer than the table (even past 2³¹) is cut at the table, a NO_BLOCK
+    entry reads block 0."""
     q, k, v, k_cache, v_cache, tables, _, tree = case(gen)
     tables[2, 1] = -1
-    lens = torch.tensor([5, 0, 13, 10 * PAGE], device=DEVICE)  # request 3's table holds 9 pages
+    # Request 3's table holds 9 pages; request 0's int64 length would wrap to 5 if cast to int32 first.
+    lens = torch.tensor([2**32 + 5, 0, 13, 10 * PAGE], device=DEVICE)
     args = (q, k, v, k_cache, v_cache, tables, lens, tree)
     assert rel_rms(tree_attention(*args, 16**-0.5), float64_reference(*args)) < 1e-5
 

@@ -860,7 +860,7 @@ MUTANTS = [
     Mutant(
         "TA3",
         "trtllm_bole/kernels/tree_attention.py",
-        "ctx = tl.minimum(tl.load(context_lens + i_b).to(tl.int32), table_width * PAGE)",
+        "ctx = tl.minimum(tl.load(context_lens + i_b), table_width * PAGE).to(tl.int32)",
         "ctx = tl.load(context_lens + i_b).to(tl.int32)",
         ["tests/kernels/test_tree_attention.py"],
     ),
@@ -876,6 +876,20 @@ MUTANTS = [
         "trtllm_bole/kernels/tree_attention.py",
         "weight = tl.where(m_s, tl.exp(m - tl.max(m, 0)), 0.0)",
         "weight = tl.where(m_s, tl.exp(m - tl.max(m, 0)), 0.0) * 0 + 1.0",
+        ["tests/kernels/test_tree_attention.py"],
+    ),
+    Mutant(
+        "TA6",
+        "trtllm_bole/kernels/tree_attention.py",
+        "n_c = tl.minimum(n_t, (i_m * BM + BM - 1) // (HQ // KVH) + 1)",
+        "n_c = tl.minimum(n_t, (i_m * BM + BM - 1) // (HQ // KVH))",
+        ["tests/kernels/test_tree_attention.py"],
+    ),
+    Mutant(
+        "TA7",
+        "trtllm_bole/kernels/tree_attention.py",
+        "ctx = tl.minimum(tl.load(context_lens + i_b), table_width * PAGE).to(tl.int32)",
+        "ctx = tl.minimum(tl.load(context_lens + i_b).to(tl.int32), table_width * PAGE)",
         ["tests/kernels/test_tree_attention.py"],
     ),
     Mutant(

@@ -5,11 +5,12 @@ Node ``i`` of request ``b`` attends to the request's ``context_lens[b]`` committ
 block table) and to its ancestors in the forest and itself (the DFS interval test of
 :class:`~trtllm_bole.tree.TreeBatch`). One program per (block of ``BM`` query rows, key/value head,
 request), its rows the (node, query head) pairs of the heads that share that key/value head, streams
-the committed keys, then the request's own nodes, in blocks of ``BN`` with an online softmax (flash
-attention's), so nothing of size context x nodes is ever materialised: the torch path
-(:mod:`trtllm_bole.reference.attention_tree`) gathers the whole block table's window and builds a dense
-mask for every forward. fp32 inputs use IEEE dots (the fp32 serving runs compare greedy outputs token
-for token); 16-bit inputs use 16-bit tensor-core dots with fp32 accumulation.
+the committed keys, then the request's own nodes up to its last row's (parents precede children), in
+blocks of ``BN`` with an online softmax (flash attention's), so nothing of size context x nodes is ever
+materialised: the torch path (:mod:`trtllm_bole.reference.attention_tree`) gathers the whole block
+table's window and builds a dense mask for every forward. fp32 inputs use IEEE dots (the fp32 serving
+runs compare greedy outputs token for token); 16-bit inputs use 16-bit tensor-core dots with fp32
+accumulation.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _tree_attention_kernel(
         acc = tl.zeros([BM, BD], dtype=tl.float32)
         # The committed positions inside the table (as the torch path's window), through the block table;
         # an entry out of range reads a clamped block (the reference gathers the same).
-        ctx = tl.minimum(tl.load(context_lens + i_b).to(tl.int32), table_width * PAGE)
+        ctx = tl.minimum(tl.load(context_lens + i_b), table_width * PAGE).to(tl.int32)  # clamped, then cast
         end = tl.minimum(ctx, (i_s + 1) * chunk)
         for start in range(i_s * chunk, end, BN):
             pos = start + tl.arange(0, BN)
@@ -82,9 +83,11 @@ def _tree_attention_kernel(
             m_i, l_i, acc = _softmax_step(q_t, k_cache + kv_off, v_cache + kv_off, m_p, keep, m_i, l_i, acc,
                                           scale, m_d, PREC, UPCAST)  # fmt: skip
         if i_s == 0:  # the request's nodes: ancestors of the query node, and itself
-            for start in range(0, n_t, BN):
+            # Parents precede children, so no node past the block's last row is an ancestor of its rows.
+            n_c = tl.minimum(n_t, (i_m * BM + BM - 1) // (HQ // KVH) + 1)
+            for start in range(0, n_c, BN):
                 cols = start + tl.arange(0, BN)
-                m_c = cols < n_t
+                m_c = cols < n_c
                 ord_c = tl.load(dfs_order + bos + cols, mask=m_c, other=0)
                 end_c = ord_c + tl.load(subtree_size + bos + cols, mask=m_c, other=0)
                 keep = (ord_c[None, :] <= ord_r[:, None]) & (ord_r[:, None] < end_c[None, :])
