@@ -16,6 +16,7 @@
 #   bash benchmarks/h200.sh attention # tree attention: the Triton kernel vs the torch path at 9B/27B heads, and its A/B end to end
 #   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
 #   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
+#   bash benchmarks/h200.sh tests     # the GPU-marked tests, then the tests that take CUDA where there is one (~6.5 min)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -88,6 +89,16 @@ ops)
     python benchmarks/op_dispatch.py --out "$OUT" > "$OUT/dispatch_log.txt" 2>&1; echo "dispatch rc=$?"
     timeout 240 python benchmarks/ab_executor.py dispatcher --trials 6 --batches 1,8,32 --out "$OUT" \
         >> "$OUT/dispatch_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/dispatch_log.txt"
+    ;;
+tests)
+    python -m pytest -q -m gpu tests/kernels tests/test_transfer.py tests/spec tests/models tests/test_tree.py \
+        -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    # Not GPU-marked, but on CUDA where there is one: the attention, prefill, KV, forest and norm kernels
+    # against their references, the cache, the operators and the LLM API.
+    python -m pytest -q tests/kernels/test_tree_attention.py tests/kernels/test_gdn_prefill.py \
+        tests/kernels/test_kv_commit.py tests/kernels/test_forest.py tests/kernels/test_norms.py \
+        tests/models/test_cache.py tests/ops tests/test_llm.py -p no:cacheprovider \
+        > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
     ;;
 ratios)
     timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "ratios rc=$?"
