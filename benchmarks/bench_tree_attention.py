@@ -20,6 +20,7 @@ import argparse
 import json
 import platform
 import sys
+from functools import partial
 from pathlib import Path
 
 import _bench_util as U
@@ -56,8 +57,12 @@ def kernel(*args: object) -> torch.Tensor:
     return tree_attention(*args, D**-0.5)
 
 
-def point(model: str, hq: int, kvh: int, batch: int, context: int, gen: torch.Generator, measure) -> dict:
-    """Check the kernel against the torch path in float64, then time both (nothing timed if it fails)."""
+def point(
+    model: str, hq: int, kvh: int, batch: int, context: int, gen: torch.Generator, measure, splits: list[int]
+) -> dict:
+    """Check the kernel against the torch path in float64, then time both (nothing timed if it fails);
+    then the kernel with each of ``splits`` splits of the context (each checked first), the launcher's
+    choice being the one it made above."""
     x = inputs(hq, kvh, batch, context, gen)
     nbytes = sum(t.numel() * t.element_size() for t in x[:5])
     sets = [x] + [inputs(hq, kvh, batch, context, gen) for _ in range(min(3, 4 * U.L2_BYTES // nbytes))]
@@ -70,6 +75,14 @@ def point(model: str, hq: int, kvh: int, batch: int, context: int, gen: torch.Ge
         row[f"{name}_us"] = measure(U.Rotating(sets, lambda s, fn=fn: fn(*s)))
         row[f"{name}_peak_bytes"] = U.peak_bytes(lambda fn=fn: fn(*x))
     row["speedup"] = row["torch_us"] / row["kernel_us"]
+    by_splits = {}
+    for count in splits:
+        split = partial(tree_attention, scale=D**-0.5, splits=count)
+        if U.passes([U.rel_rms(split(*x), exact)], TOL):
+            by_splits[count] = measure(U.Rotating(sets, lambda s, split=split: split(*s)))
+    if by_splits:
+        row["kernel_us_by_splits"] = by_splits
+        print(f"  splits: {', '.join(f'{c}: {t:.1f}' for c, t in by_splits.items())} us", flush=True)
     print(
         f"{model} B={batch} ctx={context}: kernel {row['kernel_us']:.1f} us, torch {row['torch_us']:.1f} us "
         f"({row['speedup']:.1f}x), rel {row['rel_rms']:.1e}",
@@ -84,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8,16,32")
     ap.add_argument("--contexts", default="1024,4096,16384")
     ap.add_argument("--rep-ms", type=int, default=25)
+    ap.add_argument("--splits", default="", help="also time the kernel at these split counts, e.g. 1,2,4,8")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_tree_attention.py times GPU kernels: it needs CUDA", file=sys.stderr)
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     measure = U.graph_timer(args.rep_ms)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = [
-        point(model, hq, kvh, batch, context, gen, measure)
+        point(model, hq, kvh, batch, context, gen, measure, [int(c) for c in args.splits.split(",") if c])
         for model, (hq, kvh) in MODELS.items()
         for context in (int(c) for c in args.contexts.split(","))
         for batch in (int(b) for b in args.batches.split(","))
