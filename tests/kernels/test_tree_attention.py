@@ -68,11 +68,12 @@ def test_contexts_split_across_programs_combine_to_the_same_attention(splits, ge
 def test_split_count_fills_the_gpu_only_for_long_contexts():
     from trtllm_bole.kernels.tree_attention import MIN_CHUNK, split_count
 
-    assert split_count(16, 16 * MIN_CHUNK, 132) == 8  # one request: 128 programs, one wave
-    assert split_count(24, 16 * MIN_CHUNK, 132) == 5
+    assert split_count(16, 128 * MIN_CHUNK, 132) == 8  # one request: 128 programs, one wave
+    assert split_count(24, 128 * MIN_CHUNK, 132) == 5
     assert split_count(16, 4 * MIN_CHUNK, 132) == 4  # at most one split per MIN_CHUNK positions
-    assert split_count(128, 16 * MIN_CHUNK, 132) == 1  # a batch that fills the SMs runs unsplit
-    assert split_count(512, 16 * MIN_CHUNK, 132) == 1
+    assert split_count(192, 128 * MIN_CHUNK, 132) == 2  # 1.5 waves whole, 3 waves of halves
+    assert split_count(128, 128 * MIN_CHUNK, 132) == 1  # a batch that fills the SMs once runs whole
+    assert split_count(256, 128 * MIN_CHUNK, 132) == 1  # two full waves: splitting gains nothing
     assert split_count(16, MIN_CHUNK - 1, 132) == 1
 
 

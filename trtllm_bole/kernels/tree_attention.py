@@ -15,6 +15,8 @@ accumulation.
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import triton
 import triton.language as tl
@@ -136,16 +138,30 @@ def tiles(dtype: torch.dtype, bd: int) -> tuple[int, int, int]:
 
 MIN_CHUNK = 128
 """Fewest committed positions a split streams (H200, Qwen3.5-9B heads, one request of 1,024 positions:
-splits of 128 took 30 µs, of 64 36 µs, unsplit 98; ``tree_attention_h200.json``)."""
+splits of 128 took 30 µs, of 64 36 µs, unsplit 98; ``tree_attention_h200_splits.json``)."""
 
 
+@cache
 def split_count(programs: int, window: int, sms: int) -> int:
-    """Splits of the committed positions so that a launch of ``programs`` programs (one per block of query
-    rows, key/value head and request) fills the SMs once (at Qwen3.5's head dim of 256 an SM runs one
-    program at a time: a second wave of half-length splits took longer than one unsplit), each split
-    streaming at least :data:`MIN_CHUNK` of the table's ``window`` positions (the context's bound the
-    host knows: the lengths themselves are on the device)."""
-    return max(1, min(sms // programs, window // MIN_CHUNK))
+    """Splits of the committed positions for a launch of ``programs`` programs (one per block of query
+    rows, key/value head and request), each split streaming at least :data:`MIN_CHUNK` of the table's
+    ``window`` positions (the context's bound the host knows: the lengths are on the device).
+
+    At Qwen3.5's head dim of 256 an SM runs one program at a time, so a launch takes as many waves as
+    ``programs * splits / sms`` rounded up, each wave a split's share of the work: more splits are
+    taken only where their waves per split beat the best fewer by 10%. Measured on the H200
+    (``tree_attention_h200_splits.json``): one 9B request, 16 programs, takes 8 splits, 98 -> 30 µs
+    at 1,024 positions; 27B batch 8, 192 programs in 1.5 waves, takes 2, 639 -> 502 µs at 4,096; 128
+    or 256 programs stay whole, as a second wave of half-length splits measured slower. Cached: the
+    executor calls it per layer with a few shapes."""
+    cost = {
+        s: -(-s * programs // sms) / s for s in range(1, min(window // MIN_CHUNK, 4 * sms // programs) + 1)
+    }
+    best = 1
+    for s, waves in cost.items():
+        if waves < 0.9 * cost[best]:
+            best = s
+    return best
 
 
 def tree_attention(
