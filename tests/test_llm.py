@@ -29,6 +29,15 @@ def test_warm_up_serves_each_batch_size_and_leaves_generation_unchanged(llm):
     assert after[0].outputs[0].token_ids == fresh[0].outputs[0].token_ids
 
 
+def test_warm_up_fits_its_requests_to_a_small_kv_cache():
+    """A KV cache that holds fewer tokens than the context limit (here 64 for 1,024) is served with a
+    smaller limit per request; warm-up once asked for 44-token prompts + 18 tokens and failed."""
+    small = LLM(kv_cache_tokens=64, max_seq_len=1024, max_batch_size=4)
+    assert small.executor.scheduler.request_limit < 44 + 18
+    assert small.warm_up([1, 2], use_tqdm=False) == [1, 2]
+    assert not small.executor.has_unfinished
+
+
 def test_warm_up_defaults_to_batch_one_on_cpu_and_refuses_sizes_beyond_the_engine(llm):
     assert llm.warm_up(use_tqdm=False) == [1]
     with pytest.raises(ValueError, match=r"\[1, 4\] \(max_batch_size\), got \[8\]"):

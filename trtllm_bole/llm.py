@@ -220,9 +220,15 @@ class LLM:
             raise ValueError(f"warm-up batch sizes must lie in [1, {limit}] (max_batch_size), got {bad}")
         # Two speculative steps per request at the deepest tree; token ids 1-15 exist in any vocabulary.
         # Prompt lengths 4, 44 and 84 meet the prefill's chunk shapes: a lone partial chunk, and a full one
-        # of 64 then a partial one (rounds of one chain and of several).
-        params = SamplingParams(max_tokens=2 * (self.speculative_config.max_depth + 1), ignore_eos=True)
-        lengths = [n for n in (4, 44, 84) if n <= self.executor.scheduler.max_seq_len // 4] or [1]
+        # of 64 then a partial one (rounds of one chain and of several). Each request must fit what one
+        # request may hold (a small KV cache holds fewer tokens than the context limit).
+        scheduler = self.executor.scheduler
+        most = scheduler.request_limit  # at least 2, or the executor would not have started
+        params = SamplingParams(
+            max_tokens=min(2 * (self.speculative_config.max_depth + 1), most - 1), ignore_eos=True
+        )
+        fits = [n for n in (4, 44, 84) if n <= scheduler.max_seq_len // 4 and n + params.max_tokens <= most]
+        lengths = fits or [1]
         for b in tqdm(batch_sizes, desc="warming up", unit="batch", disable=not use_tqdm):
             prompts = [[1 + (i + j) % 15 for j in range(lengths[i % len(lengths)])] for i in range(b)]
             outputs = self.generate(prompts, [params] * b, use_tqdm=False)
