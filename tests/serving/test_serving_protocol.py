@@ -124,6 +124,11 @@ def test_limits_are_checked_against_the_engine():
         ([], ok, "empty prompt"),
         (list(range(8)) * 2, ok, "too long"),
         ([1, 9], ok, "outside the vocabulary"),
+        (
+            [1],
+            SamplingParams(max_tokens=2, stop_token_ids=[8]),
+            r"end_id 8 is outside the vocabulary \[0, 8\)",
+        ),
         ([1, 2, 3], ok, "max_tokens 10 is out of range"),
         ([1], SamplingParams(max_tokens=2, stop=["x"]), "tokenizer"),
     ]

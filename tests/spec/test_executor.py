@@ -2,6 +2,7 @@
 and no leaked slots or blocks under churn."""
 
 import itertools
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -328,6 +329,9 @@ def test_bad_requests(config):
     assert good.finish_reason == "length" and len(good.output_ids) == 4
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         ex.submit([1], SamplingParams(stop=["x"]))
+    for stop in ([16], [-1]):
+        with pytest.raises(ValueError, match=re.escape(f"stop_token_ids {stop} are outside the vocabulary")):
+            ex.submit([1], SamplingParams(stop_token_ids=stop))
     no_mtp = random_model(config, seed=3, mtp=False)
     with pytest.raises(ValueError, match="lacks"):
         Executor(no_mtp, BoleConfig(mode="bole"))

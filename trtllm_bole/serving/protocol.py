@@ -126,8 +126,9 @@ def check_request(
     vocab_size: int,
     has_tokenizer: bool,
 ) -> None:
-    """Refuse what the engine could only partly serve: an empty or too long prompt, ids outside the
-    vocabulary, ``max_tokens`` that does not fit after the prompt, stop strings without a tokenizer."""
+    """Refuse what the engine could only partly serve: an empty or too long prompt, ids (or an
+    ``end_id``) outside the vocabulary, ``max_tokens`` that does not fit after the prompt, stop strings
+    without a tokenizer."""
     n = len(prompt_ids)
     if n == 0:
         raise RequestError("empty prompt: send a non-empty text_input or input_ids")
@@ -139,6 +140,10 @@ def check_request(
     bad = [int(t) for t in prompt_ids if not 0 <= t < vocab_size]
     if bad:
         raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    if outside := [t for t in params.stop_token_ids if not 0 <= t < vocab_size]:  # from end_id
+        raise RequestError(
+            f"end_id {outside[0]} is outside the vocabulary [0, {vocab_size}): it would never end"
+        )
     if n + params.max_tokens > context_limit:
         raise RequestError(
             f"max_tokens {params.max_tokens} is out of range: the prompt has {n} tokens and this server "

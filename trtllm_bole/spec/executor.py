@@ -199,6 +199,10 @@ class Executor:
         if params.stop and self.decode_text is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         vocab = self.model.config.vocab_size
+        if outside := [t for t in params.stop_token_ids if not 0 <= t < vocab]:
+            raise ValueError(
+                f"stop_token_ids {outside[:5]} are outside the vocabulary [0, {vocab}): never met"
+            )
         bad = [t for t in prompt_ids if not _is_token_id(t, vocab)]
         ids = list(prompt_ids) if bad else [operator.index(t) for t in prompt_ids]
         request = Request(self._next_id, ids, params)
