@@ -58,6 +58,10 @@ def test_stream_texts_join_up_to_generates_text_with_and_without_a_stop_string(l
     assert whole.text == full[: full.index(stop)]
     # generation itself stopped there (the text alone would be cut after the fact anyway)
     assert whole.finish_reason == "stop" and len(whole.token_ids) < 16
+    # the ids keep the tokens up to the one that completed the stop string (README, Generate)
+    ids_text = llm.tokenizer.decode(whole.token_ids)
+    assert ids_text.startswith(whole.text) and stop in ids_text
+    assert stop not in llm.tokenizer.decode(whole.token_ids[:-1])
 
 
 def test_generate_leaves_nothing_queued_when_a_prompt_or_a_step_fails(llm, monkeypatch):
