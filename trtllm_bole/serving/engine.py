@@ -11,6 +11,7 @@ variable.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -257,14 +258,21 @@ class ServingEngine:
         )
 
     def _deliver(self, live: _Live, update: Update) -> None:
+        """Hand ``update`` to the request's consumer. A consumer that raises loses its request, never
+        the engine: the request is aborted, and told so in a final update where it can still listen
+        (a client that has gone cannot; one whose reply failed to build can)."""
         try:
             live.on_update(update)
-        except Exception:  # a failing consumer loses its request, never the engine
+        except Exception as e:
             traceback.print_exc(file=sys.stderr)
             if not update.finished and live.key in self._live:
                 self.executor.abort(live.request)
                 del self._live[live.key]
                 del self._by_request[live.request.request_id]
+                error = f"the request's reply failed ({type(e).__name__}: {e}); it was aborted"
+                final = Update(live.key, [], "", True, "abort", error, update.stats)
+                with contextlib.suppress(Exception):
+                    live.on_update(final)
 
 
 def close_on_drain_file(engine: ServingEngine, path: Path, *, poll: float = 0.1) -> threading.Thread:
