@@ -408,7 +408,7 @@ def tree_attention(
     d]`` (contiguous), all of one dtype (:data:`ATTENTION_DTYPES`, or float64 on the CPU);
     ``block_tables`` int ``[B, max_blocks]``, ``context_lens`` int ``[B]``. Their values are the
     caller's (checking them would wait for the device): positions past the table are not attended to,
-    and a position on a negative entry reads block 0.
+    a negative length attends to none, and a position on a negative entry reads block 0.
     """
     n, hq, d = q.shape if q.dim() == 3 else (None, None, None)
     if n != tree.num_nodes:
