@@ -259,8 +259,8 @@ class ServingEngine:
 
     def _deliver(self, live: _Live, update: Update) -> None:
         """Hand ``update`` to the request's consumer. A consumer that raises loses its request, never
-        the engine: the request is aborted, and told so in a final update where it can still listen
-        (a client that has gone cannot; one whose reply failed to build can)."""
+        the engine: the request is aborted, and told so in a final ``"error"`` update where it can
+        still listen (a client that has gone cannot; one whose reply failed to build can)."""
         try:
             live.on_update(update)
         except Exception as e:
@@ -270,7 +270,7 @@ class ServingEngine:
                 del self._live[live.key]
                 del self._by_request[live.request.request_id]
                 error = f"the request's reply failed ({type(e).__name__}: {e}); it was aborted"
-                final = Update(live.key, [], "", True, "abort", error, update.stats)
+                final = Update(live.key, [], "", True, "error", error, update.stats)
                 with contextlib.suppress(Exception):
                     live.on_update(final)
 
