@@ -65,16 +65,19 @@ def test_contexts_split_across_programs_combine_to_the_same_attention(splits, ge
     assert rel_rms(out, float64_reference(*args)) < 1e-5
 
 
-def test_split_count_fills_the_gpu_only_for_long_contexts():
-    from trtllm_bole.kernels.tree_attention import MIN_CHUNK, split_count
+def test_split_count_takes_splits_where_they_cut_the_waves():
+    from trtllm_bole.kernels.tree_attention import min_chunk, split_count
 
-    assert split_count(16, 128 * MIN_CHUNK, 132) == 8  # one request: 128 programs, one wave
-    assert split_count(24, 128 * MIN_CHUNK, 132) == 5
-    assert split_count(16, 4 * MIN_CHUNK, 132) == 4  # at most one split per MIN_CHUNK positions
-    assert split_count(192, 128 * MIN_CHUNK, 132) == 2  # 1.5 waves whole, 3 waves of halves
-    assert split_count(128, 128 * MIN_CHUNK, 132) == 1  # a batch that fills the SMs once runs whole
-    assert split_count(256, 128 * MIN_CHUNK, 132) == 1  # two full waves: splitting gains nothing
-    assert split_count(16, MIN_CHUNK - 1, 132) == 1
+    c = min_chunk(256)
+    assert c == 128 and min_chunk(64) == 2048  # smaller heads: contexts of 2,048 per split at least
+    assert split_count(16, 128 * c, 132, c) == 8  # one request: 128 programs, one wave
+    assert split_count(24, 128 * c, 132, c) == 5
+    assert split_count(16, 4 * c, 132, c) == 4  # at most one split per min_chunk positions
+    assert split_count(192, 128 * c, 132, c) == 2  # 1.5 waves whole, 3 waves of halves
+    assert split_count(128, 128 * c, 132, c) == 1  # a batch that fills the SMs once runs whole
+    assert split_count(256, 128 * c, 132, c) == 1  # two full waves: splitting gains nothing
+    assert split_count(16, c - 1, 132, c) == 1
+    assert split_count(16, 1024, 132, min_chunk(64)) == 1
 
 
 def test_the_torch_path_is_attention_written_node_by_node(gen):

@@ -42,17 +42,17 @@ def _softmax_step(q_t, k_ptrs, v_ptrs, cols, keep, m_i, l_i, acc, scale, d_mask,
     return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
 
 
-@triton.jit(do_not_specialize=["table_width", "num_blocks", "splits", "chunk", "n_total"])
+@triton.jit(do_not_specialize=["table_width", "num_blocks", "splits", "n_total"])
 def _tree_attention_kernel(
     q, k, v, k_cache, v_cache, o, part_m, part_l, part_o, block_tables, context_lens, cu_seqlens, dfs_order,
-    subtree_size, scale, table_width, num_blocks, splits, chunk, n_total,
+    subtree_size, scale, table_width, num_blocks, splits, n_total,
     HQ: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, PAGE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """Program ``(i_m * splits + i_s, i_kv, i_b)``: split ``i_s`` of the committed positions (``chunk`` of
-    them) for its rows; split 0 also takes the forest's nodes. One split writes ``o``; several
-    (``SPLIT``) write their running max, sum and unnormalised output to ``part_*`` for
-    :func:`_combine_kernel`."""
+    """Program ``(i_m * splits + i_s, i_kv, i_b)``: split ``i_s`` of the request's committed positions
+    (an equal share of them, in whole blocks of ``BN``) for its rows; split 0 also takes the forest's
+    nodes. One split writes ``o``; several (``SPLIT``) write their running max, sum and unnormalised
+    output to ``part_*`` for :func:`_combine_kernel`."""
     i_m, i_s = tl.program_id(0) // splits, tl.program_id(0) % splits
     i_kv, i_b = tl.program_id(1), tl.program_id(2)
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
@@ -74,6 +74,9 @@ def _tree_attention_kernel(
         # The committed positions inside the table (as the torch path's window), through the block table;
         # an entry out of range reads a clamped block (the reference gathers the same).
         ctx = tl.minimum(tl.load(context_lens + i_b), table_width * PAGE).to(tl.int32)  # clamped, then cast
+        ctx = tl.maximum(ctx, 0)
+        # Shares of the request's own length, not of the table's (which a CUDA graph sizes for the longest).
+        chunk = tl.cdiv(tl.cdiv(ctx, splits), BN) * BN
         end = tl.minimum(ctx, (i_s + 1) * chunk)
         for start in range(i_s * chunk, end, BN):
             pos = start + tl.arange(0, BN)
@@ -136,16 +139,21 @@ def tiles(dtype: torch.dtype, bd: int) -> tuple[int, int, int]:
     return (64, 32, 8) if bd >= 256 else (64, 64, 4)
 
 
-MIN_CHUNK = 128
-"""Fewest committed positions a split streams (H200, Qwen3.5-9B heads, one request of 1,024 positions:
-splits of 128 took 30 µs, of 64 36 µs, unsplit 98; ``tree_attention_h200_splits.json``)."""
+def min_chunk(bd: int) -> int:
+    """Fewest of the table's positions a split is sized for, by padded head dim. At 256 and more
+    (Qwen3.5's) 128, measured on the H200 (one 9B request over 1,024 positions: splits of 128 took
+    30 µs, of 64 36, unsplit 98; ``tree_attention_h200_splits.json``). Below, 2,048, the bound from
+    before that measurement: several programs share an SM there, which :func:`split_count`'s waves do
+    not model, and the embedded model's contexts stay whole, as its end-to-end runs measured them."""
+    return 128 if bd >= 256 else 2048
 
 
 @cache
-def split_count(programs: int, window: int, sms: int) -> int:
+def split_count(programs: int, window: int, sms: int, min_chunk: int) -> int:
     """Splits of the committed positions for a launch of ``programs`` programs (one per block of query
-    rows, key/value head and request), each split streaming at least :data:`MIN_CHUNK` of the table's
-    ``window`` positions (the context's bound the host knows: the lengths are on the device).
+    rows, key/value head and request), at most one per ``min_chunk`` of the table's ``window``
+    positions (the context's bound the host knows: the lengths are on the device; each request's
+    splits then share its own length).
 
     At Qwen3.5's head dim of 256 an SM runs one program at a time, so a launch takes as many waves as
     ``programs * splits / sms`` rounded up, each wave a split's share of the work: more splits are
@@ -155,7 +163,7 @@ def split_count(programs: int, window: int, sms: int) -> int:
     or 256 programs stay whole, as a second wave of half-length splits measured slower. Cached: the
     executor calls it per layer with a few shapes."""
     cost = {
-        s: -(-s * programs // sms) / s for s in range(1, min(window // MIN_CHUNK, 4 * sms // programs) + 1)
+        s: -(-s * programs // sms) / s for s in range(1, min(window // min_chunk, 4 * sms // programs) + 1)
     }
     best = 1
     for s, waves in cost.items():
@@ -188,8 +196,7 @@ def tree_attention(
     row_blocks = triton.cdiv(tree.max_nodes * (hq // kvh), bm)
     window = block_tables.shape[1] * k_cache.shape[1]
     programs = row_blocks * kvh * tree.num_requests
-    splits = splits or split_count(programs, window, num_sms(q.device))
-    chunk = triton.cdiv(triton.cdiv(window, splits), bn) * bn
+    splits = splits or split_count(programs, window, num_sms(q.device), min_chunk(bd))
     parts = [  # the splits' running maxima, sums and outputs; one split writes o alone (o stands in)
         torch.empty((splits, n, hq, *extra), dtype=torch.float32, device=q.device) if splits > 1 else o
         for extra in ((), (), (d,))
@@ -197,7 +204,7 @@ def tree_attention(
     _tree_attention_kernel[(row_blocks * splits, kvh, tree.num_requests)](
         q, k, v, k_cache, v_cache, o, *parts, block_tables.contiguous(),
         context_lens.contiguous(), tree.cu_seqlens, tree.dfs_order, tree.subtree_size, float(scale),
-        block_tables.shape[1], k_cache.shape[0], splits, chunk, n,
+        block_tables.shape[1], k_cache.shape[0], splits, n,
         HQ=hq, KVH=kvh, D=d, BD=bd, PAGE=k_cache.shape[1], BM=bm, BN=bn,
         PREC="ieee" if q.dtype == torch.float32 else "tf32",  # (16-bit operands ignore it)
         UPCAST=_UPCAST, SPLIT=splits > 1, num_warps=warps,
