@@ -149,9 +149,9 @@ def min_chunk(bd: int) -> int:
 
 
 @cache
-def split_count(programs: int, window: int, sms: int, min_chunk: int) -> int:
+def split_count(programs: int, window: int, sms: int, least_chunk: int) -> int:
     """Splits of the committed positions for a launch of ``programs`` programs (one per block of query
-    rows, key/value head and request), at most one per ``min_chunk`` of the table's ``window``
+    rows, key/value head and request), at most one per ``least_chunk`` of the table's ``window``
     positions (the context's bound the host knows: the lengths are on the device; each request's
     splits then share its own length).
 
@@ -163,7 +163,7 @@ def split_count(programs: int, window: int, sms: int, min_chunk: int) -> int:
     or 256 programs stay whole, as a second wave of half-length splits measured slower. Cached: the
     executor calls it per layer with a few shapes."""
     cost = {
-        s: -(-s * programs // sms) / s for s in range(1, min(window // min_chunk, 4 * sms // programs) + 1)
+        s: -(-s * programs // sms) / s for s in range(1, min(window // least_chunk, 4 * sms // programs) + 1)
     }
     best = 1
     for s, waves in cost.items():
