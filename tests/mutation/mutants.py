@@ -893,6 +893,13 @@ MUTANTS = [
         ["tests/kernels/test_tree_attention.py"],
     ),
     Mutant(
+        "TA8",
+        "trtllm_bole/kernels/tree_attention.py",
+        "chunk = tl.cdiv(tl.cdiv(ctx, splits), BN) * BN",
+        "chunk = tl.cdiv(tl.cdiv(ctx, splits + 1), BN) * BN",
+        ["tests/kernels/test_tree_attention.py"],
+    ),
+    Mutant(
         "N20",
         "trtllm_bole/models/model.py",
         "return hidden, self.logits(hidden[last])",
