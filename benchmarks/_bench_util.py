@@ -232,6 +232,28 @@ def exact_outputs(x: Inputs) -> tuple[torch.Tensor, ...]:
     return o, states, u, log_p
 
 
+def run_meta(**extra: Any) -> dict:
+    """Where and how a result was measured: the GPU, the torch, triton and Python versions and the command
+    line, then ``extra`` (the run's shapes, configs or peers)."""
+    import platform
+    import sys
+
+    import triton
+
+    return {
+        "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+        "python": platform.python_version(), "command": " ".join(["python", *sys.argv]), **extra,
+    }  # fmt: skip
+
+
+def write_result(out: str | Path, name: str, data: dict) -> Path:
+    """``data`` as indented JSON in ``<out>/<name>`` (the folder made where missing); returns the path."""
+    path = Path(out) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
 def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 

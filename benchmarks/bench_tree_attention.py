@@ -17,8 +17,6 @@ flushed (``_bench_util.graph_timer``), inputs rotating; peak transient memory of
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 from functools import partial
 from pathlib import Path
@@ -102,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench_tree_attention.py times GPU kernels: it needs CUDA", file=sys.stderr)
         return 2
-    import triton
-
     measure = U.graph_timer(args.rep_ms)
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = [
@@ -112,15 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         for context in (int(c) for c in args.contexts.split(","))
         for batch in (int(b) for b in args.batches.split(","))
     ]
-    meta = {
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),
-        "shape": {"head_dim": D, "page": PAGE, "tree": {"size": 64, "top_k": 4, "depth": 8}, "dtype": "bf16"},
-    }  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tree_attention_h200.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {out / 'tree_attention_h200.json'}")
+    shape = {"head_dim": D, "page": PAGE, "tree": {"size": 64, "top_k": 4, "depth": 8}, "dtype": "bf16"}
+    path = U.write_result(
+        args.out, "tree_attention_h200.json", {"meta": U.run_meta(shape=shape), "rows": rows}
+    )
+    print(f"wrote {path}")
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 from pathlib import Path
 
@@ -49,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("factor_depth.py times GPU kernels: it needs CUDA", file=sys.stderr)
         return 2
-    import triton
 
     measure = U.graph_timer(20)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -77,14 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     finally:
         inv.COMPACT_MAX_DEPTH = kept
-    meta = {
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),
-    }  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "factor_depth_h200.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {out / 'factor_depth_h200.json'}")
+    path = U.write_result(args.out, "factor_depth_h200.json", {"meta": U.run_meta(), "rows": rows})
+    print(f"wrote {path}")
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -144,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("probe_value_bytes.py times GPU kernels: it needs CUDA", file=sys.stderr)
         return 2
-    import triton
 
     measure = U.graph_timer(args.rep_ms)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -187,17 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                 us = measure(U.Rotating(prepared, lambda p, m=module: value_tiles(p, m)))
                 row["value_us"].setdefault(name, []).append(us)
         print(f"{model} B={batch}: " + ", ".join(f"{n} {min(t):.1f}" for n, t in row["value_us"].items()))
-    meta = {
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),
-        "config": str(CONFIG), "tree": {"size": 64, "top_k": 4, "depth": 8}, "variants": VARIANTS,
-    }  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    meta = U.run_meta(config=str(CONFIG), tree={"size": 64, "top_k": 4, "depth": 8}, variants=VARIANTS)
     data = {"meta": meta, "rows": rows}
-    (out / "probe_value_bytes_h200.json").write_text(json.dumps(data, indent=1))
-    plot(data, out / "probe_value_bytes_h200.png")
-    print(f"wrote {out / 'probe_value_bytes_h200.json'} and its PNG")
+    path = U.write_result(args.out, "probe_value_bytes_h200.json", data)
+    plot(data, path.with_suffix(".png"))
+    print(f"wrote {path} and its PNG")
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -81,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("profile_verify.py times GPU kernels: it needs CUDA", file=sys.stderr)
         return 2
-    import triton
 
     measure, warm = U.graph_timer(args.rep_ms), U.warm_graph_timer()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -127,15 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             row[key] = entry
             print(f"B={batch} {key}: {json.dumps(entry)}", flush=True)
         rows.append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),
-        "shape": {"model": "qwen3.5-9b", "hv": HV, "tree_size": SIZE, "depth": DEPTH, "top_k": 4},
-    }  # fmt: skip
-    (out / "profile_verify_h200.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {out / 'profile_verify_h200.json'}")
+    meta = U.run_meta(shape={"model": "qwen3.5-9b", "hv": HV, "tree_size": SIZE, "depth": DEPTH, "top_k": 4})
+    path = U.write_result(args.out, "profile_verify_h200.json", {"meta": meta, "rows": rows})
+    print(f"wrote {path}")
     return 0
 
 

@@ -17,8 +17,6 @@ Writes ``<out>/verify_ratio_repeats_h200.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -75,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("repeat_verify_ratio.py times GPU kernels: it needs CUDA", file=sys.stderr)
         return 2
-    import triton
 
     sglang = _peers.load_sglang()
     if not sglang.available:
@@ -104,16 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             if values:
                 point[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
         points.append(point)
-    meta = {
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-        "python": platform.python_version(), "sglang": sglang.version, "copy_bandwidth": copy,
-        "command": " ".join(["python", *sys.argv]),
-        "shape": {"tree_size": SIZE, "depth": DEPTH, "top_k": 4, "H": U.H, "dk": U.DK, "dv": U.DV},
-    }  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"meta": meta, "points": points}
-    (out / "verify_ratio_repeats_h200.json").write_text(json.dumps(result, indent=1))
+    meta = U.run_meta(
+        sglang=sglang.version, copy_bandwidth=copy,
+        shape={"tree_size": SIZE, "depth": DEPTH, "top_k": 4, "H": U.H, "dk": U.DK, "dv": U.DV},
+    )  # fmt: skip
+    U.write_result(args.out, "verify_ratio_repeats_h200.json", {"meta": meta, "points": points})
     for p in points:
         if "speedup" in p:
             s, f = p["speedup"], p["floor_fraction"]
