@@ -4,6 +4,7 @@
     python benchmarks/ab_executor.py forest-kernel --trials 8 --batches 8,16,32 --out DIR
     python benchmarks/ab_executor.py dispatcher --trials 6
     python benchmarks/ab_executor.py tree-attention
+    python benchmarks/ab_executor.py step-graphs
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -19,7 +20,10 @@
 - ``tree-attention``: full attention (the target's verify, drafting, the MTP's follow-up, prefill) in
   one Triton launch against the torch path (a dense mask and the block table's whole window gathered for
   every forward, then SDPA), reproduced by running ``bole::tree_attention``'s CPU implementation, plain
-  torch, on the GPU's tensors.
+  torch, on the GPU's tensors;
+- ``step-graphs``: the tree selection, and a greedy batch's verify with its acceptance and commit,
+  replayed from CUDA graphs (2026-12-02) against the selection, acceptance and commit launched kernel by
+  kernel from Python around a replayed verify, reproduced by making their graph sets None.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request, at batch 8, 16 and 32 (``--batches``), a model for each side (warmed up and its graphs
@@ -98,11 +102,31 @@ def attention_in_torch():
         library.tree_attention = operator
 
 
+class _NoGraphs:
+    """Stands in for a graph set's class: its executors launch that phase from Python."""
+
+    def __new__(cls, *args, **kwargs):
+        return None
+
+    of = staticmethod(lambda *args, **kwargs: None)
+
+
+@contextmanager
+def step_launched_from_python():
+    graphs = ex.SelectGraphs, ex.GreedyStepGraphs
+    ex.SelectGraphs = ex.GreedyStepGraphs = _NoGraphs
+    try:
+        yield
+    finally:
+        ex.SelectGraphs, ex.GreedyStepGraphs = graphs
+
+
 OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
     "dispatcher": operators_called_directly,
     "tree-attention": attention_in_torch,
+    "step-graphs": step_launched_from_python,
 }
 
 

@@ -17,7 +17,7 @@ forward over the prompt and ``ar``'s tokens, within ``NEAR_TIE_LOGITS``; ``exact
 run's tokens/s beside it. Kernel variants Triton compiles inside a timed run are counted (``kernel_compiles``,
 with a warning): a compile there is a latency spike of a tenth of a second or more that the warm-up should
 have taken. So are the CUDA graphs captured inside it (``graph_captures``: greedy drafting's, one per new
-batch size, and the verify's, one per new forest shape, e.g. as a run's last requests finish).
+batch size, and the selection's and verify's, one per new shape, e.g. as a run's last requests finish).
 Writes JSON (+ PNG) to ``--out``.
 """
 
@@ -185,7 +185,7 @@ def run(
     default :func:`max_seq_len_for` of the dataset (a warm-up passes the timed dataset's: the same cache
     sizes and draft graphs as the timed runs)."""
     executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or max_seq_len_for(dataset))
-    graphs = [g for g in (executor.draft_graphs, executor.verify_graphs) if g is not None]
+    graphs = [g for g in executor.graph_sets if g is not None]
     captured_before = sum(len(g.captured) for g in graphs)
     sync = torch.cuda.synchronize if llm.model.device.type == "cuda" else (lambda: None)
     submitted, first, events = {}, {}, {}

@@ -64,7 +64,9 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int) -> dict:
         executor_module.phase = original
     if timed["_outputs"] != free["_outputs"]:
         raise RuntimeError(f"{mode} batch {batch}: the synchronised run's tokens differ from the free run's")
-    steps = clock.calls["verify"]  # one target verify per speculative (or decode) step
+    # One target verify per speculative (or decode) step; a greedy batch's replays with its acceptance
+    # and commit (verify_accept_commit).
+    steps = clock.calls["verify"] + clock.calls["verify_accept_commit"]
     return {
         "mode": mode,
         "batch": batch,

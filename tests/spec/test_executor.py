@@ -359,9 +359,9 @@ def gpu_config():
 @pytest.mark.gpu
 @pytest.mark.parametrize(("mode", "budget"), [*[(m, None) for m in MODES], ("bole", 12)])
 def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
-    """Replayed drafts, verifies and MTP follow-ups (CUDA graphs) give the tokens and the acceptance that
-    kernel-by-kernel launches give, with batches that shrink as requests finish and, under a budget,
-    forests of changing size."""
+    """Replayed drafts, selections, verifies and MTP follow-ups (CUDA graphs) give the tokens and the
+    acceptance that kernel-by-kernel launches give, with batches that shrink as requests finish and,
+    under a budget, forests of changing size."""
     params = SamplingParams(max_tokens=20)
     bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
     outputs = []
@@ -371,7 +371,8 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
                         cuda_graphs=graphs)  # fmt: skip
         outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
     assert outputs[0] == outputs[1]
-    assert spec.verify_graphs.captured and (spec.draft_graphs is None) == (mode == "ar")
+    assert spec.greedy_graphs.captured and not spec.verify_graphs.captured  # greedy: verify, accept, commit
+    assert (spec.draft_graphs is None) == (mode == "ar") and (mode == "ar" or spec.select_graphs.captured)
 
 
 @pytest.mark.gpu
@@ -406,14 +407,15 @@ def test_greedy_on_the_kernels_is_token_for_token_autoregressive(gpu_config, mod
 
 @pytest.mark.gpu
 def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
-    """After ``capture_graphs`` a greedy run of full trees meets no new verify shape."""
+    """After ``capture_graphs`` a greedy run of full trees meets no new selection or verify shape."""
     model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
     spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
-    assert spec.capture_graphs() == 9  # per batch size: the draft, the verify, the MTP's follow-up
+    assert spec.capture_graphs() == 15  # per batch size: draft, selection, verify (alone, greedy), MTP
     assert spec.capture_graphs() == 0
-    shapes = [list(g.captured) for g in (spec.verify_graphs, spec.mtp_graphs)]
+    graphs = [g for g in spec.graph_sets if g is not spec.draft_graphs]
+    shapes = [list(g.captured) for g in graphs]
     run(spec, PROMPTS[:3], SamplingParams(max_tokens=12))
-    assert [g.captured for g in (spec.verify_graphs, spec.mtp_graphs)] == shapes
+    assert [g.captured for g in graphs] == shapes
 
 
 @pytest.mark.gpu
@@ -451,7 +453,7 @@ def test_a_step_whose_capture_fails_fails_alone(gpu_config, monkeypatch):
         spec.scheduler.finish(request, "error", "the step failed")
     served, launched = run(spec, PROMPTS, params), run(executor(False), PROMPTS, params)
     assert [r.output_ids for r in served] == [r.output_ids for r in launched]
-    assert spec.verify_graphs.captured
+    assert spec.greedy_graphs.captured
 
 
 def test_mtp_follow_up_writes_each_accepted_path_as_a_prefill_would(config):

@@ -1,9 +1,12 @@
 import pytest
 import torch
 
-from trtllm_bole.spec.drafter import CandidatePool, _best_per_request, select_tree
+from trtllm_bole.models.config import load_config
+from trtllm_bole.models.loader import random_model
+from trtllm_bole.spec.draft_graphs import SelectGraphs
+from trtllm_bole.spec.drafter import CandidatePool, _best_per_request, select_tree, selection_size
 from trtllm_bole.spec.tree_select import compact_forest, rank_order, select_nodes, topk_children
-from trtllm_bole.testing import topk_parents
+from trtllm_bole.testing import TINY_MTP_CONFIG, topk_parents
 from trtllm_bole.tree import TreeBatch
 
 
@@ -129,6 +132,39 @@ def test_select_tree_on_the_device_equals_the_checked_host_build(total, per_requ
     )
     for name in ("parents", "cu_seqlens", "depth", "request", "global_parents", "dfs_order", "subtree_size"):
         assert torch.equal(getattr(tree, name), getattr(built, name)), name
+
+
+def test_selection_size_counts_what_select_tree_keeps(gen):
+    """Every request keeps its pending token; ``total`` caps the rest. Keeping ``total`` equal to the count
+    selects the same nodes as the ``total`` that gave it (the selection graphs' key)."""
+    pool = _draft_like_pool(3, 20, gen)
+    for per_request in (4, 16, 100):
+        for total in (None, 1, 2, 5, 17, 60, 500):
+            num_kept, max_nodes = selection_size(60, 3, per_request, total)
+            _, tree, index = select_tree(pool, 3, per_request=per_request, total=total)
+            sizes = tree.cu_seqlens.diff()
+            assert tree.num_nodes == num_kept and tree.max_nodes == max_nodes >= int(sizes.max())
+            again = select_tree(pool, 3, per_request=per_request, total=num_kept)[2]
+            assert torch.equal(index, again), (per_request, total)
+
+
+@pytest.mark.gpu
+def test_selection_graphs_replay_select_tree_for_any_pool_values(gen):
+    """One graph per (requests, pool size, depth, cap, nodes kept), captured on first sight or ahead of
+    traffic on a placeholder pool; its replays select what the eager selection does, pool after pool."""
+    mtp = random_model(load_config(TINY_MTP_CONFIG), seed=0, device="cuda").mtp  # the graphs hold it weakly
+    graphs = SelectGraphs.of(mtp)
+    assert graphs.capture([(3, 60, 8, 16)]) == [(3, 60, 8, 16, 51)]
+    for round_, total in enumerate((None, 17, 500, 2, 17)):
+        pool = _draft_like_pool(3, 20, gen)
+        pool = CandidatePool(*(t.cuda() for t in (pool.tokens, pool.parents, pool.request, pool.depth,
+                                                   pool.log_rho)), 8)  # fmt: skip
+        want = select_tree(pool, 3, per_request=16, total=total)
+        got = graphs(pool, 3, per_request=16, total=total)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), round_
+        for name in ("parents", "cu_seqlens", "depth", "request", "global_parents", "paths", "dfs_order"):
+            assert torch.equal(getattr(got[1], name), getattr(want[1], name)), (round_, name)
+    assert graphs.captured == [(3, 60, 8, 16, 3), (3, 60, 8, 16, 17), (3, 60, 8, 16, 51)]
 
 
 def test_beam_keeps_the_best_of_each_request_grouped_and_best_first():

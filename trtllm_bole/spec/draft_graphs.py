@@ -15,6 +15,10 @@ captured on its batch size's first greedy draft, or ahead of traffic by :meth:`D
 (``LLM.warm_up`` and the benchmarks' warm-ups capture every batch size they may serve). The graphs
 share one memory pool (:mod:`.graphs`): each keeps its candidate pool, the temporaries are shared.
 Sampled requests draft eagerly: their draft distribution filters per request.
+
+The tree selection that follows (:func:`~trtllm_bole.spec.drafter.select_tree`: ~70 small kernels,
+~2 ms of host time a step launched one by one) replays from :class:`SelectGraphs`, for every batch,
+greedy or sampled: one graph per pool shape and number of nodes kept.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import torch
 
 from trtllm_bole.models.cache import NO_BLOCK, load_block_table
 from trtllm_bole.models.mtp import MTPHead
-from trtllm_bole.spec.drafter import CandidatePool, DraftSettings, draft
+from trtllm_bole.spec.drafter import CandidatePool, DraftSettings, draft, select_tree, selection_size
 from trtllm_bole.spec.graphs import CacheGraphs
+from trtllm_bole.tree import TreeBatch
 
 
 @dataclass(slots=True)
@@ -116,4 +121,68 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         return self._graphs[b]
 
 
-__all__ = ["DraftGraphs"]
+_POOL_FIELDS = ("tokens", "parents", "request", "depth", "log_rho")
+
+
+class SelectGraphs(CacheGraphs[MTPHead]):
+    """:func:`select_tree` of ``mtp``'s drafts replayed from one CUDA graph per ``(requests, pool size, pool
+    depth, per-request cap, nodes kept)``: at most ``max_graphs`` of them (later shapes run eagerly).
+    Kept per MTP head (:meth:`of`), so the executors that follow one another share them, and dropped
+    with its draft graphs when its cache is reallocated (selection itself reads no cache)."""
+
+    def __init__(self, mtp: MTPHead, *, max_graphs: int = 256) -> None:
+        super().__init__(mtp)
+        self.max_graphs = max_graphs
+
+    def __call__(
+        self, pool: CandidatePool, num_requests: int, *, per_request: int, total: int | None = None
+    ) -> tuple[torch.Tensor, TreeBatch, torch.Tensor]:
+        """``select_tree(pool, num_requests, per_request=..., total=...)``; the outputs are the graph's:
+        read them before the next call."""
+        self._follow_cache()
+        num_kept, _ = selection_size(pool.tokens.numel(), num_requests, per_request, total)
+        key = (num_requests, pool.tokens.numel(), pool.max_depth, per_request, num_kept)
+        captured = self._graphs.get(key)
+        if captured is None and len(self._graphs) >= self.max_graphs:
+            return select_tree(pool, num_requests, per_request=per_request, total=total)
+        graph, static, outputs = captured or self._capture_select(key)
+        for name in _POOL_FIELDS:
+            getattr(static, name).copy_(getattr(pool, name))
+        graph.replay()
+        return outputs
+
+    def capture(self, shapes: Iterable[tuple[int, int, int, int]]) -> list[tuple]:
+        """Capture now, so that traffic meets none, the selections of full trees (no ``total``) from pools
+        of these ``(requests, pool size, pool depth, per-request cap)``; returns the keys captured by
+        this call."""
+        self._follow_cache()
+        keys = [(*shape, selection_size(shape[1], shape[0], shape[3], None)[0]) for shape in shapes]
+        new = [key for key in keys if key not in self._graphs]
+        for key in new:
+            self._capture_select(key)
+        return new
+
+    def _capture_select(self, key: tuple[int, int, int, int, int]) -> tuple:
+        num_requests, size, max_depth, per_request, num_kept = key
+        static = _placeholder_pool(num_requests, size // num_requests, max_depth, self.owner.fc.device)
+        graph, outputs = self._capture(
+            lambda: select_tree(static, num_requests, per_request=per_request, total=num_kept)
+        )
+        self._graphs[key] = (graph, static, outputs)
+        return self._graphs[key]
+
+
+def _placeholder_pool(
+    num_requests: int, per_request: int, max_depth: int, device: torch.device
+) -> CandidatePool:
+    """A valid pool of these sizes to capture a selection on (a capture records kernels, not values):
+    each request's pending token and its children."""
+    n = num_requests * per_request
+    request = torch.arange(num_requests, device=device).repeat_interleave(per_request)
+    first = torch.arange(n, device=device) % per_request == 0
+    parents = torch.where(first, -1, request * per_request)
+    zeros = torch.zeros(n, dtype=torch.long, device=device)
+    return CandidatePool(zeros, parents, request, 2 - first.long(), zeros.float(), max_depth)
+
+
+__all__ = ["DraftGraphs", "SelectGraphs"]

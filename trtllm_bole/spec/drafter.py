@@ -149,6 +149,12 @@ def draft(
     return pool
 
 
+def pool_size(top_k: int, depth: int) -> int:
+    """Candidates :func:`draft` makes per request: the pending token, its ``top_k`` children, then
+    ``top_k`` children of each of the ``top_k`` beam nodes at every further level."""
+    return 1 + top_k + (depth - 1) * top_k * top_k
+
+
 def _grow(
     mtp_nodes: torch.Tensor, frontier: torch.Tensor, pool: CandidatePool, num_requests: int, depth: int
 ) -> tuple[torch.Tensor, TreeBatch]:
@@ -183,6 +189,17 @@ def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, num_requests: in
     return grid.gather(1, best).flatten()
 
 
+def selection_size(pool_size: int, num_requests: int, per_request: int, total: int | None) -> tuple[int, int]:
+    """How many nodes :func:`select_tree` keeps from a pool of ``pool_size`` (as many per request), and
+    the most one request keeps. Keeping ``total`` equal to the first selects the same nodes as any
+    ``total`` that gives it."""
+    per_pool = min(per_request + 1, pool_size // num_requests)
+    num_kept = num_requests * per_pool
+    if total is not None:
+        num_kept = max(num_requests, min(num_kept, total))
+    return num_kept, min(per_pool, num_kept - num_requests + 1)  # the others keep their pending tokens
+
+
 def select_tree(
     pool: CandidatePool, num_requests: int, *, per_request: int, total: int | None = None
 ) -> tuple[torch.Tensor, TreeBatch, torch.Tensor]:
@@ -196,11 +213,7 @@ def select_tree(
 
     Returns the tokens ``[N]``, the forest, and the pool index of each node (for ρ and depth).
     """
-    per_pool = min(per_request + 1, pool.tokens.numel() // num_requests)
-    num_kept = num_requests * per_pool
-    if total is not None:
-        num_kept = max(num_requests, min(num_kept, total))
-    max_nodes = min(per_pool, num_kept - num_requests + 1)  # the others keep their pending tokens
+    num_kept, max_nodes = selection_size(pool.tokens.numel(), num_requests, per_request, total)
     grouped = torch.sort(pool.request, stable=True).indices  # parents still precede children
     request, depth, log_rho = pool.request[grouped], pool.depth[grouped], pool.log_rho[grouped]
     position = torch.empty_like(grouped)

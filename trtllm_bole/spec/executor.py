@@ -12,9 +12,10 @@ One :meth:`Executor.step`:
    follows the target's, and emit the accepted drafts plus the bonus token.
 
 Drafting and the target's verify queue no device sync: on a GPU a greedy batch replays its draft as a
-CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`) and every batch replays its verify as
-a graph per forest shape (:mod:`trtllm_bole.spec.verify_graphs`); ``cuda_graphs=False`` launches both
-from Python. A step waits for the device once, for the copy of what it accepted; the MTP follow-up is
+CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`), every batch its tree selection as a
+graph per pool shape (:class:`~trtllm_bole.spec.draft_graphs.SelectGraphs`) and its verify as a graph
+per forest shape (:mod:`trtllm_bole.spec.verify_graphs`); ``cuda_graphs=False`` launches them all from
+Python. A step waits for the device once, for the copy of what it accepted; the MTP follow-up is
 queued behind that copy first, so the GPU runs it while the host books the step. Each phase of a
 step is a profiler range (``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``),
 free when no profiler runs.
@@ -34,8 +35,8 @@ from trtllm_bole.models.cache import StepContext, block_table
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.spec.acceptance import greedy_accept, sample_accept
 from trtllm_bole.spec.budget import BudgetTable
-from trtllm_bole.spec.draft_graphs import DraftGraphs
-from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
+from trtllm_bole.spec.draft_graphs import DraftGraphs, SelectGraphs
+from trtllm_bole.spec.drafter import DraftSettings, draft, pool_size, select_tree
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import (
     MIN_SEQ_LEN,
@@ -46,7 +47,7 @@ from trtllm_bole.spec.scheduler import (
     check_limits,
     kv_tokens,
 )
-from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs
+from trtllm_bole.spec.verify_graphs import GreedyStepGraphs, MTPGraphs, VerifyGraphs
 from trtllm_bole.transfer import HostCopy, device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
 
@@ -180,9 +181,14 @@ class Executor:
             if graphs and bole.speculates
             else None
         )
+        self.select_graphs = SelectGraphs.of(model.mtp) if graphs and bole.speculates else None
         self.verify_graphs = (
             VerifyGraphs.of(model, max_depth=tree_tokens, table_width=table_width) if graphs else None
         )
+        self.greedy_graphs = (
+            GreedyStepGraphs.of(model, max_depth=tree_tokens, table_width=table_width) if graphs else None
+        )
+        self._armed = torch.ones((), dtype=torch.bool, device=model.device)  # greedy_graphs commit
         self.mtp_graphs = (
             MTPGraphs.of(model.mtp, max_depth=tree_tokens, table_width=table_width)
             if graphs and bole.speculates
@@ -293,7 +299,8 @@ class Executor:
                 last_hidden = torch.stack([r.runtime.last_hidden for r in requests])
                 pool = self._draft(pending, last_hidden, slots, tables, context_lens - 1, settings)
             with phase("select"):
-                tokens, tree, _ = select_tree(
+                select = self.select_graphs or select_tree
+                tokens, tree, _ = select(
                     pool, len(requests), per_request=bole.draft_tokens, total=self._budget(requests)
                 )
         else:
@@ -301,12 +308,16 @@ class Executor:
             tree = StepContext.single_tokens(slots, tables, context_lens).tree
         ctx = StepContext(slots, tables, context_lens, tree)
         scheme = self._gdn_scheme()
-        with phase("verify"):
-            logits, hidden, verify_pending = self._verify(tokens, ctx, scheme)
-        with phase("accept"):
-            leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
-        with phase("commit"):  # the executor built the leaves, slots and tables: nothing to wait for
-            model.commit(verify_pending, leaf, check=False)
+        if self.greedy_graphs is not None and all(r.params.temperature <= 0 for r in requests):
+            with phase("verify_accept_commit"):
+                hidden, leaf, bonus = self.greedy_graphs((tokens, self._armed), ctx, scheme)
+        else:
+            with phase("verify"):
+                logits, hidden, verify_pending = self._verify(tokens, ctx, scheme)
+            with phase("accept"):
+                leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
+            with phase("commit"):  # the executor built the leaves, slots and tables: nothing to wait for
+                model.commit(verify_pending, leaf, check=False)
         leaf_global = leaf + tree.cu_seqlens[:-1]
         queued = StepOutcome.queue(tree, tokens, leaf_global, bonus)
         if bole.speculates:  # queued before the host waits: the GPU runs it while the host books the step
@@ -363,18 +374,28 @@ class Executor:
 
     def capture_graphs(self, batch_sizes: Sequence[int] | None = None) -> int:
         """Capture, ahead of traffic, the CUDA graphs of these batch sizes (default: 1 .. max_batch_size):
-        the greedy draft's, and the verify's of full trees (every request with its ``draft_tokens`` drafts
-        and its pending token); returns how many were newly captured (none without graphs)."""
+        the greedy draft's, and the selection's and verify's of full trees (every request with its
+        ``draft_tokens`` drafts and its pending token; the verify alone and with greedy acceptance and
+        commit); returns how many were newly captured (none without graphs)."""
         sizes = list(batch_sizes or range(1, self.max_batch_size + 1))
         new = self.draft_graphs.capture(sizes) if self.draft_graphs is not None else []
-        if self.verify_graphs is not None:
-            per_request = self.bole.draft_tokens + 1
-            scheme = self._gdn_scheme()
-            new += self.verify_graphs.capture([(b, b * per_request, per_request) for b in sizes], scheme)
+        if self.select_graphs is not None:
+            pool, depth = pool_size(self.bole.branching, self.bole.max_depth), self.bole.max_depth + 1
+            shapes = [(b, b * pool, depth, self.bole.draft_tokens) for b in sizes]
+            new += self.select_graphs.capture(shapes)
+        per_request = self.bole.draft_tokens + 1
+        for graphs in (self.verify_graphs, self.greedy_graphs):
+            if graphs is not None:
+                new += graphs.capture([(b, b * per_request, per_request) for b in sizes], self._gdn_scheme())
         if self.mtp_graphs is not None:
             width = self.bole.max_depth + 1
             new += self.mtp_graphs.capture([(b, b * width, width) for b in sizes], "follow")
         return len(new)
+
+    @property
+    def graph_sets(self) -> tuple:
+        """The executor's sets of CUDA graphs (None where a set is not used)."""
+        return self.draft_graphs, self.select_graphs, self.verify_graphs, self.greedy_graphs, self.mtp_graphs
 
     def _gdn_scheme(self) -> str:
         return "serial" if self.bole.mode in ("chain", "tree-serial") else "bole"

@@ -5,8 +5,9 @@ the step's verify phase is the host's time (benchmarks/results/profile_step_h200
 work for the embedded model at batch 8 and 32), replayed as a graph it costs the GPU's. The forwards
 queue no device sync: the only value check on their path, the slot indices' range, is skipped while a
 graph captures (:func:`trtllm_bole.ops`), and the executor builds the slots itself.
-:class:`VerifyGraphs` replays :meth:`Qwen35Model.verify`; :class:`MTPGraphs` the MTP head's verify over
-the accepted paths, which the executor pads to chains of one length so that its shape is the batch's.
+:class:`VerifyGraphs` replays :meth:`Qwen35Model.verify`; :class:`GreedyStepGraphs` a greedy batch's
+verify with its acceptance and commit; :class:`MTPGraphs` the MTP head's verify over the accepted
+paths, which the executor pads to chains of one length so that its shape is the batch's.
 
 A graph is kept per ``(variant, requests, nodes, largest request)`` (the variant: the target's GDN
 scheme): the shapes of every tensor of the forward. Everything else is copied into the graph's static
@@ -34,6 +35,7 @@ import torch
 from trtllm_bole.models.cache import NO_BLOCK, StepContext, load_block_table
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.models.mtp import MTPHead
+from trtllm_bole.spec.acceptance import greedy_accept
 from trtllm_bole.spec.graphs import CacheGraphs
 from trtllm_bole.tree import TreeBatch
 
@@ -143,6 +145,31 @@ class VerifyGraphs(ForestGraphs[Qwen35Model]):
         return (torch.zeros(num_nodes, dtype=torch.long, device=self.owner.device),)
 
 
+class GreedyStepGraphs(ForestGraphs[Qwen35Model]):
+    """A greedy batch's verify, acceptance and commit in one graph: ``verify(tokens, ctx, gdn_scheme=...)``,
+    :func:`~trtllm_bole.spec.acceptance.greedy_accept` on its argmax, and the commit of each request's
+    accepted path, which are ~100 more small kernels a step to launch from the host. Inputs ``(tokens,
+    armed)``, the variant is the GDN scheme; returns ``(hidden, leaf, bonus)``.
+
+    A capture runs the forward twice before it records it, on placeholder inputs whose slots
+    (``0 .. B-1``) may be live requests': there ``armed`` is false and every leaf becomes -1, which
+    commits nothing (the placeholder tables hold no blocks, so no K/V is written either); callers pass
+    it true."""
+
+    def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
+        tokens, armed = inputs
+        logits, hidden, pending = self.owner.verify(tokens, ctx, gdn_scheme=variant)
+        leaf, bonus = greedy_accept(ctx.tree, tokens, logits.argmax(-1))
+        pending.commit(torch.where(armed, leaf, -1), check=False)
+        return hidden, leaf, bonus
+
+    def _placeholders(self, num_nodes: int) -> tuple[torch.Tensor, ...]:
+        device = self.owner.device
+        return torch.zeros(num_nodes, dtype=torch.long, device=device), torch.zeros(
+            (), dtype=torch.bool, device=device
+        )
+
+
 class MTPGraphs(ForestGraphs[MTPHead]):
     """The MTP head's ``verify(hidden, token_ids, ctx)`` (the executor's follow-up over the accepted paths,
     padded to chains of one length): inputs ``(hidden, token_ids)``; one variant."""
@@ -170,4 +197,4 @@ def _load(captured: _Captured, inputs: tuple[torch.Tensor, ...], ctx: StepContex
     static.tree.paths[:, : tree.max_depth].copy_(tree.paths)
 
 
-__all__ = ["ForestGraphs", "MTPGraphs", "VerifyGraphs", "pad_depth", "placeholder_forest"]
+__all__ = ["ForestGraphs", "GreedyStepGraphs", "MTPGraphs", "VerifyGraphs", "pad_depth", "placeholder_forest"]
