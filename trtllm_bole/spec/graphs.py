@@ -66,25 +66,7 @@ def _host_syncs_refused() -> Iterator[None]:
         torch.cuda.set_sync_debug_mode(previous)
 
 
-class Graphs:
-    """Captured graphs by key, sharing one memory pool (made by the first capture)."""
-
-    def __init__(self) -> None:
-        self._graphs: dict[Hashable, Any] = {}
-        self._pool: Any = None
-
-    def _capture(self, run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        return capture(run, self._pool)
-
-    @property
-    def captured(self) -> list:
-        """Keys with a captured graph, sorted."""
-        return sorted(self._graphs)
-
-
-class CacheGraphs(Graphs, Generic[Owner]):
+class CacheGraphs(Generic[Owner]):
     """Graphs captured on ``owner``'s cache (``owner.cache``), by key. :meth:`of` shares one set per
     owner and settings among the executors that serve it, through a weak registry per subclass."""
 
@@ -104,9 +86,15 @@ class CacheGraphs(Graphs, Generic[Owner]):
         return per_owner[key]
 
     def __init__(self, owner: Owner) -> None:
-        super().__init__()
         self._owner = weakref.ref(owner)
         self._cache = owner.cache
+        self._graphs: dict[Hashable, Any] = {}
+        self._pool: Any = None  # the graphs' shared memory pool, made by the first capture
+
+    def _capture(self, run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return capture(run, self._pool)
 
     @property
     def owner(self) -> Owner:
@@ -114,6 +102,11 @@ class CacheGraphs(Graphs, Generic[Owner]):
         if owner is None:
             raise RuntimeError(f"the model part of these {type(self).__name__} no longer exists")
         return owner
+
+    @property
+    def captured(self) -> list:
+        """Keys with a captured graph, sorted."""
+        return sorted(self._graphs)
 
     def _follow_cache(self) -> None:
         """Drop the graphs of a replaced cache (they read its addresses), and their memory pool with them:
@@ -124,4 +117,4 @@ class CacheGraphs(Graphs, Generic[Owner]):
             self._cache = self.owner.cache
 
 
-__all__ = ["CacheGraphs", "Graphs", "capture"]
+__all__ = ["CacheGraphs", "capture"]
