@@ -1,6 +1,10 @@
-"""Where an executor step's time goes, per decoding mode: wall time of each phase of a step (``draft``,
-``select``, ``verify``, ``accept``, ``commit``, ``mtp_follow``; the executor's profiler ranges) over
-one throughput run of a ``bench.py`` dataset (``prepare_dataset.py``).
+"""Where an executor step's time goes, per decoding mode: wall time of each phase of a step (``prefill``
+of the requests a step admits, ``draft``, ``select``, ``verify``, ``accept``, ``commit`` or, for a
+greedy batch on CUDA graphs, ``verify_accept_commit``, ``mtp_follow``, ``outcome``: the step's wait
+for the device and the host's booking; the executor's profiler ranges) over one throughput run of a
+``bench.py`` dataset (``prepare_dataset.py``). Times are per speculative (or decode) step, the prefill's
+too (``calls`` says how many times each phase ran); ``outside_phases_s`` is the synchronised run's time
+that no phase holds (the serving loop, the scheduler's admission).
 
     python benchmarks/profile_step.py --dataset data.jsonl --device cuda --dtype float32 \\
         --modes tree-serial,bole --batch-sizes 8,32 --out /tmp/out
@@ -66,7 +70,7 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int) -> dict:
         raise RuntimeError(f"{mode} batch {batch}: the synchronised run's tokens differ from the free run's")
     # One target verify per speculative (or decode) step; a greedy batch's replays with its acceptance
     # and commit (verify_accept_commit).
-    steps = clock.calls["verify"] + clock.calls["verify_accept_commit"]
+    steps = clock.calls.get("verify", 0) + clock.calls.get("verify_accept_commit", 0)
     return {
         "mode": mode,
         "batch": batch,
@@ -76,6 +80,8 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int) -> dict:
         "output_tokens_per_s_free": free["output_tokens_per_s"],
         "seconds_synchronised": timed["seconds"],
         "ms_per_step": {name: 1e3 * sec / steps for name, sec in clock.seconds.items()},
+        "calls": dict(clock.calls),
+        "outside_phases_s": timed["seconds"] - sum(clock.seconds.values()),
         "host_ms_per_step": {name: 1e3 * sec / steps for name, sec in clock.host_seconds.items()},
         "_outputs": free["_outputs"],
     }

@@ -238,7 +238,8 @@ class Executor:
         events: list[StepEvent] = []
         admitted = self.scheduler.admit(self.max_batch_size)
         if admitted:
-            events += self._prefill(admitted)
+            with phase("prefill"):
+                events += self._prefill(admitted)
         running = [r for r in self.scheduler.running if r not in admitted]
         if running:
             events += self._speculate(running)
@@ -324,17 +325,18 @@ class Executor:
             with phase("mtp_follow"):
                 self._mtp_follow(tree, tokens, hidden, leaf_global, last_hidden, slots, tables, context_lens)
         next_hidden = hidden[leaf_global]  # a copy: a replayed verify's hidden is reused
-        outcome = queued.wait()
-        events = []
-        for i, r in enumerate(requests):
-            accepted = outcome.accepted[i]
-            r.stats.steps += 1
-            r.stats.drafted += outcome.drafted[i]
-            r.stats.accepted += len(accepted)
-            r.context_len += len(accepted) + 1  # the pending token and the accepted drafts
-            r.runtime.pending = outcome.bonus[i]
-            r.runtime.last_hidden = next_hidden[i]
-            events.append(self._emit(r, [*accepted, outcome.bonus[i]]))
+        with phase("outcome"):  # the step's one wait for the device, then the host's booking
+            outcome = queued.wait()
+            events = []
+            for i, r in enumerate(requests):
+                accepted = outcome.accepted[i]
+                r.stats.steps += 1
+                r.stats.drafted += outcome.drafted[i]
+                r.stats.accepted += len(accepted)
+                r.context_len += len(accepted) + 1  # the pending token and the accepted drafts
+                r.runtime.pending = outcome.bonus[i]
+                r.runtime.last_hidden = next_hidden[i]
+                events.append(self._emit(r, [*accepted, outcome.bonus[i]]))
         return events
 
     def _mtp_follow(
