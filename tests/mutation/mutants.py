@@ -149,8 +149,8 @@ MUTANTS = [
     Mutant(
         "T6",
         "trtllm_bole/spec/drafter.py",
-        "max_nodes = min(per_pool, num_kept - num_requests + 1)",
-        "max_nodes = min(per_pool, num_kept - num_requests)",
+        "return num_kept, min(per_pool, num_kept - num_requests + 1)",
+        "return num_kept, min(per_pool, num_kept - num_requests)",
         ["tests/spec/test_tree_select.py"],
     ),
     Mutant(
