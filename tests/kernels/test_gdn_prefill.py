@@ -98,12 +98,17 @@ def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(first, dtype, ge
 
 
 def test_rounds_cover_every_row_once():
-    rounds = kernel.prefill_rounds((5, 40, 17), 16, torch.device("cpu"))
-    assert [r.requests.tolist() for r in rounds] == [[0, 1, 2], [1, 2], [1]]
-    assert [r.last.tolist() for r in rounds] == [[4, 15, 15], [15, 0], [7]]
-    assert sorted(torch.cat([r.rows for r in rounds]).tolist()) == list(range(62))
+    plan = kernel.prefill_plan((5, 40, 17), 16, torch.device("cpu"))
+    assert [plan.requests[r.requests].tolist() for r in plan.rounds] == [[0, 1, 2], [1, 2], [1]]
+    assert [r.last.tolist() for r in plan.rounds] == [[4, 15, 15], [15, 0], [7]]
+    assert [r.tree.cu_seqlens.tolist() for r in plan.rounds] == [[0, 5, 21, 37], [0, 16, 17], [0, 8]]
+    assert sorted(plan.rows.tolist()) == list(range(62))
+    assert plan.rows[plan.rounds[1].rows].tolist() == [
+        *range(21, 37),
+        61,
+    ]  # prompt 1's second chunk, 2's last
     with pytest.raises(ValueError, match="chunk_size"):
-        kernel.prefill_rounds((5,), 65, torch.device("cpu"))
+        kernel.prefill_plan((5,), 65, torch.device("cpu"))
 
 
 @pytest.mark.gpu

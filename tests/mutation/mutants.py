@@ -603,9 +603,23 @@ MUTANTS = [
     Mutant(
         "P1",
         "trtllm_bole/kernels/gdn_prefill.py",
-        "torch.tensor([size - 1 for size in sizes], device=device)",
-        "torch.tensor([size for size in sizes], device=device)",
+        "last.append([size - 1 for size in sizes])",
+        "last.append([size for size in sizes])",
         ["tests/kernels/test_gdn_prefill.py"],
+    ),
+    Mutant(
+        "P2",
+        "trtllm_bole/kernels/gdn_prefill.py",
+        "spans = (slice(len(rows), len(rows) + sum(sizes)), slice(len(requests), len(requests) + len(taking)))",
+        "spans = (slice(len(rows), len(rows) + sum(sizes)), slice(0, len(taking)))",
+        ["tests/kernels/test_gdn_prefill.py"],
+    ),
+    Mutant(
+        "P3",
+        "trtllm_bole/ops/__init__.py",
+        "if bounds[0] != 0 or any(b <= a for a, b in itertools.pairwise(bounds)):",
+        "if bounds[0] != 0 or any(b < a for a, b in itertools.pairwise(bounds)):",
+        ["tests/ops", "tests/kernels/test_gdn_prefill.py", "tests/models"],
     ),
     Mutant(
         "IV1",

@@ -33,36 +33,55 @@ from trtllm_bole.tree import TreeBatch
 
 @dataclass(frozen=True, slots=True)
 class PrefillRound:
-    """Chunk ``c`` of every prompt longer than ``c·C``: packed rows, owners and the chains' tree."""
+    """Chunk ``c`` of every prompt longer than ``c·C``: its slices of the plan's rows and prompts, and the
+    chains' tree."""
 
-    rows: torch.Tensor  # int64 [n]: packed prompt rows of this round's nodes
-    requests: torch.Tensor  # int64 [b]: the prompts taking part
+    rows: slice  # of PrefillPlan.rows: this round's nodes
+    requests: slice  # of PrefillPlan.requests: the prompts taking part
     tree: TreeBatch  # one chain per taking-part prompt
     last: torch.Tensor  # int64 [b]: local index of each chain's last node (the committed leaf)
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillPlan:
+    """The rounds of a batch of prompts, their rows and prompts laid out round after round: a layer
+    gathers each input in this order once, and every round reads a slice (a view), instead of gathering
+    its rows of every input and scattering its output back, round by round."""
+
+    rows: torch.Tensor  # int64 [N]: packed prompt rows, round after round
+    requests: torch.Tensor  # int64: the prompts taking part, round after round
+    rounds: tuple[PrefillRound, ...]
+
+
 @functools.lru_cache(maxsize=16)
-def prefill_rounds(
-    lengths: tuple[int, ...], chunk_size: int, device: torch.device
-) -> tuple[PrefillRound, ...]:
-    """The rounds of a batch of prompts (cached: every GDN layer of a prefill asks for the same)."""
+def prefill_plan(lengths: tuple[int, ...], chunk_size: int, device: torch.device) -> PrefillPlan:
+    """The plan of a batch of prompts (cached: every GDN layer of a prefill asks for the same)."""
     if not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(f"chunk_size must lie in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size}")
     starts = [0, *itertools.accumulate(lengths)]
-    rounds = []
+    rows, requests, last, rounds = [], [], [], []
     for lo in range(0, max(lengths), chunk_size):
         taking = [b for b, n in enumerate(lengths) if n > lo]
-        sizes = [min(chunk_size, lengths[b] - lo) for b in taking]
-        rows = [starts[b] + lo + i for b, size in zip(taking, sizes, strict=True) for i in range(size)]
-        rounds.append(
-            PrefillRound(
-                torch.tensor(rows, device=device),
-                torch.tensor(taking, device=device),
-                TreeBatch.chains(sizes, device=device, max_depth=chunk_size),
-                torch.tensor([size - 1 for size in sizes], device=device),
-            )
-        )
-    return tuple(rounds)
+        sizes = tuple(min(chunk_size, lengths[b] - lo) for b in taking)
+        spans = (slice(len(rows), len(rows) + sum(sizes)), slice(len(requests), len(requests) + len(taking)))
+        rows += [starts[b] + lo + i for b, size in zip(taking, sizes, strict=True) for i in range(size)]
+        requests += taking
+        last.append([size - 1 for size in sizes])
+        rounds.append((*spans, _chains(sizes, chunk_size, device)))
+    last_of = torch.tensor([i for round_last in last for i in round_last], device=device).split(
+        [len(round_last) for round_last in last]
+    )
+    return PrefillPlan(
+        torch.tensor(rows, device=device),
+        torch.tensor(requests, device=device),
+        tuple(PrefillRound(*r, leaves) for r, leaves in zip(rounds, last_of, strict=True)),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _chains(sizes: tuple[int, ...], chunk_size: int, device: torch.device) -> TreeBatch:
+    """A round's chains (cached apart from the plans: a round of whole chunks recurs across prefills)."""
+    return TreeBatch.chains(list(sizes), device=device, max_depth=chunk_size)
 
 
 def prefill_config(dk: int, dv: int, fp32_exact: bool) -> VerifyConfig | InverseConfig:
@@ -99,10 +118,11 @@ def gdn_prefill(
         raise ValueError(f"lengths {list(lengths)} must be positive and cover the {v.shape[0]} rows")
     slots = torch.arange(len(lengths), device=state.device) if state_indices is None else state_indices.long()
     config = prefill_config(q.shape[-1], v.shape[-1], fp32_exact=q.dtype == v.dtype == torch.float32)
-    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    for r in prefill_rounds(tuple(lengths), chunk_size, state.device):
-        chunk_slots = slots[r.requests]
-        k_r = k[r.rows]
+    plan = prefill_plan(tuple(lengths), chunk_size, state.device)
+    q, k, v, g, beta = (t[plan.rows] for t in (q, k, v, g, beta))  # round after round
+    slots, outputs = slots[plan.requests], []
+    for r in plan.rounds:
+        chunk_slots, k_r = slots[r.requests], k[r.rows]
         o_r, u, log_p = verify_kernel.gdn_tree_verify(
             q[r.rows], k_r, v[r.rows], g[r.rows], beta[r.rows], state, r.tree,
             scale=scale, state_indices=chunk_slots, config=config,
@@ -110,8 +130,10 @@ def gdn_prefill(
         commit_kernel.gdn_commit(
             state, GDNTreeFactors(r.tree, k_r, u, log_p), r.last, state_indices=chunk_slots
         )
-        o.index_copy_(0, r.rows, o_r)
+        outputs.append(o_r)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    o[plan.rows] = torch.cat(outputs)
     return o
 
 
-__all__ = ["PrefillRound", "gdn_prefill", "prefill_config", "prefill_rounds"]
+__all__ = ["PrefillPlan", "PrefillRound", "gdn_prefill", "prefill_config", "prefill_plan"]

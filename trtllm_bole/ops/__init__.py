@@ -21,6 +21,7 @@ Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import torch
@@ -275,14 +276,13 @@ def gdn_prefill(
         raise ValueError(
             f"cu_seqlens must be an integer tensor [B + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
         )
-    if cu_seqlens.numel() < 2:
-        raise ValueError(
-            f"gdn_prefill needs at least one prompt (cu_seqlens [B + 1], B >= 1), got {cu_seqlens.tolist()}"
-        )
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    if int(cu_seqlens[0]) != 0 or bool((lengths <= 0).any()):
-        raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {cu_seqlens.tolist()}")
-    _check_gdn(q, k, v, g, beta, state, int(cu_seqlens[-1]), lengths.numel(), state_indices)
+    cu_seqlens = cu_seqlens.cpu()  # one copy to the host for the checks and the kernels' rounds
+    bounds = cu_seqlens.tolist()
+    if len(bounds) < 2:
+        raise ValueError(f"gdn_prefill needs at least one prompt (cu_seqlens [B + 1], B >= 1), got {bounds}")
+    if bounds[0] != 0 or any(b <= a for a, b in itertools.pairwise(bounds)):
+        raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {bounds}")
+    _check_gdn(q, k, v, g, beta, state, bounds[-1], len(bounds) - 1, state_indices)
     return library.gdn_prefill(
         q, k, v, g, beta, state, cu_seqlens, scale=scale, state_indices=state_indices, chunk_size=chunk_size
     )

@@ -234,7 +234,8 @@ gdn_snapshot_commit = _define(
 
 def _prefill_cuda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, cu_seqlens: Tensor,
                   **kwargs: Any) -> Tensor:  # fmt: skip
-    """The kernels take the prompts' lengths as host ints (one device sync)."""
+    """The kernels take the prompts' lengths as host ints (a device sync, unless ``cu_seqlens`` is on the
+    host, as :func:`trtllm_bole.ops.gdn_prefill` passes it)."""
     from trtllm_bole.kernels import gdn_prefill as kernel
 
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
