@@ -17,6 +17,7 @@
 #   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
 #   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
 #   bash benchmarks/h200.sh tests     # the GPU-marked tests, then the tests that take CUDA where there is one (~6.5 min)
+#   bash benchmarks/h200.sh steps     # the step graphs' A/B (selection, greedy verify+accept+commit), then the step profile
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -99,6 +100,14 @@ tests)
         tests/kernels/test_kv_commit.py tests/kernels/test_forest.py tests/kernels/test_norms.py \
         tests/models/test_cache.py tests/ops tests/test_llm.py -p no:cacheprovider \
         > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+    ;;
+steps)
+    timeout 240 python benchmarks/ab_executor.py step-graphs --trials 6 --batches 1,2,4,8,16,32 --out "$OUT" \
+        > "$OUT/ab_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/ab_log.txt"
+    python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
+    timeout 200 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
+        --modes ar,tree-serial,bole --batch-sizes 8,32 --out "$OUT" > "$OUT/profile_log.txt" 2>&1
+    echo "profile rc=$?"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
     ;;
 ratios)
     timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "ratios rc=$?"
