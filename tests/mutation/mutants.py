@@ -1334,6 +1334,8 @@ MUTANTS = [
         '"cancelled": pb_utils.TritonError.CANCELLED,\n',
         "",
         ["tests/server"],
+        equivalent="a reply coded 'cancelled' answers a request its client cancelled, whose stream the client "
+        "has closed: the server drops it, so INTERNAL in its place reaches no one",
     ),
     Mutant(
         "SV12",
