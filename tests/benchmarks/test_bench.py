@@ -152,7 +152,8 @@ def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
     for r in result["runs"][1:]:
         assert r["steps"] > 0 and r["seconds_synchronised"] > 0
         phases = {"prefill", "draft", "select", "verify", "accept", "commit", "mtp_follow", "outcome"}
-        assert set(r["ms_per_step"]) == phases and r["calls"]["verify"] == r["steps"]  # CPU: no graphs
+        assert set(r["ms_per_step"]) == phases  # on the CPU no graph fuses verify, accept and commit
+        assert r["calls"]["verify"] == r["calls"]["accept"] == r["calls"]["commit"] == r["calls"]["draft"]
         assert all(ms > 0 for ms in r["ms_per_step"].values()) and r["outside_phases_s"] >= 0
 
 

@@ -376,6 +376,49 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
 
 
 @pytest.mark.gpu
+def test_cuda_graphs_serve_sampled_batches_as_launches_do(gpu_config):
+    """A sampled batch drafts eagerly (its draft distribution filters per request), then selects and
+    verifies on graphs, the verify alone (its acceptance reads the logits): seeded, the same tokens and
+    acceptance as launches."""
+    params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=7)
+    bole = BoleConfig(max_depth=4, max_nodes=10, top_k=3)
+    outputs = []
+    for graphs in (False, True):
+        model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+        spec = Executor(model, bole, max_batch_size=3, cuda_graphs=graphs)
+        outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
+    assert outputs[0] == outputs[1] and sum(accepted for _, accepted in outputs[1]) > 0
+    assert spec.verify_graphs.captured and spec.select_graphs.captured
+
+
+@pytest.mark.gpu
+def test_a_greedy_step_capture_commits_nothing_and_its_eager_fallback_commits(gpu_config):
+    """A greedy step graph's capture runs its forward twice, eagerly, on placeholder inputs over slots that
+    live requests hold: their GDN, conv and KV state stay bit for bit. Past ``max_graphs`` the same call
+    runs eagerly, armed, and commits: the tokens are those of launches."""
+    model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+    bole = BoleConfig(max_depth=4, max_nodes=10, top_k=3)
+    spec = Executor(model, bole, max_batch_size=3)
+    for p in PROMPTS[:3]:
+        spec.submit(p, SamplingParams(max_tokens=8))
+    spec.step()  # the three prefills: live state in slots 0-2
+    cache = model.cache
+    live = [t.clone() for t in (cache.gdn_state, cache.conv_state, cache.k_cache, cache.v_cache)]
+    assert spec.greedy_graphs.capture([(3, 7, 3)], "bole")  # this model's own set: captured now
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(live, (cache.gdn_state, cache.conv_state, cache.k_cache,
+                                                       cache.v_cache), strict=True))  # fmt: skip
+    outputs, params = [], SamplingParams(max_tokens=20)
+    for graphs in (False, True):
+        model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
+        spec = Executor(model, bole, max_batch_size=3, cuda_graphs=graphs)
+        if graphs:
+            spec.greedy_graphs.max_graphs = 0  # this model's own set: every greedy step runs the fallback
+        outputs.append([r.output_ids for r in run(spec, PROMPTS, params)])
+    assert outputs[0] == outputs[1] and not spec.greedy_graphs.captured
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES[1:])
 def test_graphs_up_to_max_seq_len_are_token_for_token_autoregressive(gpu_config, mode, monkeypatch):
     """The same on the kernels and CUDA graphs, whose block tables are padded to the widest reservation:
@@ -410,7 +453,7 @@ def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
     """After ``capture_graphs`` a greedy run of full trees meets no new selection or verify shape."""
     model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
     spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
-    assert spec.capture_graphs() == 15  # per batch size: draft, selection, verify (alone, greedy), MTP
+    assert spec.capture_graphs() == 12  # per batch size: draft, selection, greedy verify step, MTP
     assert spec.capture_graphs() == 0
     graphs = [g for g in spec.graph_sets if g is not spec.draft_graphs]
     shapes = [list(g.captured) for g in graphs]

@@ -142,6 +142,10 @@ def test_selection_size_counts_what_select_tree_keeps(gen):
         for total in (None, 1, 2, 5, 17, 60, 500):
             num_kept, max_nodes = selection_size(60, 3, per_request, total)
             _, tree, index = select_tree(pool, 3, per_request=per_request, total=total)
+            depth, request = pool.depth, pool.request
+            keep = select_nodes(pool.log_rho, depth, request, 3, per_request=per_request + 1, total=total,
+                                floor=depth == 1)  # fmt: skip
+            assert int(keep.sum()) == num_kept  # counted on the device, not by selection_size
             sizes = tree.cu_seqlens.diff()
             assert tree.num_nodes == num_kept and tree.max_nodes == max_nodes >= int(sizes.max())
             again = select_tree(pool, 3, per_request=per_request, total=num_kept)[2]

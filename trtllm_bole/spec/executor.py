@@ -14,11 +14,12 @@ One :meth:`Executor.step`:
 Drafting and the target's verify queue no device sync: on a GPU a greedy batch replays its draft as a
 CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`), every batch its tree selection as a
 graph per pool shape (:class:`~trtllm_bole.spec.draft_graphs.SelectGraphs`) and its verify as a graph
-per forest shape (:mod:`trtllm_bole.spec.verify_graphs`); ``cuda_graphs=False`` launches them all from
-Python. A step waits for the device once, for the copy of what it accepted; the MTP follow-up is
-queued behind that copy first, so the GPU runs it while the host books the step. Each phase of a
-step is a profiler range (``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``),
-free when no profiler runs.
+per forest shape (:mod:`trtllm_bole.spec.verify_graphs`; a greedy batch's graph holds its acceptance and
+commit too, ``GreedyStepGraphs``); ``cuda_graphs=False`` launches them all from Python. A step waits
+for the device once, for the copy of what it accepted; the MTP follow-up is queued behind that copy
+first, so the GPU runs it while the host books the step. Each phase of a step is a profiler range
+(``bole.prefill``, ``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``), free when
+no profiler runs.
 """
 
 from __future__ import annotations
@@ -173,7 +174,8 @@ class Executor:
                 f"{-(-(2 + tree_tokens) // block_size) * block_size} tokens"
             )
         self._next_id = 0
-        # Greedy drafts and every verify replay CUDA graphs (cuda_graphs=False: launched from Python).
+        # CUDA graphs (cuda_graphs=False: everything launched from Python): greedy drafts, every tree
+        # selection, a greedy batch's verify with its acceptance and commit, a sampled batch's verify.
         graphs = cuda_graphs and model.device.type == "cuda"
         table_width = request_blocks
         self.draft_graphs = (
@@ -300,7 +302,7 @@ class Executor:
                 last_hidden = torch.stack([r.runtime.last_hidden for r in requests])
                 pool = self._draft(pending, last_hidden, slots, tables, context_lens - 1, settings)
             with phase("select"):
-                select = self.select_graphs or select_tree
+                select = select_tree if self.select_graphs is None else self.select_graphs
                 tokens, tree, _ = select(
                     pool, len(requests), per_request=bole.draft_tokens, total=self._budget(requests)
                 )
@@ -376,19 +378,20 @@ class Executor:
 
     def capture_graphs(self, batch_sizes: Sequence[int] | None = None) -> int:
         """Capture, ahead of traffic, the CUDA graphs of these batch sizes (default: 1 .. max_batch_size):
-        the greedy draft's, and the selection's and verify's of full trees (every request with its
-        ``draft_tokens`` drafts and its pending token; the verify alone and with greedy acceptance and
-        commit); returns how many were newly captured (none without graphs)."""
+        the greedy draft's, and the selection's and the greedy verify-accept-commit's of full trees (every
+        request with its ``draft_tokens`` drafts and its pending token); returns how many were newly
+        captured (none without graphs). A sampled batch's verify graph is captured when first met: each
+        keeps its logits ``[N, V]`` as outputs, which greedy traffic would never read."""
         sizes = list(batch_sizes or range(1, self.max_batch_size + 1))
         new = self.draft_graphs.capture(sizes) if self.draft_graphs is not None else []
         if self.select_graphs is not None:
             pool, depth = pool_size(self.bole.branching, self.bole.max_depth), self.bole.max_depth + 1
             shapes = [(b, b * pool, depth, self.bole.draft_tokens) for b in sizes]
             new += self.select_graphs.capture(shapes)
-        per_request = self.bole.draft_tokens + 1
-        for graphs in (self.verify_graphs, self.greedy_graphs):
-            if graphs is not None:
-                new += graphs.capture([(b, b * per_request, per_request) for b in sizes], self._gdn_scheme())
+        if self.greedy_graphs is not None:
+            per_request = self.bole.draft_tokens + 1
+            shapes = [(b, b * per_request, per_request) for b in sizes]
+            new += self.greedy_graphs.capture(shapes, self._gdn_scheme())
         if self.mtp_graphs is not None:
             width = self.bole.max_depth + 1
             new += self.mtp_graphs.capture([(b, b * width, width) for b in sizes], "follow")
@@ -403,7 +406,8 @@ class Executor:
         return "serial" if self.bole.mode in ("chain", "tree-serial") else "bole"
 
     def _verify(self, tokens: torch.Tensor, ctx: StepContext, scheme: str) -> Any:
-        """The target's verify of the step's forest: replayed from a graph on a GPU, else launched."""
+        """The target's verify of the step's forest: replayed from a graph on a GPU, else launched (a
+        greedy batch on graphs replays its verify, acceptance and commit together instead)."""
         if self.verify_graphs is not None:
             return self.verify_graphs((tokens,), ctx, scheme)
         return self.model.verify(tokens, ctx, gdn_scheme=scheme)

@@ -8,8 +8,8 @@ part's cache is replaced; :func:`capture` records one call.
 
 The graphs of one :class:`CacheGraphs` share one memory pool: each keeps its outputs, the temporaries
 are shared. So a graph's outputs are valid until the next replay of any graph of the set (the executor
-reads a step's draft pool, logits and pending commit before the next draft or verify, and copies what it
-keeps longer).
+reads a step's draft pool, selected forest, logits and pending commit before the next draft, selection
+or verify, and copies what it keeps longer).
 """
 
 from __future__ import annotations

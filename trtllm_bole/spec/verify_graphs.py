@@ -19,9 +19,10 @@ than the deepest). A deeper ``max_depth`` than the forest's own changes no value
 node's path up to its depth, and the closed form's extra squarings multiply by ``I + G^(2^j)`` with
 ``G^(2^j)`` exactly zero (Lemma 3). Forests are captured on first sight, at most ``max_graphs`` of them
 (later shapes run eagerly), or ahead of traffic by :meth:`ForestGraphs.capture` (the executor's
-``capture_graphs``: every batch size with full trees and full chains). The outputs (logits, hidden
-states and the pending commit) are the graph's: the executor reads and commits them before the next
-replay.
+``capture_graphs``: every batch size with full trees and full chains). The outputs are the graph's,
+valid until its next replay: a verify's logits, hidden states and pending commit, which the executor
+reads and commits before then; a greedy step's hidden states, accepted leaves and bonus tokens (its
+commit is inside the graph).
 """
 
 from __future__ import annotations
