@@ -66,10 +66,11 @@ class LLM:
     each; default 8); ``max_seq_len`` bounds prompt + output (at most ``max_seq_len - 1`` tokens in
     every mode; default 1024); ``kv_cache_tokens`` sizes the paged KV cache (default: every slot can hold
     ``max_seq_len - 1`` tokens and one draft tree past them). ``cuda_graphs``: on a GPU,
-    greedy drafting replays a CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`) and the
-    target's verify one per forest shape (:mod:`trtllm_bole.spec.verify_graphs`), captured by
-    :meth:`warm_up`; ``False`` launches every kernel from Python. An engine supplies its own dtype,
-    limits, draft settings and budget table, and refuses requests beyond its build.
+    greedy drafting replays a CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`), the tree
+    selection one per pool shape, and the target's verify one per forest shape (a greedy batch's with its
+    acceptance and commit; :mod:`trtllm_bole.spec.verify_graphs`), captured by :meth:`warm_up`;
+    ``False`` launches every kernel from Python. An engine supplies its own dtype, limits, draft settings
+    and budget table, and refuses requests beyond its build.
 
     Thread-safe: calls from several threads (or interleaved streams) share the executor's steps, each
     returning its own requests' tokens; :class:`~trtllm_bole.serving.ServingEngine` serves many callers
@@ -209,7 +210,7 @@ class LLM:
         tokens/s in a first, cold run (``benchmarks/results/profile_step_h200_cold.json``) against 258-275
         warmed up in that code's runs (the files now hold later, faster runs). On a GPU it then captures the
         greedy draft's CUDA graph of every batch size up to ``max_batch_size`` (a tenth of a second each, that
-        a request would otherwise wait for), and the verify's of full trees."""
+        a request would otherwise wait for), and the selection's and greedy verify step's of full trees."""
         limit = self.executor.max_batch_size
         if batch_sizes is None and self.model.device.type != "cuda":
             batch_sizes = [1]
