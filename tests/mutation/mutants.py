@@ -603,8 +603,8 @@ MUTANTS = [
     Mutant(
         "P1",
         "trtllm_bole/kernels/gdn_prefill.py",
-        "last.append([size - 1 for size in sizes])",
-        "last.append([size for size in sizes])",
+        "last += [size - 1 for size in sizes]  # one per taking prompt: laid out as the requests",
+        "last += [size for size in sizes]",
         ["tests/kernels/test_gdn_prefill.py"],
     ),
     Mutant(

@@ -66,15 +66,13 @@ def prefill_plan(lengths: tuple[int, ...], chunk_size: int, device: torch.device
         spans = (slice(len(rows), len(rows) + sum(sizes)), slice(len(requests), len(requests) + len(taking)))
         rows += [starts[b] + lo + i for b, size in zip(taking, sizes, strict=True) for i in range(size)]
         requests += taking
-        last.append([size - 1 for size in sizes])
+        last += [size - 1 for size in sizes]  # one per taking prompt: laid out as the requests
         rounds.append((*spans, _chains(sizes, chunk_size, device)))
-    last_of = torch.tensor([i for round_last in last for i in round_last], device=device).split(
-        [len(round_last) for round_last in last]
-    )
+    last_nodes = torch.tensor(last, device=device)
     return PrefillPlan(
         torch.tensor(rows, device=device),
         torch.tensor(requests, device=device),
-        tuple(PrefillRound(*r, leaves) for r, leaves in zip(rounds, last_of, strict=True)),
+        tuple(PrefillRound(r, b, tree, last_nodes[b]) for r, b, tree in rounds),
     )
 
 
