@@ -311,7 +311,7 @@ class Executor:
             tree = StepContext.single_tokens(slots, tables, context_lens).tree
         ctx = StepContext(slots, tables, context_lens, tree)
         scheme = self._gdn_scheme()
-        if self.greedy_graphs is not None and all(r.params.temperature <= 0 for r in requests):
+        if self.greedy_graphs is not None and _all_greedy(requests):
             with phase("verify_accept_commit"):
                 hidden, leaf, bonus = self.greedy_graphs((tokens, self._armed), ctx, scheme)
         else:
@@ -436,7 +436,7 @@ class Executor:
         settings: DraftSettings | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``settings``: the step's, when drafting made them (else made here, for sampled requests)."""
-        if all(r.params.temperature <= 0 for r in requests):
+        if _all_greedy(requests):
             return greedy_accept(tree, tokens, logits.argmax(-1))
         settings = self._settings(requests) if settings is None else settings
 
@@ -504,6 +504,10 @@ class Executor:
         if reason is not None:
             self.scheduler.finish(request, reason)
         return StepEvent(request, emitted, reason is not None)
+
+
+def _all_greedy(requests: list[Request]) -> bool:
+    return all(r.params.temperature <= 0 for r in requests)
 
 
 def _ends_in_stop(decode: Callable[[list[int]], str], output_ids: list[int], stop: list[str]) -> bool:
