@@ -69,6 +69,24 @@ def _accepted_node(accepted_leaf, slots, cu_seqlens, i_lb, num_requests, USE_SLO
     return i_l, accepted, slot, bos + leaf
 
 
+@triton.jit
+def _commit_path(s_ptr, k, u, log_p, rows, m_p, lp_leaf, i_h, i_hv, o_v, hv, H: tl.constexpr,
+                 DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """``S[:, o_v] = P_a S[:, o_v] + (D_a K_a)ᵀ U_a[:, o_v]`` in place, for the accepted path's packed
+    ``rows`` (``m_p`` masks the padding), the state streamed in ``BK`` rows of dk at a time."""
+    o_k = tl.arange(0, BK)
+    lp_path = tl.load(log_p + rows * hv + i_hv, mask=m_p, other=0.0)
+    weight = tl.where(m_p, tl.exp(lp_leaf - lp_path), 0.0)
+    u_path = tl.load(u + (rows * hv + i_hv)[:, None] * DV + o_v[None, :], mask=m_p[:, None], other=0.0)
+    k_row = (rows * H + i_h) * DK
+    for kc in range(0, DK, BK):
+        k_path = tl.load(k + k_row[:, None] + kc + o_k[None, :], mask=m_p[:, None], other=0.0)
+        wk = weight[:, None] * k_path.to(tl.float32)
+        s_ptrs = s_ptr + (kc + o_k)[:, None] * DV + o_v[None, :]
+        s = tl.exp(lp_leaf) * tl.load(s_ptrs)
+        tl.store(s_ptrs, s + tl.dot(tl.trans(wk), u_path, input_precision="ieee"))
+
+
 @triton.jit(do_not_specialize=["num_requests", "num_slots", "num_nodes", "max_depth"])
 def _gdn_commit_kernel(
     state,
@@ -121,16 +139,7 @@ def _gdn_commit_kernel(
             o_p = tl.arange(0, DP)
             m_p = o_p < n_path
             row = layer_rows + tl.load(paths + node * max_depth + o_p, mask=m_p, other=0)
-            lp_path = tl.load(log_p + row * HV + i_hv, mask=m_p, other=0.0)
-            weight = tl.where(m_p, tl.exp(lp_leaf - lp_path), 0.0)
-            u_path = tl.load(u + (row * HV + i_hv)[:, None] * DV + o_v[None, :], mask=m_p[:, None], other=0.0)
-            k_row = (row * H + i_h) * DK
-            for kc in range(0, DK, BK):
-                k_path = tl.load(k + k_row[:, None] + kc + o_k[None, :], mask=m_p[:, None], other=0.0)
-                wk = weight[:, None] * k_path.to(tl.float32)
-                s_ptrs = s_ptr + (kc + o_k)[:, None] * DV + o_v[None, :]
-                s = tl.exp(lp_leaf) * tl.load(s_ptrs)
-                tl.store(s_ptrs, s + tl.dot(tl.trans(wk), u_path, input_precision="ieee"))
+            _commit_path(s_ptr, k, u, log_p, row, m_p, lp_leaf, i_h, i_hv, o_v, HV, H, DK, DV, BK)
 
 
 @triton.jit(do_not_specialize=["num_requests", "num_slots", "num_nodes", "max_depth"])

@@ -134,45 +134,20 @@ def _log_decay(
         tl.store(lp_req + rows * hv, acc, mask=m_r)
 
 
-@triton.jit(do_not_specialize=["n_squarings"])
-def _gdn_tree_verify_kernel(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    state,
-    slots,
-    cu_seqlens,
-    dfs_order,
-    subtree_size,
-    o,
-    u,
-    log_p,
-    a_log,
-    dt_bias,
-    scale,
-    hv,
-    n_squarings,
-    H: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    USE_SLOTS: tl.constexpr,
-    PREC: tl.constexpr,
-    S_BF16: tl.constexpr,
-    UPCAST: tl.constexpr,
-    RAW_GATES: tl.constexpr,
-    LB: tl.constexpr = 32,  # nodes per block of the logP pass
-    FUSED: tl.constexpr = False,  # see VerifyConfig.fused
-):
-    i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+@triton.jit
+def _verify_request(
+    q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, o, u, log_p, a_log, dt_bias,
+    scale, hv, n_squarings, i_v, i_hv, i_b, i_slot,
+    H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr, S_BF16: tl.constexpr,
+    UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, LB: tl.constexpr, FUSED: tl.constexpr,
+):  # fmt: skip
+    """Value tile ``i_v`` of value head ``i_hv`` of request ``i_b`` (state slot ``slots[i_slot]``): the
+    blocked kernel's whole work for one program, steps 1-3 of the module's docstring."""
     i_h = i_hv // (hv // H)
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
     n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
-    slot = tl.load(slots + i_b).to(tl.int64) if USE_SLOTS else i_b.to(tl.int64)
+    slot = tl.load(slots + i_slot).to(tl.int64) if USE_SLOTS else i_slot.to(tl.int64)
     # Per-request bases (int64); everything below is a small int32 offset from them.
     q_req = q + (bos * H + i_h) * DK
     k_req = k + (bos * H + i_h) * DK
@@ -272,22 +247,72 @@ def _gdn_tree_verify_kernel(
         tl.debug_barrier()  # later row blocks read this block's U back
 
 
-def _launch(call: VerifyCall, cfg: VerifyConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The blocked kernel, one launch (grid ``(dv / bv, HV, B)``)."""
+@triton.jit(do_not_specialize=["n_squarings"])
+def _gdn_tree_verify_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    state,
+    slots,
+    cu_seqlens,
+    dfs_order,
+    subtree_size,
+    o,
+    u,
+    log_p,
+    a_log,
+    dt_bias,
+    scale,
+    hv,
+    n_squarings,
+    H: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_SLOTS: tl.constexpr,
+    PREC: tl.constexpr,
+    S_BF16: tl.constexpr,
+    UPCAST: tl.constexpr,
+    RAW_GATES: tl.constexpr,
+    LB: tl.constexpr = 32,  # nodes per block of the logP pass
+    FUSED: tl.constexpr = False,  # see VerifyConfig.fused
+):
+    i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _verify_request(q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, o, u, log_p, a_log,
+                    dt_bias, scale, hv, n_squarings, i_v, i_hv, i_b, i_b, H, DK, DV, BT, BK, BV, USE_SLOTS,
+                    PREC, S_BF16, UPCAST, RAW_GATES, LB, FUSED)  # fmt: skip
+
+
+def blocked_launch(call: VerifyCall, cfg: VerifyConfig) -> tuple[tuple, tuple, dict]:
+    """The blocked kernel's outputs ``(o, u, log_p)``, positional arguments and compile-time constants and
+    launch options for ``call`` (the prefill's kernel, :mod:`.gdn_prefill`, takes the same)."""
     _, h, dk = call.q.shape
     hv, dv = call.v.shape[1:]
     tree = call.tree
-    o, u, log_p = call.new_outputs()
+    outputs = call.new_outputs()
     chain = min(tree.max_depth, cfg.bt)  # longest chain of nodes inside one row block
-    grid = (dv // cfg.bv, hv, tree.num_requests)
-    _gdn_tree_verify_kernel[grid](
+    args = (
         call.q, call.k, call.v, call.g, call.beta, call.state, call.slots, tree.cu_seqlens, tree.dfs_order,
-        tree.subtree_size, o, u, log_p, *call.gate_params, call.scale, hv, (chain - 1).bit_length(),
-        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, LB=64 if cfg.num_warps >= 4 else 32,
-        FUSED=cfg.fused, UPCAST=_UPCAST, **call.mode_consts(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        tree.subtree_size, *outputs, *call.gate_params, call.scale, hv, (chain - 1).bit_length(),
     )  # fmt: skip
-    return o, u, log_p
+    consts = dict(
+        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, LB=64 if cfg.num_warps >= 4 else 32,
+        FUSED=cfg.fused, UPCAST=_UPCAST, **call.mode_consts(), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return outputs, args, consts
+
+
+def _launch(call: VerifyCall, cfg: VerifyConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The blocked kernel, one launch (grid ``(dv / bv, HV, B)``)."""
+    outputs, args, consts = blocked_launch(call, cfg)
+    grid = (call.v.shape[2] // cfg.bv, call.v.shape[1], call.tree.num_requests)
+    _gdn_tree_verify_kernel[grid](*args, **consts)
+    return outputs
 
 
 def blocked_default_config(num_requests: int, hv: int, dk: int, dv: int) -> VerifyConfig:
@@ -424,6 +449,34 @@ def gdn_tree_verify(
     kernel applies Qwen3.5's gating on chip: ``g = -exp(A_log) softplus(a + dt_bias)``,
     ``beta = sigmoid(b)`` (the fused form SGLang's verify kernel uses).
     """
+    call, cfg = checked_call(
+        q, k, v, g, beta, state, tree, tree.num_requests,
+        scale=scale, state_indices=state_indices, precision=precision, config=config, raw_gates=raw_gates,
+    )  # fmt: skip
+    if isinstance(cfg, InverseConfig):
+        return launch_inverse(call, cfg)
+    return _launch(call, cfg)
+
+
+def checked_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    tree: TreeBatch,
+    owners: int,
+    *,
+    scale: float | None,
+    state_indices: torch.Tensor | None,
+    precision: str | None,
+    config: VerifyConfig | InverseConfig | None,
+    raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[VerifyCall, VerifyConfig | InverseConfig]:
+    """:func:`gdn_tree_verify`'s checks and plan: the call the launchers take and its config. ``owners``
+    is how many requests own a state slot (``state_indices`` has one per owner): the tree's requests, or
+    the prefill's prompts, each of which owns several of the tree's chains (:mod:`.gdn_prefill`)."""
     n, h, dk, hv, dv = gdn_shapes(q, k, v)
     if n != tree.num_nodes:
         raise ValueError(f"q/k/v hold {n} nodes but the tree has {tree.num_nodes}")
@@ -437,7 +490,7 @@ def gdn_tree_verify(
     check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)
     check_contiguous(state=state)
     check_depth(tree, "gdn_tree_verify")
-    check_slot_count(state.shape[0], tree.num_requests, state_indices)
+    check_slot_count(state.shape[0], owners, state_indices)
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if raw_gates is not None and any(
@@ -454,20 +507,19 @@ def gdn_tree_verify(
         raise ValueError(
             f"{cfg} does not tile dk={dk}, dv={dv} (sides >= 16 dividing dk and dv, bt a power of two)"
         )
-    if isinstance(cfg, InverseConfig) and not loads_key_dim(dk):
-        raise ValueError(
-            f"{cfg} needs dk a power of two (the explicit-inverse path loads whole rows of K), got dk={dk}; "
-            "the blocked kernel (VerifyConfig) takes any multiple of 16"
-        )
+    if isinstance(cfg, InverseConfig):
+        if not loads_key_dim(dk):
+            raise ValueError(
+                f"{cfg} needs dk a power of two (the explicit-inverse path loads whole rows of K), got "
+                f"dk={dk}; the blocked kernel (VerifyConfig) takes any multiple of 16"
+            )
+        check_inverse_config(cfg, precision)
     call = VerifyCall(
         *(t.contiguous() for t in (q, k, v, g, beta)), state,
-        slot_indices(state_indices, tree.num_requests, state.device), tree, raw_gates,
+        slot_indices(state_indices, owners, state.device), tree, raw_gates,
         1.0 if scale is None else float(scale), state_indices is not None, precision,
     )  # fmt: skip
-    if isinstance(cfg, InverseConfig):
-        check_inverse_config(cfg, precision)
-        return launch_inverse(call, cfg)
-    return _launch(call, cfg)
+    return call, cfg
 
 
 __all__ = [
@@ -478,6 +530,8 @@ __all__ = [
     "InverseConfig",
     "VerifyConfig",
     "blocked_default_config",
+    "blocked_launch",
+    "checked_call",
     "default_config",
     "default_plan",
     "default_precision",
