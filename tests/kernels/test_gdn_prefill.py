@@ -1,5 +1,5 @@
-"""Chunked prefill from the tree kernels (verify + commit per round of chunks) against the serial
-float64 recurrence, prompt by prompt."""
+"""Chunked prefill in one launch (each program verifies and commits its prompt's chunks in turn) against
+the serial float64 recurrence, prompt by prompt."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import torch
 from tests.kernels.helpers import DEVICE, rel_rms
 from trtllm_bole import ops
 from trtllm_bole.kernels import gdn_prefill as kernel
-from trtllm_bole.kernels.gdn_tree_verify import InverseConfig, exact_config
+from trtllm_bole.kernels.gdn_tree_verify import VerifyConfig, exact_config
 from trtllm_bole.reference import gdn_tree
 from trtllm_bole.testing import random_gdn_inputs
 from trtllm_bole.tree import TreeBatch
@@ -64,8 +64,8 @@ def test_prefill_in_serving_precision(gen):
 
 
 def test_prefill_in_serving_precision_with_a_key_dim_that_is_not_a_power_of_two(gen):
-    """dk = 48 runs the blocked kernel (the explicit inverse loads whole rows of K)."""
-    assert kernel.prefill_config(48, 32, fp32_exact=False) == exact_config(48, 32)
+    """dk = 48 streams in chunks of 16 (tile sides are powers of two)."""
+    assert kernel.prefill_config(48, 32, fp32_exact=False).bk == 16
     serving_precision_check([5, 3], 1, 2, 48, 32, gen)
 
 
@@ -75,18 +75,18 @@ def test_prefill_in_serving_precision_at_qwen35_9b_sizes(gen):
 
 
 def test_prefill_config_follows_the_inputs_precision():
-    """fp32 inputs run the fp32-exact verify config, 16-bit ones the explicit inverse; neither depends on
-    the batch (a prompt's prefill must not depend on the prompts beside it)."""
+    """fp32 inputs run the fp32-exact verify config, 16-bit ones the serving one; neither depends on the
+    batch (a prompt's prefill must not depend on the prompts beside it)."""
     assert kernel.prefill_config(128, 128, fp32_exact=True) == exact_config(128, 128)
-    assert isinstance(kernel.prefill_config(128, 128, fp32_exact=False), InverseConfig)
+    serving = kernel.prefill_config(128, 128, fp32_exact=False)
+    assert isinstance(serving, VerifyConfig) and serving != exact_config(128, 128)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("first", [40, 10], ids=["deep-first", "shallow-first"])
 def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(first, dtype, gen):
-    """Bit for bit: prompt 0 alone, or sharing its rounds with a long and a short prompt. Alone, a
-    prompt of 10 is a chain of depth 10 (the compact factor kernel's); beside one of 70 its round's
-    longest chain is 64 (the dense one's): the chunk size, not the round, picks the factor kernel."""
+    """Bit for bit: prompt 0 alone, or in one launch with a long and a short prompt (the chunk size, not
+    the longest prompt, bounds the chains' depth and so the kernel's squarings)."""
     lengths = [first, 70, 3]
     x = random_gdn_inputs(sum(lengths), 3, 2, 4, 16, 32, generator=gen, device=DEVICE)
     inputs = [t.to(dtype) for t in (x.q, x.k, x.v)] + [x.g.float(), x.beta.float()]
@@ -97,23 +97,32 @@ def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(first, dtype, ge
     assert torch.equal(together[0], alone[0])
 
 
-def test_rounds_cover_every_row_once():
-    plan = kernel.prefill_plan((5, 40, 17), 16, torch.device("cpu"))
-    assert [plan.requests[r.requests].tolist() for r in plan.rounds] == [[0, 1, 2], [1, 2], [1]]
-    assert [r.last.tolist() for r in plan.rounds] == [[4, 15, 15], [15, 0], [7]]
-    assert [r.tree.cu_seqlens.tolist() for r in plan.rounds] == [[0, 5, 21, 37], [0, 16, 17], [0, 8]]
-    assert sorted(plan.rows.tolist()) == list(range(62))
-    assert plan.rows[plan.rounds[1].rows].tolist() == [
-        *range(21, 37),
-        61,
-    ]  # prompt 1's second chunk, 2's last
+def test_chunks_lie_prompt_after_prompt():
+    chunks = kernel.prefill_chunks((5, 40, 17), 16, torch.device("cpu"))
+    assert chunks.first.tolist() == [0, 1, 4, 6]
+    assert chunks.tree.cu_seqlens.tolist() == [0, 5, 21, 37, 45, 61, 62]  # the prompts' own rows
+    assert chunks.tree.max_depth == 16  # the chunk size, whatever the chunks
+    assert chunks.tree.depth.tolist()[21:24] == [1, 2, 3]  # prompt 1's second chunk starts a chain
     with pytest.raises(ValueError, match="chunk_size"):
-        kernel.prefill_plan((5,), 65, torch.device("cpu"))
+        kernel.prefill_chunks((5,), 65, torch.device("cpu"))
+    with pytest.raises(ValueError, match="positive"):
+        kernel.prefill_chunks((5, 0), 16, torch.device("cpu"))
+
+
+def test_prefill_checks_its_inputs_as_the_verify_does(gen):
+    x = random_gdn_inputs(12, 2, 2, 4, 16, 32, generator=gen, device=DEVICE)
+    inputs = [t.float() for t in (x.q, x.k, x.v, x.g, x.beta)]
+    with pytest.raises(ValueError, match="cover"):
+        kernel.gdn_prefill(*inputs, x.state.float(), [5, 6])
+    with pytest.raises(ValueError, match="slots"):  # two prompts, three slots, no state_indices
+        kernel.gdn_prefill(*inputs, x.state.float().repeat(2, 1, 1, 1)[:3], [5, 7])
+    with pytest.raises(ValueError, match="share a dtype"):
+        kernel.gdn_prefill(inputs[0], inputs[1].bfloat16(), *inputs[2:], x.state.float(), [5, 7])
 
 
 @pytest.mark.gpu
 def test_ops_prefill_on_cuda_matches_the_cpu_reference(gen):
-    """The dispatch point: CUDA runs the rounds of kernels, CPU the torch reference; same results."""
+    """The dispatch point: CUDA runs the prefill kernel, CPU the torch reference; same results."""
     lengths = [262, 64, 1, 130]
     x = random_gdn_inputs(sum(lengths), 4, 16, 32, 128, 128, generator=gen)
     cu = torch.tensor([0, *lengths]).cumsum(0)

@@ -603,15 +603,15 @@ MUTANTS = [
     Mutant(
         "P1",
         "trtllm_bole/kernels/gdn_prefill.py",
-        "last += [size - 1 for size in sizes]  # one per taking prompt: laid out as the requests",
-        "last += [size for size in sizes]",
+        "lp_last = tl.load(log_p + (bos + n_c - 1) * hv + i_hv)",
+        "lp_last = tl.load(log_p + (bos + n_c - 2) * hv + i_hv)",
         ["tests/kernels/test_gdn_prefill.py"],
     ),
     Mutant(
         "P2",
         "trtllm_bole/kernels/gdn_prefill.py",
-        "spans = (slice(len(rows), len(rows) + sum(sizes)), slice(len(requests), len(requests) + len(taking)))",
-        "spans = (slice(len(rows), len(rows) + sum(sizes)), slice(0, len(taking)))",
+        "counts = [-(-n // chunk_size) for n in lengths]",
+        "counts = [n // chunk_size for n in lengths]",
         ["tests/kernels/test_gdn_prefill.py"],
     ),
     Mutant(
@@ -620,6 +620,13 @@ MUTANTS = [
         "if bounds[0] != 0 or any(b <= a for a, b in itertools.pairwise(bounds)):",
         "if bounds[0] != 0 or any(b < a for a, b in itertools.pairwise(bounds)):",
         ["tests/ops", "tests/kernels/test_gdn_prefill.py", "tests/models"],
+    ),
+    Mutant(
+        "P4",
+        "trtllm_bole/kernels/gdn_prefill.py",
+        "bos + o_p, o_p < n_c, lp_last",
+        "bos + o_p, o_p <= n_c, lp_last",
+        ["tests/kernels/test_gdn_prefill.py"],
     ),
     Mutant(
         "IV1",

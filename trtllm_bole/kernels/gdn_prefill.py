@@ -1,17 +1,19 @@
-"""Chunked GDN prefill from the tree kernels: a prompt's chunk is a chain, and a chain is a tree.
+"""Chunked GDN prefill in one launch: a prompt's chunks are chains, verified and committed in turn.
 
-Round ``c`` takes chunk ``c`` (positions ``c·C .. c·C + C - 1``) of every prompt that long, as one
-packed forest of chains: the closed-form verify (:mod:`.gdn_tree_verify`) gives the chunk's outputs
-and factors, and the factored commit (:mod:`.gdn_commit`) of each chain's last node moves the state
-past the chunk. A batch of prompts takes ``ceil(longest / C)`` rounds of a verify and a commit each,
-instead of the torch reference's dozens of small operations per chunk and prompt.
+A prompt's chunk ``c`` (positions ``c·C .. c·C + C - 1``) is a chain, and a chain is a tree. One program
+per (value tile, value head, prompt) walks its prompt's chunks in order: the blocked verify kernel's
+work on the chunk (:func:`~.gdn_tree_verify._verify_request`, reading the state as the chunks before left
+it) gives the chunk's outputs and factors, and the factored commit of the chain's last node
+(:func:`~.gdn_commit._commit_path`, every node of a chain is on its path) moves the program's columns of
+the state past the chunk, in place, before the next chunk reads them. Each program owns its columns of
+its prompt's state, so no program waits for another: a batch of prompts is one launch per GDN layer,
+whatever their lengths (the rounds of launches it replaces, a verify and a commit per chunk index, were
+most of a small model's prefill on the H200: benchmarks/results/profile_host_h200_prefill.txt).
 
-Every round runs the same kernel config (:func:`prefill_config`) on chains bounded by the chunk size
-(what picks the factor kernel and the number of squarings), whatever the batch: a prompt's prefill
-must not depend on which prompts share its rounds. The launcher's shape-based default would switch
-kernels (and so rounding) with a round's average chunk, and a round's longest chunk would switch the
-factor kernel of its shorter ones, so that a prompt's state, and at a near-tie its greedy output, would
-depend on how the scheduler grouped the prompts.
+The kernel config (:func:`prefill_config`) depends on the precision and the head dims only, never on the
+batch: a prompt's prefill must not depend on which prompts share its launch (a shape-based choice would
+switch kernels, and so rounding, with the batch, so that a prompt's state, and at a near-tie its greedy
+output, would depend on how the scheduler grouped the prompts).
 """
 
 from __future__ import annotations
@@ -22,75 +24,81 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
-from trtllm_bole.kernels import gdn_commit as commit_kernel
 from trtllm_bole.kernels import gdn_tree_verify as verify_kernel
-from trtllm_bole.kernels._common import MAX_DEPTH, GDNTreeFactors, tile_dividing
-from trtllm_bole.kernels.gdn_tree_verify import VerifyConfig
-from trtllm_bole.kernels.gdn_tree_verify_inverse import InverseConfig, loads_key_dim
+from trtllm_bole.kernels._common import MAX_DEPTH, pow2_at_least, tile_dividing
+from trtllm_bole.kernels.gdn_commit import _commit_path
+from trtllm_bole.kernels.gdn_tree_verify import VerifyConfig, _verify_request
 from trtllm_bole.tree import TreeBatch
 
-
-@dataclass(frozen=True, slots=True)
-class PrefillRound:
-    """Chunk ``c`` of every prompt longer than ``c·C``: its slices of the plan's rows and prompts, and the
-    chains' tree."""
-
-    rows: slice  # of PrefillPlan.rows: this round's nodes
-    requests: slice  # of PrefillPlan.requests: the prompts taking part
-    tree: TreeBatch  # one chain per taking-part prompt
-    last: torch.Tensor  # int64 [b]: local index of each chain's last node (the committed leaf)
+COMMIT_BK = 16
+"""dk rows of the state a chunk's commit updates at a time (the chain's U tile stays on chip beside them)."""
 
 
 @dataclass(frozen=True, slots=True)
-class PrefillPlan:
-    """The rounds of a batch of prompts, their rows and prompts laid out round after round: a layer
-    gathers each input in this order once, and every round reads a slice (a view), instead of gathering
-    its rows of every input and scattering its output back, round by round."""
+class PrefillChunks:
+    """A batch of prompts cut into chunks: one chain per chunk, prompt after prompt (so the packed rows are
+    the prompts' own), and where each prompt's chunks start."""
 
-    rows: torch.Tensor  # int64 [N]: packed prompt rows, round after round
-    requests: torch.Tensor  # int64: the prompts taking part, round after round
-    rounds: tuple[PrefillRound, ...]
+    tree: TreeBatch  # one chain per chunk, at most the chunk size deep
+    first: torch.Tensor  # int64 [B + 1]: prompt b has the tree's requests first[b] to first[b + 1] - 1
 
 
 @functools.lru_cache(maxsize=16)
-def prefill_plan(lengths: tuple[int, ...], chunk_size: int, device: torch.device) -> PrefillPlan:
-    """The plan of a batch of prompts (cached: every GDN layer of a prefill asks for the same)."""
+def prefill_chunks(lengths: tuple[int, ...], chunk_size: int, device: torch.device) -> PrefillChunks:
+    """The chunks of prompts ``lengths`` long (cached: every GDN layer of a prefill asks for the same)."""
     if not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(f"chunk_size must lie in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size}")
-    starts = [0, *itertools.accumulate(lengths)]
-    rows, requests, last, rounds = [], [], [], []
-    for lo in range(0, max(lengths), chunk_size):
-        taking = [b for b, n in enumerate(lengths) if n > lo]
-        sizes = tuple(min(chunk_size, lengths[b] - lo) for b in taking)
-        spans = (slice(len(rows), len(rows) + sum(sizes)), slice(len(requests), len(requests) + len(taking)))
-        rows += [starts[b] + lo + i for b, size in zip(taking, sizes, strict=True) for i in range(size)]
-        requests += taking
-        last += [size - 1 for size in sizes]  # one per taking prompt: laid out as the requests
-        rounds.append((*spans, _chains(sizes, chunk_size, device)))
-    last_nodes = torch.tensor(last, device=device)
-    return PrefillPlan(
-        torch.tensor(rows, device=device),
-        torch.tensor(requests, device=device),
-        tuple(PrefillRound(r, b, tree, last_nodes[b]) for r, b, tree in rounds),
-    )
+    if not lengths or min(lengths) <= 0:
+        raise ValueError(f"prompt lengths must be positive, got {list(lengths)}")
+    sizes = [min(chunk_size, n - lo) for n in lengths for lo in range(0, n, chunk_size)]
+    counts = [-(-n // chunk_size) for n in lengths]
+    first = torch.tensor([0, *itertools.accumulate(counts)], device=device)
+    return PrefillChunks(TreeBatch.chains(sizes, device=device, max_depth=chunk_size), first)
 
 
-@functools.lru_cache(maxsize=64)
-def _chains(sizes: tuple[int, ...], chunk_size: int, device: torch.device) -> TreeBatch:
-    """A round's chains (cached apart from the plans: a round of whole chunks recurs across prefills)."""
-    return TreeBatch.chains(list(sizes), device=device, max_depth=chunk_size)
-
-
-def prefill_config(dk: int, dv: int, fp32_exact: bool) -> VerifyConfig | InverseConfig:
-    """Serving precisions: the explicit-inverse path in one tile of 64 (any chunk fits), factors and values
-    in two launches. fp32 q/k/v (``ieee`` dots): :func:`~.gdn_tree_verify.exact_config`, 12x faster there
-    on chains of 64 (40 against 500 µs at the embedded model's heads, benchmarks/results/
-    verify_configs_h200.json); its blocked kernel also serves a dk that is not a power of two, which the
-    explicit-inverse path cannot load."""
-    if fp32_exact or not loads_key_dim(dk):
+def prefill_config(dk: int, dv: int, fp32_exact: bool) -> VerifyConfig:
+    """The blocked kernel's config for chains of up to 64 nodes, from the precision and head dims alone.
+    fp32 q/k/v (``ieee`` dots): :func:`~.gdn_tree_verify.exact_config`. 16-bit ones (``bf16`` state
+    products): row blocks of 16, dk in chunks of 64, value tiles of 64 at two warps; on chains of 64 at
+    Qwen3.5-9B heads (benchmarks/results/verify_configs_h200.json, one chunk a request) 34.9 / 52.8 /
+    185.5 µs at B = 1 / 8 / 32 against 30.5 / 66.6 / 213.0 for the explicit-inverse pair of launches the
+    rounds ran, and 24.6 / 25.1 against 27.7 / 30.6 at the embedded model's heads (B = 8 / 32)."""
+    if fp32_exact:
         return verify_kernel.exact_config(dk, dv)
-    return InverseConfig(64, tile_dividing(dk, 64), tile_dividing(dv, 64), num_warps=4, launches=2, warps1=4)
+    return VerifyConfig(16, tile_dividing(dk, 64), tile_dividing(dv, 64), num_warps=2, num_stages=2)
+
+
+@triton.jit(do_not_specialize=["n_squarings"])
+def _gdn_prefill_kernel(
+    q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, o, u, log_p, a_log, dt_bias,
+    scale, hv, n_squarings, first,
+    H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr, S_BF16: tl.constexpr,
+    UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, LB: tl.constexpr, FUSED: tl.constexpr,
+    DP: tl.constexpr, CK: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(dv / BV, HV, prompts)``: the blocked verify kernel's arguments (``cu_seqlens`` etc. those of
+    the chunks' chains) and ``first``, the prompts' first chunks. ``DP``: the chunk size rounded up to a
+    power of two (>= 16), the rows of a chunk's commit; ``CK``: its dk rows at a time."""
+    i_v, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (hv // H)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_p = tl.arange(0, DP)
+    slot = tl.load(slots + i_p).to(tl.int64) if USE_SLOTS else i_p.to(tl.int64)
+    s_ptr = state + (slot * hv + i_hv) * (DK * DV)
+    for i_b in range(tl.load(first + i_p), tl.load(first + i_p + 1)):
+        _verify_request(q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, o, u, log_p,
+                        a_log, dt_bias, scale, hv, n_squarings, i_v, i_hv, i_b, i_p, H, DK, DV, BT, BK, BV,
+                        USE_SLOTS, PREC, S_BF16, UPCAST, RAW_GATES, LB, FUSED)  # fmt: skip
+        tl.debug_barrier()  # the chunk's U (this tile's columns) and logP are stored before the commit
+        bos = tl.load(cu_seqlens + i_b).to(tl.int64)
+        n_c = tl.load(cu_seqlens + i_b + 1) - bos
+        lp_last = tl.load(log_p + (bos + n_c - 1) * hv + i_hv)
+        _commit_path(s_ptr, k, u, log_p, bos + o_p, o_p < n_c, lp_last, i_h, i_hv, o_v, hv, H, DK, DV, CK)
+        tl.debug_barrier()  # the state has moved past the chunk before the next one reads it
 
 
 def gdn_prefill(
@@ -107,31 +115,21 @@ def gdn_prefill(
     chunk_size: int = MAX_DEPTH,
 ) -> torch.Tensor:
     """Packed prompts (rows ``[N, ...]``, prompt ``b`` of ``lengths[b]`` rows) through the recurrence;
-    ``state`` (``[S, HV, dk, dv]`` fp32) updated in place. Returns ``o [N, HV, dv]``.
-
-    Shapes and dtypes as :func:`.gdn_tree_verify.gdn_tree_verify`; values are not checked here (no
-    device sync): :func:`trtllm_bole.ops.gdn_prefill` checks them.
-    """
+    ``state`` (``[S, HV, dk, dv]`` fp32; prompt b's slot ``state_indices[b]``, or b) updated in place.
+    Returns ``o [N, HV, dv]``. Shapes, dtypes and checks as :func:`.gdn_tree_verify.gdn_tree_verify`'s.
+    One launch, no device sync (the lengths are host ints)."""
     if sum(lengths) != v.shape[0] or min(lengths, default=0) <= 0:
         raise ValueError(f"lengths {list(lengths)} must be positive and cover the {v.shape[0]} rows")
-    slots = torch.arange(len(lengths), device=state.device) if state_indices is None else state_indices.long()
+    chunks = prefill_chunks(tuple(lengths), chunk_size, state.device)
     config = prefill_config(q.shape[-1], v.shape[-1], fp32_exact=q.dtype == v.dtype == torch.float32)
-    plan = prefill_plan(tuple(lengths), chunk_size, state.device)
-    q, k, v, g, beta = (t[plan.rows] for t in (q, k, v, g, beta))  # round after round
-    slots, outputs = slots[plan.requests], []
-    for r in plan.rounds:
-        chunk_slots, k_r = slots[r.requests], k[r.rows]
-        o_r, u, log_p = verify_kernel.gdn_tree_verify(
-            q[r.rows], k_r, v[r.rows], g[r.rows], beta[r.rows], state, r.tree,
-            scale=scale, state_indices=chunk_slots, config=config,
-        )  # fmt: skip
-        commit_kernel.gdn_commit(
-            state, GDNTreeFactors(r.tree, k_r, u, log_p), r.last, state_indices=chunk_slots
-        )
-        outputs.append(o_r)
-    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    o[plan.rows] = torch.cat(outputs)
+    call, cfg = verify_kernel.checked_call(
+        q, k, v, g, beta, state, chunks.tree, len(lengths),
+        scale=scale, state_indices=state_indices, precision=None, config=config,
+    )  # fmt: skip
+    (o, _, _), args, consts = verify_kernel.blocked_launch(call, cfg)
+    grid = (v.shape[2] // cfg.bv, v.shape[1], len(lengths))
+    _gdn_prefill_kernel[grid](*args, chunks.first, **consts, DP=pow2_at_least(chunk_size, 16), CK=COMMIT_BK)
     return o
 
 
-__all__ = ["PrefillPlan", "PrefillRound", "gdn_prefill", "prefill_config", "prefill_plan"]
+__all__ = ["COMMIT_BK", "PrefillChunks", "gdn_prefill", "prefill_chunks", "prefill_config"]
