@@ -18,6 +18,7 @@
 #   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
 #   bash benchmarks/h200.sh tests     # the GPU-marked tests, then the tests that take CUDA where there is one (~6.5 min)
 #   bash benchmarks/h200.sh steps     # the step graphs' A/B (selection, greedy verify+accept+commit), then the step profile
+#   bash benchmarks/h200.sh prefill   # a GDN layer's prefill: one launch vs rounds of verify + commit (bench_prefill.py)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -108,6 +109,10 @@ steps)
     timeout 200 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --modes ar,tree-serial,bole --batch-sizes 8,32 --out "$OUT" > "$OUT/profile_log.txt" 2>&1
     echo "profile rc=$?"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
+    ;;
+prefill)
+    timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; echo "prefill rc=$?"
+    tail -1 "$OUT/prefill_log.txt"
     ;;
 ratios)
     timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "ratios rc=$?"

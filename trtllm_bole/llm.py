@@ -221,8 +221,8 @@ class LLM:
             raise ValueError(f"warm-up batch sizes must lie in [1, {limit}] (max_batch_size), got {bad}")
         # Two speculative steps per request at the deepest tree; token ids 1-15 exist in any vocabulary.
         # Prompt lengths 4, 44 and 84 meet the prefill's chunk shapes: a lone partial chunk, and a full one
-        # of 64 then a partial one (rounds of one chain and of several). Each request must fit what one
-        # request may hold (a small KV cache holds fewer tokens than the context limit).
+        # of 64 then a partial one (a prefill program walking one chunk and one walking two). Each request
+        # must fit what one request may hold (a small KV cache holds fewer tokens than the context limit).
         scheduler = self.executor.scheduler
         most = scheduler.request_limit  # at least 2, or the executor would not have started
         params = SamplingParams(

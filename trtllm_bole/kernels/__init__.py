@@ -6,7 +6,8 @@
   factors are formed on compact per-node path tiles for trees of depth up to 16;
 - :mod:`.gdn_commit`: factored commit of every GDN layer of every request in one launch, and the
   conv-state commit (BOLE.md §3–§4);
-- :mod:`.gdn_prefill`: chunked prefill from the verify and commit kernels (a prompt's chunk is a chain);
+- :mod:`.gdn_prefill`: chunked prefill in one launch per layer: each program verifies its prompt's chunks
+  in turn (a chunk is a chain) and commits each into its columns of the state;
 - :mod:`.tree_conv1d`: tree-aware causal depthwise conv1d + SiLU (BOLE.md §4);
 - :mod:`.kv_commit`: the paged KV cache's commit of the accepted paths, every attention layer in one
   launch; :mod:`.norms`: Qwen3.5's zero-centred RMSNorm in one kernel (the serving forward's glue);

@@ -266,8 +266,8 @@ def gdn_prefill(
     """Whole prompts (one chain per request) through the recurrence; ``state`` updated in place.
 
     Chunks of ``chunk_size`` tokens (1 to 64, the kernels' depth, on every device): each is a chain,
-    verified in closed form and committed whole (on CUDA by the tree kernels, all prompts' chunk ``c`` in
-    one round)."""
+    verified in closed form and committed whole (on CUDA in one launch: each program walks its prompt's
+    chunks, :mod:`trtllm_bole.kernels.gdn_prefill`)."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(
             f"chunk_size must be an integer in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size!r}"
@@ -276,7 +276,7 @@ def gdn_prefill(
         raise ValueError(
             f"cu_seqlens must be an integer tensor [B + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
         )
-    cu_seqlens = cu_seqlens.cpu()  # one copy to the host for the checks and the kernels' rounds
+    cu_seqlens = cu_seqlens.cpu()  # one copy to the host for the checks and the kernel's chunks
     bounds = cu_seqlens.tolist()
     if len(bounds) < 2:
         raise ValueError(f"gdn_prefill needs at least one prompt (cu_seqlens [B + 1], B >= 1), got {bounds}")
