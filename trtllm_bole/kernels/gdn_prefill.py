@@ -123,7 +123,7 @@ def gdn_prefill(
     chunks = prefill_chunks(tuple(lengths), chunk_size, state.device)
     config = prefill_config(q.shape[-1], v.shape[-1], fp32_exact=q.dtype == v.dtype == torch.float32)
     call, cfg = verify_kernel.checked_call(
-        q, k, v, g, beta, state, chunks.tree, len(lengths),
+        (q, k, v, g, beta), state, chunks.tree, len(lengths),
         scale=scale, state_indices=state_indices, precision=None, config=config,
     )  # fmt: skip
     (o, _, _), args, consts = verify_kernel.blocked_launch(call, cfg)

@@ -450,7 +450,7 @@ def gdn_tree_verify(
     ``beta = sigmoid(b)`` (the fused form SGLang's verify kernel uses).
     """
     call, cfg = checked_call(
-        q, k, v, g, beta, state, tree, tree.num_requests,
+        (q, k, v, g, beta), state, tree, tree.num_requests,
         scale=scale, state_indices=state_indices, precision=precision, config=config, raw_gates=raw_gates,
     )  # fmt: skip
     if isinstance(cfg, InverseConfig):
@@ -459,11 +459,7 @@ def gdn_tree_verify(
 
 
 def checked_call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    operands: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     state: torch.Tensor,
     tree: TreeBatch,
     owners: int,
@@ -474,9 +470,11 @@ def checked_call(
     config: VerifyConfig | InverseConfig | None,
     raw_gates: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[VerifyCall, VerifyConfig | InverseConfig]:
-    """:func:`gdn_tree_verify`'s checks and plan: the call the launchers take and its config. ``owners``
-    is how many requests own a state slot (``state_indices`` has one per owner): the tree's requests, or
-    the prefill's prompts, each of which owns several of the tree's chains (:mod:`.gdn_prefill`)."""
+    """:func:`gdn_tree_verify`'s checks and plan for ``operands = (q, k, v, g, beta)``: the call the
+    launchers take and its config. ``owners`` is how many requests own a state slot (``state_indices``
+    has one per owner): the tree's requests, or the prefill's prompts, each of which owns several of the
+    tree's chains (:mod:`.gdn_prefill`)."""
+    q, k, v, g, beta = operands
     n, h, dk, hv, dv = gdn_shapes(q, k, v)
     if n != tree.num_nodes:
         raise ValueError(f"q/k/v hold {n} nodes but the tree has {tree.num_nodes}")
