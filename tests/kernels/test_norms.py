@@ -1,12 +1,12 @@
-"""The RMSNorm kernel against a float64 truth, and the dispatch of ``ops.rms_norm``."""
+"""The RMSNorm kernels (alone, and with the rotary embedding) against a float64 truth, and their dispatch."""
 
 import pytest
 import torch
 
 from tests.kernels.helpers import DEVICE, rel_rms
 from trtllm_bole import ops
-from trtllm_bole.kernels.norms import rms_norm
-from trtllm_bole.reference import norms
+from trtllm_bole.kernels.norms import rms_norm, rms_norm_rope
+from trtllm_bole.reference import norms, rope
 
 
 def truth(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -60,3 +60,60 @@ def test_cuda_inference_runs_the_kernel_and_training_the_reference(gen):
     x.requires_grad_(True)
     y = ops.rms_norm(x, weight, 1e-6)
     assert y.grad_fn is not None and torch.equal(y, norms.rms_norm(x, weight, 1e-6))
+
+
+def rope_truth(x, weight, eps, cos, sin):
+    """Norm then rotate-half RoPE in float64 (the full-width tables of transformers)."""
+    y = truth(x, weight, eps)
+    half = cos.shape[-1]
+    c, s = (torch.cat([t, t], dim=-1).double()[:, None, :] for t in (cos, sin))
+    rotated = torch.cat([-y[..., half : 2 * half], y[..., :half]], dim=-1)
+    return torch.cat([y[..., : 2 * half] * c + rotated * s, y[..., 2 * half :]], dim=-1)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("rotary_dim", [16, 64], ids=["partial", "full"])
+def test_norm_rope_matches_the_reference_and_float64(rotary_dim, dtype, tol, gen, nan_outputs):
+    """q as the attention splits it (strided: q and gate interleaved per head), positions up to 5,000."""
+    q_gate = (3 * torch.randn(6, 4, 2 * 64, generator=gen)).to(DEVICE, dtype)
+    q = q_gate.chunk(2, dim=-1)[0]
+    weight = (0.1 * torch.randn(64, generator=gen)).to(DEVICE, dtype)
+    positions = torch.tensor([0, 1, 7, 300, 4095, 5000], device=DEVICE)
+    cos, sin = rope.cos_sin(positions, rope.inv_freq(10000.0, rotary_dim, torch.device(DEVICE)), dtype)
+    y = rms_norm_rope(q, weight, 1e-6, cos, sin)
+    assert y.shape == q.shape and y.dtype == dtype and y.is_contiguous()
+    assert rel_rms(y, rope_truth(q, weight, 1e-6, cos, sin)) <= tol
+    reference = rope.rms_norm_rope(q, weight, 1e-6, cos, sin)
+    # Triton's interpreter truncates to bf16 where the GPU rounds: the GPU test below holds the kernel
+    # to the torch path bit for bit.
+    assert rel_rms(y, reference) <= (1e-6 if dtype == torch.float32 else 1e-2)
+    assert rms_norm_rope(q[:0], weight, 1e-6, cos[:0], sin[:0]).shape == (0, 4, 64)
+
+
+def test_ops_norm_rope_checks_its_tables(gen):
+    x = torch.randn(3, 2, 32, generator=gen)
+    cos, sin = rope.cos_sin(torch.arange(3), rope.inv_freq(10000.0, 8, torch.device("cpu")), torch.float32)
+    torch.testing.assert_close(
+        ops.rms_norm_rope(x, torch.zeros(32), 1e-6, cos, sin),
+        rope.rms_norm_rope(x, torch.zeros(32), 1e-6, cos, sin),
+    )
+    with pytest.raises(ValueError, match="x \\[N, heads, head_dim\\]"):
+        ops.rms_norm_rope(x[0], torch.zeros(32), 1e-6, cos, sin)
+    with pytest.raises(ValueError, match="rotary_dim / 2"):
+        ops.rms_norm_rope(x, torch.zeros(32), 1e-6, cos[:2], sin[:2])
+    with pytest.raises(ValueError, match="dtype"):
+        ops.rms_norm_rope(x, torch.zeros(32), 1e-6, cos.double(), sin.double())
+
+
+@pytest.mark.gpu
+def test_cuda_norm_rope_is_the_torch_path_bit_for_bit_in_bf16(gen):
+    """The kernel rounds each product and the sum to bf16 as the torch path (the norm kernel, then
+    transformers' rotate-half in bf16) does on the GPU."""
+    q = (3 * torch.randn(64, 8, 256, generator=gen)).cuda().bfloat16()
+    weight = (0.1 * torch.randn(256, generator=gen)).cuda().bfloat16()
+    cos, sin = rope.cos_sin(
+        torch.arange(1000, 1064).cuda(), rope.inv_freq(1e7, 64, torch.device("cuda")), q.dtype
+    )
+    assert torch.equal(
+        rms_norm_rope(q, weight, 1e-6, cos, sin), rope.apply_rope(rms_norm(q, weight, 1e-6), cos, sin)
+    )

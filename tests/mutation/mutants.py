@@ -629,6 +629,27 @@ MUTANTS = [
         ["tests/kernels/test_gdn_prefill.py"],
     ),
     Mutant(
+        "R1",
+        "trtllm_bole/kernels/norms.py",
+        "b = (tl.where(first, -y_p, y_p) * s)",
+        "b = (tl.where(first, y_p, -y_p) * s)",
+        ["tests/kernels/test_norms.py"],
+    ),
+    Mutant(
+        "R2",
+        "trtllm_bole/kernels/norms.py",
+        "y_p = (x_p * inv_rms * (1.0 + w_p)).to(dtype).to(tl.float32)",
+        "y_p = (x_p * inv_rms * (1.0 + w_p)).to(tl.float32)",
+        ["tests/kernels/test_norms.py"],
+    ),
+    Mutant(
+        "R3",
+        "trtllm_bole/reference/rope.py",
+        "x1 * cos + -x2 * sin, x2 * cos + x1 * sin",
+        "x1 * cos + x2 * sin, x2 * cos + x1 * sin",
+        ["tests/models/test_vs_transformers.py"],
+    ),
+    Mutant(
         "IV1",
         "trtllm_bole/kernels/gdn_tree_verify_inverse.py",
         "plain_last = int(squarings >= 2 and chain - 1 == 1 << (squarings - 1))",
@@ -786,8 +807,8 @@ MUTANTS = [
     Mutant(
         "N13",
         "trtllm_bole/models/layers.py",
-        "k = apply_rope(ops.rms_norm(k.unflatten(-1, (-1, self.head_dim)), self.k_norm, self.eps), cos, sin)",
-        "k = apply_rope(ops.rms_norm(k.unflatten(-1, (-1, self.head_dim)), self.q_norm, self.eps), cos, sin)",
+        "k = state.norm_rope(k.unflatten(-1, (-1, self.head_dim)), self.k_norm, self.eps)",
+        "k = state.norm_rope(k.unflatten(-1, (-1, self.head_dim)), self.q_norm, self.eps)",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",

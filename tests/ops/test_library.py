@@ -9,6 +9,7 @@ import torch
 from trtllm_bole import ops
 from trtllm_bole.ops import library
 from trtllm_bole.ops.library import tree_args
+from trtllm_bole.reference import rope
 from trtllm_bole.testing import forest, random_gdn_inputs, topk_parents
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -39,9 +40,20 @@ def _samples(tree, x):
     lengths = torch.tensor([2, 3], dtype=torch.int32, device=DEVICE)
     cu = torch.tensor([0, 5, n], device=DEVICE)
     queries = torch.randn(n, 2, 8, device=DEVICE)
+    freqs = rope.inv_freq(10000.0, 8, torch.device(DEVICE))
     attention = (*(kv[0] for kv in new_kv), *(c[0] for c in caches))  # k, v, k_cache, v_cache of layer 0
     return [
         (library.rms_norm, (x.v, torch.randn(x.v.shape[-1], device=DEVICE), 1e-6), {}),
+        (
+            library.rms_norm_rope,
+            (
+                x.q,
+                torch.randn(x.q.shape[-1], device=DEVICE),
+                1e-6,
+                *rope.cos_sin(cu[:1].repeat(n), freqs, x.q.dtype),
+            ),
+            {},
+        ),
         (
             library.forest_metadata,
             (tree.parents, tree.cu_seqlens, tree.depth, tree.max_depth, tree.max_nodes),
@@ -84,7 +96,7 @@ def test_every_operator_is_sampled(case):
     assert {op.name().split("::")[1] for op, _, _ in _samples(*case)} == defined
 
 
-@pytest.mark.parametrize("index", range(11))
+@pytest.mark.parametrize("index", range(12))
 def test_opcheck(case, index):
     """Schema (mutated arguments declared, nothing else written), fake against real outputs, and the
     operator under AOT dispatch (what torch.compile runs)."""

@@ -10,7 +10,8 @@
   in turn (a chunk is a chain) and commits each into its columns of the state;
 - :mod:`.tree_conv1d`: tree-aware causal depthwise conv1d + SiLU (BOLE.md §4);
 - :mod:`.kv_commit`: the paged KV cache's commit of the accepted paths, every attention layer in one
-  launch; :mod:`.norms`: Qwen3.5's zero-centred RMSNorm in one kernel (the serving forward's glue);
+  launch; :mod:`.norms`: Qwen3.5's zero-centred RMSNorm in one kernel, and the attention's q/k norm with
+  its RoPE in one (the serving forward's glue);
 - :mod:`.forest`: a drafted forest's metadata (paths, pre-order, subtree sizes) in one launch;
 - :mod:`.baselines`: today's scheme (serial per-node recurrence with per-node state snapshots), the
   yardstick of the benchmarks.

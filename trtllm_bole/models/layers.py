@@ -24,6 +24,7 @@ from trtllm_bole import ops
 from trtllm_bole.models.attention import causal_attention, tree_attention
 from trtllm_bole.models.cache import PendingCommit, StepContext
 from trtllm_bole.models.config import LINEAR_ATTENTION, Qwen35Config
+from trtllm_bole.reference import rope
 
 GDN_MODES = ("bole", "serial", "prefill")
 
@@ -48,28 +49,11 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def rope_cos_sin(
     positions: torch.Tensor, config: Qwen35Config, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[..., rotary_dim]`` for integer positions.
-
-    Qwen3.5's multimodal RoPE gives the T, H and W sections the same position for text tokens, so it
-    is plain 1-D RoPE over the first ``rotary_dim`` channels (checked against transformers in tests).
-    """
-    dim = config.rotary_dim
-    inv_freq = 1.0 / (
-        config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / dim)
+    """Half-width cos/sin ``[..., rotary_dim / 2]`` for integer positions (:mod:`trtllm_bole.reference.rope`:
+    Qwen3.5's multimodal RoPE is plain 1-D RoPE for text tokens)."""
+    return rope.cos_sin(
+        positions, rope.inv_freq(config.rope_theta, config.rotary_dim, positions.device), dtype
     )
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on the leading ``rotary_dim`` channels of ``x [..., heads, head_dim]``."""
-    dim = cos.shape[-1]
-    cos, sin = cos[..., None, :], sin[..., None, :]
-    x_rot, x_pass = x[..., :dim], x[..., dim:]
-    x1, x2 = x_rot.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
 
 
 # ------------------------------------------------------------------------------------------- #
@@ -81,7 +65,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class SequenceState:
     """Cache-less forward over ``[B, L]`` sequences: positions ``0 .. L - 1``."""
 
-    cos: torch.Tensor  # [L, rotary_dim]
+    cos: torch.Tensor  # [L, rotary_dim / 2]
     sin: torch.Tensor
 
     @classmethod
@@ -90,13 +74,17 @@ class SequenceState:
     ) -> SequenceState:
         return cls(*rope_cos_sin(torch.arange(length, device=device), config, dtype))
 
+    def norm_rope(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """q or k ``[B, L, heads, head_dim]`` normalised and rotated, differentiably (training)."""
+        return rope.apply_rope(ops.rms_norm(x, weight, eps), self.cos, self.sin)
+
 
 @dataclass(slots=True)
 class ForwardState:
     """What every layer of one serving forward reads, and what the layers leave for the commit."""
 
     ctx: StepContext
-    cos: torch.Tensor  # [N, rotary_dim], position = context_len + depth - 1
+    cos: torch.Tensor  # [N, rotary_dim / 2], position = context_len + depth - 1
     sin: torch.Tensor
     k_cache: torch.Tensor  # [L_attn, num_blocks, block_size, KVH, d]
     v_cache: torch.Tensor
@@ -138,6 +126,10 @@ class ForwardState:
             positions = positions[rows]
         return cls(ctx, *rope_cos_sin(positions, config, dtype), k_cache, v_cache, gdn_state, conv_state,
                    gdn_mode, rows, past_k, past_v)  # fmt: skip
+
+    def norm_rope(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """q or k ``[N, heads, head_dim]`` normalised and rotated (one kernel on CUDA)."""
+        return ops.rms_norm_rope(x, weight, eps, self.cos, self.sin)
 
     def pending(self) -> PendingCommit:
         def stacked(xs: list[torch.Tensor]) -> torch.Tensor | None:
@@ -288,19 +280,19 @@ class Attention(_Mixer):
         self.k_norm = self._param(c.head_dim)
         self.o_proj = self._param(c.hidden_size, c.num_attention_heads * c.head_dim)
 
-    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _project(self, x: torch.Tensor, state: ForwardState | SequenceState) -> tuple[torch.Tensor, ...]:
         q_gate, k, v = F.linear(x, self.qkv_proj).split(self.splits, dim=-1)
         # q_proj interleaves per head: [query (head_dim), gate (head_dim)] (transformers' layout).
         q, gate = q_gate.unflatten(-1, (self.num_heads, 2 * self.head_dim)).chunk(2, dim=-1)
-        q = apply_rope(ops.rms_norm(q, self.q_norm, self.eps), cos, sin)
-        k = apply_rope(ops.rms_norm(k.unflatten(-1, (-1, self.head_dim)), self.k_norm, self.eps), cos, sin)
+        q = state.norm_rope(q, self.q_norm, self.eps)
+        k = state.norm_rope(k.unflatten(-1, (-1, self.head_dim)), self.k_norm, self.eps)
         return q, k, v.unflatten(-1, (-1, self.head_dim)), gate.flatten(-2)
 
     def _output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return F.linear(o.flatten(-2) * torch.sigmoid(gate), self.o_proj)
 
     def forward_tree(self, x: torch.Tensor, fs: ForwardState) -> torch.Tensor:
-        q, k, v, gate = self._project(x, fs.cos, fs.sin)
+        q, k, v, gate = self._project(x, fs)
         if fs.rows is not None:
             k = fs.past_k[self.index].index_copy(0, fs.rows, k)
             v = fs.past_v[self.index].index_copy(0, fs.rows, v)
@@ -312,7 +304,7 @@ class Attention(_Mixer):
         return self._output(o, gate)
 
     def forward_sequences(self, x: torch.Tensor, ss: SequenceState) -> torch.Tensor:
-        q, k, v, gate = self._project(x, ss.cos, ss.sin)
+        q, k, v, gate = self._project(x, ss)
         return self._output(causal_attention(q, k, v), gate)
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "gdn_tree_verify_serial",
     "kv_commit",
     "rms_norm",
+    "rms_norm_rope",
     "stack_factors",
     "tree_attention",
     "tree_conv1d",
@@ -117,6 +118,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return norms.rms_norm(x, weight, eps)
     return library.rms_norm(x, weight, eps)
+
+
+def rms_norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """The attention's q/k: :func:`rms_norm` of every head of ``x [N, heads, head_dim]``, then rotate-half
+    RoPE on its leading ``rotary_dim`` channels at each token's ``cos``/``sin`` ``[N, rotary_dim / 2]``
+    (x's dtype; :func:`trtllm_bole.reference.rope.cos_sin`). Serving only: not differentiable."""
+    if x.dim() != 3 or weight.shape != x.shape[-1:]:
+        raise ValueError(
+            f"rms_norm_rope takes x [N, heads, head_dim] and weight [head_dim], got {list(x.shape)} and "
+            f"{list(weight.shape)}"
+        )
+    half = cos.shape[-1] if cos.dim() == 2 else 0
+    if cos.shape != sin.shape or cos.shape != (x.shape[0], half) or not 0 < 2 * half <= x.shape[-1]:
+        raise ValueError(
+            f"cos and sin must be [N={x.shape[0]}, rotary_dim / 2] with rotary_dim <= head_dim="
+            f"{x.shape[-1]}, got {list(cos.shape)} and {list(sin.shape)}"
+        )
+    if cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise ValueError(f"cos and sin must be in x's dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
+    return library.rms_norm_rope(x, weight, eps, cos, sin)
 
 
 # ----------------------------------------------------------------------------------------- #

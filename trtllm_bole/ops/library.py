@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from trtllm_bole.kernels._common import GDNTreeFactors
-from trtllm_bole.reference import attention_tree, conv_tree, gdn_tree, kv_cache, norms
+from trtllm_bole.reference import attention_tree, conv_tree, gdn_tree, kv_cache, norms, rope
 from trtllm_bole.tree import TreeBatch
 
 _LIB = torch.library.Library("bole", "DEF")
@@ -96,6 +96,19 @@ rms_norm = _define(
     cpu=_rms_norm_reference,
     cuda=_kernel("norms", "rms_norm"),
     fake=lambda x, weight, eps: x.new_empty(x.shape),
+)
+
+
+def _rms_norm_rope_reference(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
+    """Row-major whatever x's layout, as the kernel's output (and the fake) is."""
+    return rope.rms_norm_rope(x, weight, eps, cos, sin).contiguous()
+
+
+rms_norm_rope = _define(
+    "rms_norm_rope(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor",
+    cpu=_rms_norm_rope_reference,
+    cuda=_kernel("norms", "rms_norm_rope"),
+    fake=lambda x, weight, eps, cos, sin: x.new_empty(x.shape),
 )
 
 
