@@ -117,3 +117,15 @@ def test_cuda_norm_rope_is_the_torch_path_bit_for_bit_in_bf16(gen):
     assert torch.equal(
         rms_norm_rope(q, weight, 1e-6, cos, sin), rope.apply_rope(rms_norm(q, weight, 1e-6), cos, sin)
     )
+
+
+def test_norm_rope_rounds_as_the_reference_in_fp16(gen, nan_outputs):
+    """Each product and the sum rounded to x's dtype where the reference rounds them. fp16, which the
+    interpreter rounds as the GPU does (it truncates bf16): at most 1% of the outputs may differ (a
+    reduction order can move a norm by an ulp), where skipping one of the roundings moves ~5%."""
+    q = (3 * torch.randn(16, 4, 2 * 64, generator=gen)).to(DEVICE, torch.float16).chunk(2, dim=-1)[0]
+    weight = (0.4 * torch.randn(64, generator=gen)).to(DEVICE, torch.float16)
+    positions = torch.arange(100, 116, device=DEVICE)
+    cos, sin = rope.cos_sin(positions, rope.inv_freq(10000.0, 32, torch.device(DEVICE)), torch.float16)
+    y = rms_norm_rope(q, weight, 1e-6, cos, sin)
+    assert (y != rope.rms_norm_rope(q, weight, 1e-6, cos, sin)).float().mean() <= 0.01
