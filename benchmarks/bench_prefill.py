@@ -1,6 +1,7 @@
 """GDN prefill on the GPU: the one-launch kernel against rounds of the tree kernels, per GDN layer.
 
-    python benchmarks/bench_prefill.py                # H200: ~2 min -> results/bench_prefill_<device>.json
+    python benchmarks/bench_prefill.py       # H200: ~1 min -> results/bench_prefill_<device>.json and .png
+    python benchmarks/bench_prefill.py --plot-only benchmarks/results/bench_prefill_h200.json
 
 ``one-launch`` is :func:`trtllm_bole.kernels.gdn_prefill.gdn_prefill` (one program per value tile, head
 and prompt walks the prompt's chunks, verifying and committing each). ``rounds`` is the scheme it
@@ -12,11 +13,12 @@ round after round once per call.
 
 Both schemes are first checked against the float64 serial recurrence (outputs and final states, fp32
 within 1e-4, bf16 within 1e-2, on ragged prompts up to 130 tokens); a scheme that fails is not timed, and
-at every timed point the two must agree within the same tolerance. Per point (the embedded model's and
-Qwen3.5-9B's GDN heads, fp32 and bf16 q/k/v, batches of prompts of 200-400 tokens and one of 2048-token
-prompts): ``eager_us``, CUDA-event time per call launched from Python as a prefill launches it (the
-host's launches included: a GPU left idle between them counts), and ``graph_us``, the same work replayed
-from a CUDA graph (the GPU's time alone); and the rounds' time over the one launch's.
+at every timed point the two must agree (outputs and states) within the same tolerance. Per point (the
+embedded model's and Qwen3.5-9B's GDN heads, fp32 and bf16 q/k/v, batches of prompts of 200-400 tokens
+and one of 2048-token prompts): ``eager_us``, CUDA-event time per call launched from Python as a prefill
+launches it (the host's launches included: a GPU left idle between them counts; both schemes' chunk
+layouts cached, as the later layers of a prefill find them), and ``graph_us``, the same work replayed
+from a CUDA graph (the GPU's time alone); and the rounds' time over the one launch's, plotted.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,11 +124,44 @@ def check_against_float64(dims, dtype, device: str) -> dict[str, float]:
     return errors
 
 
+def plot(data: dict, png: Path) -> str:
+    """The rounds' time over the one launch's at every point, eager and from a graph. Returns a note."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib missing: no PNG (run --plot-only <json> where it is installed)"
+    timed = [p for p in data["points"] if "one-launch" in p]
+    labels = [
+        f"{p['dims']}\n{p['dtype'].removeprefix('torch.')}\n{p['prompts']} x {p['lengths']}" for p in timed
+    ]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(timed)), 5))
+    for offset, kind in ((-0.2, "eager"), (0.2, "graph")):
+        ratios = [p[f"rounds_over_one_launch_{kind}"] for p in timed]
+        ax.bar([i + offset for i in range(len(timed))], ratios, 0.4, label=kind)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(timed)), labels, fontsize=7)
+    ax.set_ylabel("rounds' time / one launch's (log)")
+    ax.set_title(f"GDN prefill, one layer: one launch vs rounds of verify + commit ({data['device']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return f"wrote {png}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--rep-ms", type=int, default=100)
+    ap.add_argument("--plot-only", type=Path, metavar="JSON", help="redraw the PNG of a result file")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        print(plot(json.loads(args.plot_only.read_text()), args.plot_only.with_suffix(".png")))
+        return 0
     if not torch.cuda.is_available():
         print("bench_prefill.py times the kernels on a CUDA GPU", file=sys.stderr)
         return 2
@@ -143,8 +179,11 @@ def main(argv: list[str] | None = None) -> int:
             lengths = prompt_lengths(batch, long)
             operands, state, scale = inputs(lengths, dims, dtype, 1, device)
             fns = schemes(lengths, device)
-            outs = {name: fn(*operands, state.clone(), scale) for name, fn in fns.items()}
-            agree = rel_rms(outs["rounds"], outs["one-launch"])
+            states = {name: state.clone() for name in fns}
+            outs = {name: fn(*operands, states[name], scale) for name, fn in fns.items()}
+            agree = max(
+                rel_rms(outs["rounds"], outs["one-launch"]), rel_rms(states["rounds"], states["one-launch"])
+            )
             point = {"dims": dims_name, "dtype": str(dtype), "prompts": batch, "tokens": sum(lengths),
                      "lengths": f"{min(lengths)}-{max(lengths)}", "rounds_vs_one_launch": agree}  # fmt: skip
             if agree > TOL[dtype]:
@@ -160,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             print(point, flush=True)
     data = run_meta(chunk_size=CHUNK, checks=checks, points=points)
     tag = "h200" if "H200" in torch.cuda.get_device_name(0) else "gpu"
-    print(f"wrote {write_result(args.out, f'bench_prefill_{tag}.json', data)}")
+    path = write_result(args.out, f"bench_prefill_{tag}.json", data)
+    print(f"wrote {path}\n{plot(data, path.with_suffix('.png'))}")
     return 0 if all(c["passed"] for c in checks) else 1
 
 

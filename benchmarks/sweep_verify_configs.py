@@ -73,8 +73,11 @@ def point(dims: str, dtype: torch.dtype, shape: str, batch: int, gen: torch.Gene
 
     default = K.default_config(tree.num_nodes, batch, hv, dk, dv)
     timed("default", lambda: K.gdn_tree_verify(*args, scale=x.scale))
-    if shape == "chain":  # what prefill runs, whatever the batch
-        timed("prefill", lambda: K.gdn_tree_verify(*args, scale=x.scale, config=prefill_config(dk, dv)))
+    if shape == "chain":  # the prefill's config on one chunk a request, whatever the batch
+        exact = dtype == torch.float32
+        timed(
+            "prefill", lambda: K.gdn_tree_verify(*args, scale=x.scale, config=prefill_config(dk, dv, exact))
+        )
     timed("tree-serial", lambda: TS.gdn_tree_verify_serial(*args, scale=x.scale))
     for cfg, p in candidates(dk, dv, dtype):
         timed(f"{cfg} {p}", lambda c=cfg, p=p: K.gdn_tree_verify(*args, scale=x.scale, precision=p, config=c))

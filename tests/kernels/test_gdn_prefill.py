@@ -59,6 +59,24 @@ def serving_precision_check(lengths, h, hv, dk, dv, gen):
     assert rel_rms(state, states[chains.cu_seqlens[1:] - 1]) <= SERVING
 
 
+@pytest.mark.parametrize("chunk_size", [5, 33])
+def test_several_value_tiles_and_chunks_of_any_size(chunk_size, gen):
+    """dv = 128: two value tiles a head, each program committing its own columns of the state; chunk
+    sizes that are not powers of two (the commit pads the chunk's rows)."""
+    lengths = [70, 9]
+    x = random_gdn_inputs(sum(lengths), 2, 1, 2, 32, 128, generator=gen, device=DEVICE)
+    q, k, v, g, beta = (t.float() for t in (x.q, x.k, x.v, x.g, x.beta))
+    state = x.state.float()
+    expected = state.double().clone()
+    o = kernel.gdn_prefill(q, k, v, g, beta, state, lengths, scale=x.scale, chunk_size=chunk_size)
+    chains = TreeBatch.chains(lengths, device=DEVICE)
+    o_ref, states = gdn_tree.serial_tree_recurrence(
+        q.double(), k.double(), v.double(), g.double(), beta.double(), expected, chains, scale=x.scale
+    )
+    assert rel_rms(o, o_ref) <= EXACT
+    assert rel_rms(state, states[chains.cu_seqlens[1:] - 1]) <= EXACT
+
+
 def test_prefill_in_serving_precision(gen):
     serving_precision_check([70, 9], 2, 4, 16, 32, gen)
 

@@ -103,6 +103,9 @@ def test_ops_norm_rope_checks_its_tables(gen):
         ops.rms_norm_rope(x, torch.zeros(32), 1e-6, cos[:2], sin[:2])
     with pytest.raises(ValueError, match="dtype"):
         ops.rms_norm_rope(x, torch.zeros(32), 1e-6, cos.double(), sin.double())
+    x.requires_grad_(True)
+    ops.rms_norm_rope(x, torch.zeros(32), 1e-6, cos, sin).sum().backward()  # training takes the reference
+    assert x.grad is not None and x.grad.shape == x.shape
 
 
 @pytest.mark.gpu

@@ -629,6 +629,13 @@ MUTANTS = [
         ["tests/kernels/test_gdn_prefill.py"],
     ),
     Mutant(
+        "P5",
+        "trtllm_bole/kernels/gdn_prefill.py",
+        "    o_v = i_v * BV + tl.arange(0, BV)\n    o_p",
+        "    o_v = tl.arange(0, BV)\n    o_p",
+        ["tests/kernels/test_gdn_prefill.py"],
+    ),
+    Mutant(
         "RP1",
         "trtllm_bole/kernels/norms.py",
         "b = (tl.where(first, -y_p, y_p) * s)",
@@ -660,9 +667,9 @@ MUTANTS = [
     # Second round: the model, its config and checkpoint, the LLM API, text, serving, the engine.
     Mutant(
         "N1",
-        "trtllm_bole/models/layers.py",
-        "torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / dim",
-        "torch.arange(0, dim, 2, dtype=torch.float, device=positions.device) / config.head_dim",
+        "trtllm_bole/reference/rope.py",
+        "return 1.0 / (theta ** (steps / rotary_dim))",
+        "return 1.0 / (theta ** (steps / (rotary_dim + 2)))",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",
@@ -672,9 +679,9 @@ MUTANTS = [
     ),
     Mutant(
         "N2",
-        "trtllm_bole/models/layers.py",
-        "rotated = torch.cat([-x2, x1], dim=-1)",
-        "rotated = torch.cat([x2, -x1], dim=-1)",
+        "trtllm_bole/reference/rope.py",
+        "x1 * cos + -x2 * sin, x2 * cos + x1 * sin",
+        "x1 * cos + x2 * sin, x2 * cos + -x1 * sin",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",

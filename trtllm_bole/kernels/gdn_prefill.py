@@ -31,6 +31,7 @@ from trtllm_bole.kernels import gdn_tree_verify as verify_kernel
 from trtllm_bole.kernels._common import MAX_DEPTH, pow2_at_least, tile_dividing
 from trtllm_bole.kernels.gdn_commit import _commit_path
 from trtllm_bole.kernels.gdn_tree_verify import VerifyConfig, _verify_request
+from trtllm_bole.transfer import device_tensor
 from trtllm_bole.tree import TreeBatch
 
 COMMIT_BK = 16
@@ -46,16 +47,18 @@ class PrefillChunks:
     first: torch.Tensor  # int64 [B + 1]: prompt b has the tree's requests first[b] to first[b + 1] - 1
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=2)
 def prefill_chunks(lengths: tuple[int, ...], chunk_size: int, device: torch.device) -> PrefillChunks:
-    """The chunks of prompts ``lengths`` long (cached: every GDN layer of a prefill asks for the same)."""
+    """The chunks of prompts ``lengths`` long, made on the host and copied (no device sync). Cached for
+    the GDN layers of one prefill, which all ask for the same; two layouts at most, since a serving
+    prefill rarely meets the same lengths again and the chains' ``paths`` take 512 bytes a token."""
     if not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(f"chunk_size must lie in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size}")
     if not lengths or min(lengths) <= 0:
         raise ValueError(f"prompt lengths must be positive, got {list(lengths)}")
     sizes = [min(chunk_size, n - lo) for n in lengths for lo in range(0, n, chunk_size)]
     counts = [-(-n // chunk_size) for n in lengths]
-    first = torch.tensor([0, *itertools.accumulate(counts)], device=device)
+    first = device_tensor([0, *itertools.accumulate(counts)], device)
     return PrefillChunks(TreeBatch.chains(sizes, device=device, max_depth=chunk_size), first)
 
 
@@ -116,8 +119,10 @@ def gdn_prefill(
 ) -> torch.Tensor:
     """Packed prompts (rows ``[N, ...]``, prompt ``b`` of ``lengths[b]`` rows) through the recurrence;
     ``state`` (``[S, HV, dk, dv]`` fp32; prompt b's slot ``state_indices[b]``, or b) updated in place.
-    Returns ``o [N, HV, dv]``. Shapes, dtypes and checks as :func:`.gdn_tree_verify.gdn_tree_verify`'s.
-    One launch, no device sync (the lengths are host ints)."""
+    Returns ``o [N, HV, dv]``. Shapes and dtypes as :func:`.gdn_tree_verify.gdn_tree_verify`'s, and its
+    checks; the slots' values are not checked here (no device sync): distinct slots are the caller's
+    contract, since two prompts on one slot would write it at once (:func:`trtllm_bole.ops.gdn_prefill`
+    checks them). One launch; the lengths are host ints."""
     if sum(lengths) != v.shape[0] or min(lengths, default=0) <= 0:
         raise ValueError(f"lengths {list(lengths)} must be positive and cover the {v.shape[0]} rows")
     chunks = prefill_chunks(tuple(lengths), chunk_size, state.device)

@@ -42,7 +42,7 @@ from trtllm_bole.kernels._common import (
 )
 from trtllm_bole.ops import library
 from trtllm_bole.ops.library import tree_args
-from trtllm_bole.reference import gdn_tree, kv_cache, norms
+from trtllm_bole.reference import gdn_tree, kv_cache, norms, rope
 from trtllm_bole.tree import TreeBatch
 
 __all__ = [
@@ -125,7 +125,8 @@ def rms_norm_rope(
 ) -> torch.Tensor:
     """The attention's q/k: :func:`rms_norm` of every head of ``x [N, heads, head_dim]``, then rotate-half
     RoPE on its leading ``rotary_dim`` channels at each token's ``cos``/``sin`` ``[N, rotary_dim / 2]``
-    (x's dtype; :func:`trtllm_bole.reference.rope.cos_sin`). Serving only: not differentiable."""
+    (x's dtype; :func:`trtllm_bole.reference.rope.cos_sin`). Training, which differentiates it, runs
+    the torch reference on every device."""
     if x.dim() != 3 or weight.shape != x.shape[-1:]:
         raise ValueError(
             f"rms_norm_rope takes x [N, heads, head_dim] and weight [head_dim], got {list(x.shape)} and "
@@ -139,6 +140,8 @@ def rms_norm_rope(
         )
     if cos.dtype != x.dtype or sin.dtype != x.dtype:
         raise ValueError(f"cos and sin must be in x's dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return rope.rms_norm_rope(x, weight, eps, cos, sin)
     return library.rms_norm_rope(x, weight, eps, cos, sin)
 
 
