@@ -575,8 +575,8 @@ MUTANTS = [
     Mutant(
         "E11",
         "trtllm_bole/spec/executor.py",
-        "if all(r.params.temperature <= 0 for r in requests):",
-        "if any(r.params.temperature <= 0 for r in requests):",
+        "return all(r.params.temperature <= 0 for r in requests)",
+        "return any(r.params.temperature <= 0 for r in requests)",
         ["tests/spec/test_executor.py::test_a_seeded_request_samples_the_same_alone_or_batched"],
     ),
     Mutant(
