@@ -206,7 +206,7 @@ def tree_conv1d_desc(
     state_indices: trtp.TensorDesc,
     request: trtp.TensorDesc,
     depth: trtp.TensorDesc,
-    paths: trtp.TensorDesc,
+    global_parents: trtp.TensorDesc,
     silu: int,
 ) -> trtp.TensorDesc:
     return _describe(CONV, locals())[0]
@@ -214,7 +214,7 @@ def tree_conv1d_desc(
 
 @trtp.autotune("bole::tree_conv1d")
 def tree_conv1d_autotune(
-    x, weight, conv_state, state_indices, request, depth, paths, outputs
+    x, weight, conv_state, state_indices, request, depth, global_parents, outputs
 ) -> list[trtp.AutoTuneCombination]:
     return _autotune(CONV, locals())
 
@@ -227,7 +227,7 @@ def tree_conv1d_aot_impl(
     state_indices: trtp.TensorDesc,
     request: trtp.TensorDesc,
     depth: trtp.TensorDesc,
-    paths: trtp.TensorDesc,
+    global_parents: trtp.TensorDesc,
     silu: int,
     outputs: tuple[trtp.TensorDesc],
     tactic: int,

@@ -218,7 +218,7 @@ def check_conv(arch: int, gen: torch.Generator, act: torch.dtype) -> list[dict]:
         "weight": (torch.randn(c, CONV_WIDTH, generator=gen) / 2).to(act).cuda(),
         "conv_state": torch.randn(slots, c, CONV_WIDTH - 1, generator=gen).to(act).cuda(),
         "state_indices": torch.tensor([3, 7, 0, 5], device="cuda"),
-        "request": tree.request, "depth": tree.depth, "paths": tree.paths,
+        "request": tree.request, "depth": tree.depth, "global_parents": tree.global_parents,
     }  # fmt: skip
     ref = conv_tree.tree_conv1d(
         tensors["x"].double(), tensors["weight"].double(), tensors["conv_state"].double(), tree,

@@ -190,11 +190,9 @@ class VerifyNetwork:
         trt, c, b = self.trt, self.c, self.build_settings
         i64 = trt.int64
         self.ids = self.input("input_ids", trt.int32, (-1,))
-        self.tree = {
-            n: self.input(n, i64, (-1,))
-            for n in ("state_indices", "cu_seqlens", "dfs_order", "subtree_size", "request", "depth")
-        }
-        self.tree["paths"] = self.input("paths", i64, (-1, b["max_draft_depth"] + 1))
+        forest = ("state_indices", "cu_seqlens", "dfs_order", "subtree_size", "request", "depth")
+        forest += ("global_parents",)  # the tree conv's walk up the path
+        self.tree = {n: self.input(n, i64, (-1,)) for n in forest}
         self.gdn_state = self.input(
             "gdn_state",
             trt.float32,
@@ -262,7 +260,7 @@ class VerifyNetwork:
                 t["state_indices"],
                 t["request"],
                 t["depth"],
-                t["paths"],
+                t["global_parents"],
                 silu=1,
             ),
             aot=True,
@@ -401,7 +399,6 @@ class VerifyNetwork:
         batch, nodes = b["max_batch_size"], b["max_batch_size"] * (b["max_draft_nodes"] + 1)
         ctx = batch * b["max_seq_len"]
         profile = builder.create_optimization_profile()
-        depth = b["max_draft_depth"] + 1
 
         def kv(rows: int) -> tuple[int, ...]:
             return (c.num_attn_layers, rows, c.num_key_value_heads, c.head_dim)
@@ -410,12 +407,11 @@ class VerifyNetwork:
             "input_ids": [(1,), (nodes // 2,), (nodes,)],
             "state_indices": [(1,), (batch,), (batch,)],
             "cu_seqlens": [(2,), (batch + 1,), (batch + 1,)],
-            "paths": [(1, depth), (nodes // 2, depth), (nodes, depth)],
             "rope_cos": [(1, c.rotary_dim), (nodes // 2, c.rotary_dim), (nodes, c.rotary_dim)],
             "context_k": [kv(1), kv(ctx // 2), kv(ctx)],
             "context_bias": [(1, 1), (nodes // 2, ctx // 2), (nodes, ctx)],
         }  # fmt: skip
-        for name in ("dfs_order", "subtree_size", "request", "depth"):
+        for name in ("dfs_order", "subtree_size", "request", "depth", "global_parents"):
             shapes[name] = shapes["input_ids"]
         shapes["rope_sin"], shapes["context_v"] = shapes["rope_cos"], shapes["context_k"]
         for name, (lo, opt, hi) in shapes.items():

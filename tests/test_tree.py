@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trtllm_bole.testing import chain_parents, forest, random_parents, star_parents, topk_parents
-from trtllm_bole.tree import TreeBatch
+from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
 
 
 def brute_force_ancestors(parents: list[int]) -> list[set[int]]:
@@ -64,7 +64,24 @@ def test_chains_closed_form_equals_build(lengths):
     built = TreeBatch.build(parents, torch.tensor([0, *lengths]).cumsum(0), max_supported_depth=max(lengths))
     for f in dataclasses.fields(TreeBatch):
         a, b = getattr(fast, f.name), getattr(built, f.name)
+        if f.name == "path_table" and max(lengths) > MAX_TREE_DEPTH:  # a prompt's chain: no table
+            assert a.shape == (b.shape[0], 0) and not fast.has_paths and built.has_paths
+            continue
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
+
+
+def test_a_long_chain_carries_no_paths_table_and_refuses_to_read_one():
+    """A prompt's chain deeper than the trees the kernels verify keeps no [N, depth] table (8 prompts of
+    4,096 tokens would take 1 GiB); reading ``paths`` says why instead of handing back an empty one."""
+    long, short = TreeBatch.chains([4096] * 8), TreeBatch.chains([MAX_TREE_DEPTH] * 8)
+    assert long.path_table.numel() == 0 and not long.has_paths
+    assert short.has_paths and short.paths.shape == (8 * MAX_TREE_DEPTH, MAX_TREE_DEPTH)
+    with pytest.raises(ValueError, match="carries no paths table"):
+        _ = long.paths
+    with pytest.raises(ValueError, match="carries no paths table"):
+        long.path(5)
+    rebuilt = TreeBatch(*long.tensors(), long.max_depth, long.max_nodes)  # as an operator receives it
+    assert not rebuilt.has_paths and torch.equal(rebuilt.global_parents, long.global_parents)
 
 
 def test_chains_carry_a_depth_bound():

@@ -8,7 +8,11 @@ of the committed root (the state after the last committed token). Parents come b
 Everything the kernels and references need is derived once here:
 
 - ``depth``: 1 for a child of the root, ``depth(parent) + 1`` otherwise;
-- ``paths[i, :depth[i]]``: global indices of the root-to-node path (root child first, ``i`` last);
+- ``paths[i, :depth[i]]``: global indices of the root-to-node path (root child first, ``i`` last).
+  A forest deeper than :data:`MAX_TREE_DEPTH` (only a prompt's chain can be: :meth:`TreeBatch.chains`)
+  carries ``paths`` with no columns, since its full table would grow with the prompt's length squared:
+  only the prefill takes such forests, and its operators need a node's few nearest ancestors
+  (``global_parents``) or the interval test below, never a whole path (:attr:`TreeBatch.has_paths`);
 - ``dfs_order`` / ``subtree_size``: a depth-first pre-order rank and the size of each subtree, so
   "``j`` is an ancestor of ``i`` or ``i`` itself" is the interval test
   ``dfs_order[j] <= dfs_order[i] < dfs_order[j] + subtree_size[j]`` — three 1-D loads per tile in a
@@ -38,7 +42,7 @@ class TreeBatch:
     depth: torch.Tensor  # int64 [N], >= 1
     request: torch.Tensor  # int64 [N], owning request
     global_parents: torch.Tensor  # int64 [N], packed index of the parent, -1 = root child
-    paths: torch.Tensor  # int64 [N, max_depth], root-to-node global indices, -1 padded
+    path_table: torch.Tensor  # int64 [N, max_depth] or [N, 0]: what `paths` reads (see has_paths)
     dfs_order: torch.Tensor  # int64 [N], depth-first pre-order rank over the whole forest
     subtree_size: torch.Tensor  # int64 [N], nodes in the subtree rooted at each node (itself included)
     max_depth: int  # host ints: the deepest path and the largest request (kernels size launches by them)
@@ -128,8 +132,9 @@ class TreeBatch:
         Its metadata in closed form (what :meth:`build` derives, without the sweeps): node ``i`` of a
         chain has depth ``i + 1``, its path is the chain's first ``i + 1`` nodes, the packed order is
         already depth-first, and a subtree is the rest of the chain. Computed on ``device`` from the
-        lengths alone: a prompt's ``paths`` grow with its length squared (tens of MB for a batch of long
-        prompts), too much to build on the host and copy."""
+        lengths alone. Chains deeper than :data:`MAX_TREE_DEPTH` carry no ``paths`` columns
+        (:attr:`has_paths`): a prompt's would grow with its length squared (8 prompts of 4,096 tokens: 1
+        GiB of int64)."""
         if not lengths or any(n <= 0 for n in lengths):
             raise ValueError(f"chains need one positive length per request, got {list(lengths)}")
         if max_depth is not None and max_depth < max(lengths):
@@ -141,7 +146,7 @@ class TreeBatch:
         nodes = torch.arange(num_nodes, device=device)
         request = _owners(sizes, num_nodes)
         local = nodes - cu_seqlens[:-1][request]
-        steps = torch.arange(max_depth, device=device)
+        steps = torch.arange(max_depth if max_depth <= MAX_TREE_DEPTH else 0, device=device)
         paths = torch.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
         return cls(local - 1, cu_seqlens, local + 1, request, torch.where(local > 0, nodes - 1, -1), paths,
                    nodes, sizes[request] - local, max_depth, max_depth)  # fmt: skip
@@ -214,10 +219,28 @@ class TreeBatch:
     def num_nodes(self) -> int:
         return self.parents.numel()
 
+    @property
+    def has_paths(self) -> bool:
+        """Whether the forest carries its root-to-node paths: every forest up to :data:`MAX_TREE_DEPTH`
+        deep does (every one the verify kernels accept); a longer prompt's chain carries an ``[N, 0]``
+        table instead."""
+        return self.path_table.shape[1] == self.max_depth
+
+    @property
+    def paths(self) -> torch.Tensor:
+        """int64 ``[N, max_depth]``: root-to-node global indices, -1 padded. Refused (``ValueError``) for a
+        forest that carries none (:attr:`has_paths`), rather than read as an empty table."""
+        if not self.has_paths:
+            raise ValueError(
+                f"this forest ({self.max_depth} deep: a prompt's chain) carries no paths table; its "
+                f"operators take a node's nearest ancestors from global_parents instead"
+            )
+        return self.path_table
+
     def tensors(self) -> list[torch.Tensor]:
         """The forest's tensors in field order: ``TreeBatch(*tree.tensors(), max_depth, max_nodes)`` is
         the same forest (how the ``bole::*`` operators, which take tensors and ints, receive one)."""
-        return [self.parents, self.cu_seqlens, self.depth, self.request, self.global_parents, self.paths,
+        return [self.parents, self.cu_seqlens, self.depth, self.request, self.global_parents, self.path_table,
                 self.dfs_order, self.subtree_size]  # fmt: skip
 
     def ancestor_mask(self, request: int | None = None) -> torch.Tensor:

@@ -94,9 +94,9 @@ def test_dynamic_sizes_stay_symbolic_in_grid_and_extra_args():
     assert grid[2].text == "(B * 24)"
     assert [getattr(a, "text", a) for a in commit.extra_values(shapes)] == ["B", 8, "N", 9]
     conv = SPECS["bole::tree_conv1d"]
-    shapes = dynamic(io["bole::tree_conv1d"][0], x="N", paths="N")
+    shapes = dynamic(io["bole::tree_conv1d"][0], x="N", global_parents="N")
     assert conv.grid(shapes, conv.tactics(shapes)[0], sym_cdiv)[1].text == "(N cdiv 16)"
-    assert [getattr(a, "text", a) for a in conv.extra_values(shapes)] == ["N", 9]
+    assert [getattr(a, "text", a) for a in conv.extra_values(shapes)] == ["N"]
 
 
 def test_launch_order_is_inputs_then_extra_args_then_outputs():
@@ -231,7 +231,7 @@ def test_aot_ptx_for_sm90_commit_and_conv(tmp_path):
     commit, conv = out["bole::gdn_commit"], out["bole::tree_conv1d"]
     assert commit["name"] == "gdn_commit_aot" and commit["grid"] == [4, 32, 4 * 24]
     assert commit["extra"] == [4, 8, 256, 9]
-    assert conv["name"] == "tree_conv1d_aot" and conv["extra"] == [256, 9]  # 4 requests x 64 nodes
+    assert conv["name"] == "tree_conv1d_aot" and conv["extra"] == [256]  # 4 requests x 64 nodes
     assert conv["grid"] == [64, 256 // 16, 1]
     for info in out.values():
         check_ptx(info, tmp_path)

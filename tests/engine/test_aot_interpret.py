@@ -81,7 +81,7 @@ def test_conv_adapter(gen):
         "weight": torch.randn(c, 4, generator=gen),
         "conv_state": torch.randn(3, c, 3, generator=gen),
         "state_indices": torch.tensor([1, 2]),
-        "request": tree.request, "depth": tree.depth, "paths": tree.paths,
+        "request": tree.request, "depth": tree.depth, "global_parents": tree.global_parents,
         "y": torch.full((tree.num_nodes, c), float("nan")),
     }  # fmt: skip
     launch("bole::tree_conv1d", tensors, {"silu": 1})

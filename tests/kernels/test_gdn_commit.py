@@ -9,6 +9,7 @@ from trtllm_bole.kernels import MAX_DEPTH
 from trtllm_bole.kernels import gdn_commit as kernel
 from trtllm_bole.reference import conv_tree, gdn_tree
 from trtllm_bole.testing import chain_parents, forest, random_gdn_inputs, star_parents, topk_parents
+from trtllm_bole.tree import TreeBatch
 
 TREES = [topk_parents(30, 3, 6), [-1], chain_parents(20), star_parents(6)]
 
@@ -129,6 +130,23 @@ def test_conv_state_commit(width, stacked, gen):
     ):
         conv_tree.conv_state_commit(layer_state, layer_x, tree, accepted, state_indices=slots)
     kernel.conv_state_commit(pool, x, tree, accepted, state_indices=slots)
+    assert torch.equal(pool, expected)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_conv_state_commit_of_prompt_chains_without_a_paths_table(impl, gen):
+    """A prefill's chains (no paths table past 64 tokens) leave each slot the last ``W - 1`` inputs up to
+    the accepted node, oldest first, topped up from the old state where the prompt is shorter."""
+    tree = TreeBatch.chains([100, 2, 70], device=DEVICE)
+    assert not tree.has_paths
+    x = torch.randn(tree.num_nodes, 50, generator=gen).to(DEVICE, torch.bfloat16)
+    pool = torch.randn(5, 50, 3, generator=gen).to(DEVICE, torch.bfloat16)
+    slots, accepted = torch.tensor([4, 0, 2], device=DEVICE), torch.tensor([99, 1, 40], device=DEVICE)
+    expected = pool.clone()
+    expected[4], expected[2] = x[97:100].T, x[102 + 38 : 102 + 41].T
+    expected[0] = torch.cat([pool[0][:, 2:], x[100:102].T], dim=1)
+    run = kernel.conv_state_commit if impl == "kernel" else conv_tree.conv_state_commit
+    run(pool, x, tree, accepted, state_indices=slots)
     assert torch.equal(pool, expected)
 
 

@@ -9,6 +9,7 @@ from trtllm_bole.kernels.kv_commit import kv_commit
 from trtllm_bole.models.cache import NO_BLOCK
 from trtllm_bole.reference.kv_cache import write_accepted_kv
 from trtllm_bole.testing import chain_parents, forest, topk_parents
+from trtllm_bole.tree import TreeBatch
 
 PAGE = 4
 
@@ -63,6 +64,28 @@ def test_reference_writes_the_path_at_the_context_positions(gen):
         assert torch.equal(k_cache[:, block, pos % PAGE], new_k[:, node]), j
     written = (k_cache != before).any(dim=(0, 3, 4)).sum()
     assert int(written) == path.numel()  # nothing else moved
+
+
+@pytest.mark.parametrize("commit", [kv_commit, write_accepted_kv], ids=["kernel", "reference"])
+def test_prompt_chains_without_a_paths_table_write_their_tokens_in_order(commit, gen):
+    """A prefill's chains (no paths table past 64 tokens): token j of a prompt accepted up to its leaf
+    goes to position ``context_len + j``, the rest of the prompt and every other row stay."""
+    tree = TreeBatch.chains([90, 5, 70], device=DEVICE)
+    assert not tree.has_paths
+    layers, kvh, d, blocks = 2, 2, 8, 96
+    k_cache = torch.randn(layers, blocks, PAGE, kvh, d, generator=gen).to(DEVICE)
+    v_cache = torch.randn(layers, blocks, PAGE, kvh, d, generator=gen).to(DEVICE)
+    new_k, new_v = (torch.randn(layers, tree.num_nodes, kvh, d, generator=gen).to(DEVICE) for _ in range(2))
+    tables = torch.randperm(blocks, generator=gen)[:90].view(3, 30).int().to(DEVICE)
+    lens, leaf = torch.tensor([3, 0, 10], device=DEVICE), torch.tensor([89, -1, 59], device=DEVICE)
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    for b, start, accepted in ((0, 0, 90), (2, 95, 60)):
+        for j in range(accepted):
+            pos = int(lens[b]) + j
+            row = (int(tables[b, pos // PAGE]), pos % PAGE)
+            k_want[:, row[0], row[1]], v_want[:, row[0], row[1]] = new_k[:, start + j], new_v[:, start + j]
+    commit(k_cache, v_cache, new_k, new_v, tree, leaf, tables, lens)
+    assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
 
 
 def test_value_checks(gen):

@@ -2,11 +2,13 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.kernels.helpers import DEVICE, rel_rms
 from trtllm_bole.kernels.tree_conv1d import tree_conv1d
 from trtllm_bole.reference import conv_tree
 from trtllm_bole.testing import chain_parents, forest, star_parents, topk_parents
+from trtllm_bole.tree import TreeBatch
 
 TREES = {
     "single": [[-1]],
@@ -57,6 +59,24 @@ def test_inputs_laid_out_transposed(gen, nan_outputs):
     transposed = x.t().contiguous().t()
     y = tree_conv1d(transposed, weight, state, tree, bias=bias)
     assert y.is_contiguous() and torch.equal(y, tree_conv1d(x, weight, state, tree, bias=bias))
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
+def test_prompt_chains_without_a_paths_table_equal_a_causal_sequence_conv(impl, gen, nan_outputs):
+    """Prompts longer than any tree carry no paths table (``TreeBatch.chains``): the window walks up
+    ``global_parents``. Each prompt's output is the causal conv of its committed state then its inputs."""
+    lengths, c, width = [100, 3, 70], 40, 4
+    tree = TreeBatch.chains(lengths, device=DEVICE)
+    assert not tree.has_paths
+    x = torch.randn(tree.num_nodes, c, generator=gen).to(DEVICE)
+    weight, bias = torch.randn(c, width, generator=gen).to(DEVICE), torch.randn(c, generator=gen).to(DEVICE)
+    state = torch.randn(3, c, width - 1, generator=gen).to(DEVICE)
+    run = tree_conv1d if impl == "kernel" else conv_tree.tree_conv1d
+    y = run(x, weight, state, tree, bias=bias)
+    for b, piece in enumerate(torch.arange(sum(lengths)).split(lengths)):
+        history = torch.cat([state[b], x[piece].T], dim=1).double()[None]  # [1, C, W - 1 + L]
+        want = F.silu(F.conv1d(history, weight.double()[:, None], bias.double(), groups=c))[0].T
+        assert rel_rms(y[piece], want) <= 1e-6, b
 
 
 def test_rejects_bad_arguments(gen):

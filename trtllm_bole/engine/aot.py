@@ -407,10 +407,10 @@ class TreeConv1dSpec(PluginSpec):
         Port("state_indices", 1, ("int64",)),
         Port("request", 1, ("int64",)),
         Port("depth", 1, ("int64",)),
-        Port("paths", 2, ("int64",)),
+        Port("global_parents", 1, ("int64",)),
     )
     outputs = (Port("y", 0, FLOATS),)
-    extra_args = ("num_nodes", "max_depth")
+    extra_args = ("num_nodes",)
     attrs = (("silu", int),)
 
     def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
@@ -420,7 +420,7 @@ class TreeConv1dSpec(PluginSpec):
         super().check(shapes, dtypes)
         _same(self.plugin_id, shapes, [
             ("weight", 0, "x", 1), ("conv_state", 1, "x", 1), ("request", 0, "x", 0), ("depth", 0, "x", 0),
-            ("paths", 0, "x", 0),
+            ("global_parents", 0, "x", 0),
         ])  # fmt: skip
         _same_dtype(self.plugin_id, dtypes, ("x", "weight", "conv_state"))
         w, ws = _const(shapes["weight"][1]), _const(shapes["conv_state"][2])
@@ -454,7 +454,7 @@ class TreeConv1dSpec(PluginSpec):
         return (_cdiv(c, self._bc(shapes)), cdiv(shapes["x"][0], cfg.bn), 1)
 
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
-        return (shapes["x"][0], shapes["paths"][1])
+        return (shapes["x"][0],)
 
 
 SPECS: dict[str, PluginSpec] = {

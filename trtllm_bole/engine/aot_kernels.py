@@ -96,9 +96,8 @@ def tree_conv1d_aot(
     state_indices,
     request,
     depth,
-    paths,
+    global_parents,
     num_nodes,
-    max_depth,
     y,
     C: tl.constexpr,
     W: tl.constexpr,
@@ -109,6 +108,6 @@ def tree_conv1d_aot(
     # x stands in for the bias pointer: HAS_BIAS is off (Qwen3.5's conv has no bias).
     _tree_conv1d_kernel(
         x=x, weight=weight, bias=x, conv_state=conv_state, y=y, slots=state_indices, request=request,
-        depth=depth, paths=paths, num_nodes=num_nodes, max_depth=max_depth, C=C, W=W, BN=BN, BC=BC,
+        depth=depth, global_parents=global_parents, num_nodes=num_nodes, C=C, W=W, BN=BN, BC=BC,
         HAS_BIAS=False, SILU=SILU, USE_SLOTS=True,
     )  # fmt: skip

@@ -49,9 +49,9 @@ def plugin_io(config: Qwen35Config, settings: BuildSettings, batch: int | None =
     )  # fmt: skip
     conv = (
         {"x": (n, cdim), "weight": (cdim, w), "conv_state": (s, cdim, w - 1), "state_indices": (b,),
-         "request": (n,), "depth": (n,), "paths": (n, d)},
+         "request": (n,), "depth": (n,), "global_parents": (n,)},
         {"x": act, "weight": act, "conv_state": act, "state_indices": i64, "request": i64, "depth": i64,
-         "paths": i64},
+         "global_parents": i64},
         {"silu": 1},
     )  # fmt: skip
     return {"bole::gdn_tree_verify": verify, "bole::gdn_commit": commit, "bole::tree_conv1d": conv}

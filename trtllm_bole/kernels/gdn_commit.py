@@ -142,7 +142,7 @@ def _gdn_commit_kernel(
             _commit_path(s_ptr, k, u, log_p, row, m_p, lp_leaf, i_h, i_hv, o_v, HV, H, DK, DV, BK)
 
 
-@triton.jit(do_not_specialize=["num_requests", "num_slots", "num_nodes", "max_depth"])
+@triton.jit(do_not_specialize=["num_requests", "num_slots", "num_nodes"])
 def _conv_state_commit_kernel(
     conv_state,
     x,
@@ -150,11 +150,10 @@ def _conv_state_commit_kernel(
     slots,
     cu_seqlens,
     depth,
-    paths,
+    global_parents,
     num_requests,
     num_slots,
     num_nodes,
-    max_depth,
     C: tl.constexpr,
     WS: tl.constexpr,
     WP: tl.constexpr,
@@ -162,7 +161,8 @@ def _conv_state_commit_kernel(
     USE_SLOTS: tl.constexpr,
 ):
     """New conv state column j (oldest first) = the input ``WS - 1 - j`` steps before the leaf along
-    its path, or the old state's column ``j + depth`` where the path is shorter."""
+    its path (``WS - 1 - j`` steps up ``global_parents``), or the old state's column ``j + depth`` where
+    the path is shorter."""
     i_c = tl.program_id(0)
     i_l, accepted, slot, node = _accepted_node(
         accepted_leaf, slots, cu_seqlens, tl.program_id(1), num_requests, USE_SLOTS
@@ -173,7 +173,12 @@ def _conv_state_commit_kernel(
         back = WS - 1 - o_j  # steps before the leaf; 0 = the leaf itself
         m_j = o_j < WS
         on_path = m_j & (back < n_path)
-        src = tl.load(paths + node * max_depth + (n_path - 1 - back), mask=on_path, other=0)
+        src = tl.zeros([WP], dtype=tl.int64)
+        up = node
+        for step in tl.static_range(WS):  # the leaf, then one step up the path at a time
+            if step > 0:
+                up = tl.load(global_parents + tl.maximum(up, 0), mask=up >= 0, other=-1)
+            src = tl.where(back == step, up, src)
         o_c = i_c * BC + tl.arange(0, BC)
         m_c = o_c < C
         s_ptr = conv_state + (i_l.to(tl.int64) * num_slots + slot) * (C * WS)
@@ -267,8 +272,8 @@ def conv_state_commit(
     bc = min(256, triton.next_power_of_2(c))
     grid = (triton.cdiv(c, bc), layers * tree.num_requests)
     _conv_state_commit_kernel[grid](
-        conv_state, x.contiguous(), leaves, slots, tree.cu_seqlens, tree.depth, tree.paths,
-        tree.num_requests, num_slots, tree.num_nodes, tree.paths.shape[1],
+        conv_state, x.contiguous(), leaves, slots, tree.cu_seqlens, tree.depth, tree.global_parents,
+        tree.num_requests, num_slots, tree.num_nodes,
         C=c, WS=ws, WP=triton.next_power_of_2(ws), BC=bc, USE_SLOTS=state_indices is not None,
     )  # fmt: skip
 

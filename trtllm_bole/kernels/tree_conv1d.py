@@ -1,8 +1,9 @@
 """Tree-aware causal depthwise conv1d (+ SiLU) of a GDN layer (BOLE.md §4).
 
-Node ``i``'s window is its own input and its ``W - 1`` nearest ancestors along its path (read through
-``tree.paths``), falling back to the request's committed conv state where the path is shorter. One
-program per (``BN`` nodes, ``BC`` channels); the conv state is read, never written.
+Node ``i``'s window is its own input and its ``W - 1`` nearest ancestors along its path (``W - 1``
+steps up ``tree.global_parents``: no path table, which a long prompt's chain does not carry), falling
+back to the request's committed conv state where the path is shorter. One program per (``BN`` nodes,
+``BC`` channels); the conv state is read, never written.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from trtllm_bole.kernels._common import (
 from trtllm_bole.tree import TreeBatch
 
 
-@triton.jit(do_not_specialize=["num_nodes", "max_depth"])
+@triton.jit(do_not_specialize=["num_nodes"])
 def _tree_conv1d_kernel(
     x,
     weight,
@@ -31,9 +32,8 @@ def _tree_conv1d_kernel(
     slots,
     request,
     depth,
-    paths,
+    global_parents,
     num_nodes,
-    max_depth,
     C: tl.constexpr,
     W: tl.constexpr,
     BN: tl.constexpr,
@@ -54,10 +54,11 @@ def _tree_conv1d_kernel(
     acc = tl.zeros([BN, BC], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias + o_c, mask=m_c, other=0.0).to(tl.float32)[None, :]
-    for w in tl.static_range(W):
-        back = W - 1 - w  # steps before the node; 0 = the node itself
-        on_path = m_n & (back < n_path)
-        src = tl.load(paths + o_n.to(tl.int64) * max_depth + (n_path - 1 - back), mask=on_path, other=0)
+    src = tl.where(m_n, o_n, -1).to(tl.int64)
+    for back in tl.static_range(W):  # steps before the node: the node itself, then up its path
+        if back > 0:
+            src = tl.load(global_parents + tl.maximum(src, 0), mask=src >= 0, other=-1)
+        on_path = src >= 0
         from_x = tl.load(x + src[:, None] * C + o_c[None, :], mask=on_path[:, None] & m_c[None, :], other=0.0)
         col = W - 2 - back + n_path  # committed column: state_width - 1 - (back - depth)
         from_state = tl.load(
@@ -65,7 +66,7 @@ def _tree_conv1d_kernel(
             mask=(m_n & ~on_path)[:, None] & m_c[None, :],
             other=0.0,
         )
-        tap = tl.load(weight + o_c * W + w, mask=m_c, other=0.0).to(tl.float32)
+        tap = tl.load(weight + o_c * W + (W - 1 - back), mask=m_c, other=0.0).to(tl.float32)
         window = tl.where(on_path[:, None], from_x.to(tl.float32), from_state.to(tl.float32))
         acc += window * tap[None, :]
     if SILU:
@@ -106,8 +107,7 @@ def tree_conv1d(
     grid = (triton.cdiv(c, bc), triton.cdiv(tree.num_nodes, bn))
     _tree_conv1d_kernel[grid](
         x.contiguous(), weight.contiguous(), x if bias is None else bias.contiguous(),
-        conv_state.contiguous(), y, slots, tree.request, tree.depth, tree.paths,
-        tree.num_nodes, tree.paths.shape[1],
+        conv_state.contiguous(), y, slots, tree.request, tree.depth, tree.global_parents, tree.num_nodes,
         C=c, W=width, BN=bn, BC=bc, HAS_BIAS=bias is not None, SILU=activation == "silu",
         USE_SLOTS=state_indices is not None,
     )  # fmt: skip

@@ -590,19 +590,19 @@ def check_kv_room(
     tree.accepted_nodes(accepted_leaf)  # raises on a leaf outside [-1, request size)
     if bool((context_lens < 0).any()):
         raise ValueError(f"context_lens must not be negative, got {context_lens.tolist()}")
-    _, keep, pos, column = kv_cache.accepted_positions(tree, accepted_leaf, context_lens, block_size)
+    keep, pos, column = kv_cache.accepted_positions(tree, accepted_leaf, context_lens, block_size)
     overflow = keep & (column >= block_tables.shape[1])
     if bool(overflow.any()):
-        b = int(torch.nonzero(overflow.any(1))[0])
+        b = int(tree.request[torch.nonzero(overflow)[0]])
         raise ValueError(
-            f"request {b}: the accepted path reaches position {int(pos[b][keep[b]].max())} but its block "
-            f"table holds {block_tables.shape[1] * block_size} positions; allocate blocks for "
+            f"request {b}: the accepted path reaches position {int(pos[keep & (tree.request == b)].max())} "
+            f"but its block table holds {block_tables.shape[1] * block_size} positions; allocate blocks for "
             f"context_len + max tree depth before verify"
         )
-    blocks = block_tables.long().gather(1, column.clamp(max=block_tables.shape[1] - 1))
+    blocks = block_tables.long()[tree.request, column.clamp(max=block_tables.shape[1] - 1)]
     unallocated = keep & ((blocks < 0) | (blocks >= num_blocks))
     if bool(unallocated.any()):
-        b = int(torch.nonzero(unallocated.any(1))[0])
+        b = int(tree.request[torch.nonzero(unallocated)[0]])
         raise ValueError(
             f"request {b}: its block table points outside the cache's {num_blocks} blocks where the "
             f"accepted path is written: {block_tables[b].tolist()}"

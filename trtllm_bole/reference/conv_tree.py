@@ -26,8 +26,10 @@ def window_sources(tree: TreeBatch, nodes: torch.Tensor, width: int, state_width
     """
     depth = tree.depth[nodes][:, None]
     back = torch.arange(width - 1, -1, -1, device=nodes.device)[None, :]  # 0 = the node itself
-    path_col = (depth - 1 - back).clamp(min=0)
-    from_path = tree.paths[nodes[:, None], path_col]
+    up = [nodes]  # the node, then its ancestors one step up the path at a time (-1 above the root)
+    for _ in range(width - 1):
+        up.append(torch.where(up[-1] >= 0, tree.global_parents[up[-1].clamp(min=0)], -1))
+    from_path = torch.stack(up[::-1], dim=1)
     state_col = state_width - 1 - (back - depth)
     return torch.where(back < depth, from_path, -1 - state_col)
 

@@ -11,16 +11,16 @@ from trtllm_bole.tree import TreeBatch
 
 def accepted_positions(
     tree: TreeBatch, accepted_leaf: torch.Tensor, context_lens: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per request and path slot ``[B, D]``: the node (``paths`` of the accepted leaf), whether it is
-    written (on the path, and something accepted), its position, and its block-table column (past the
-    table is an error where ``keep`` holds: :func:`trtllm_bole.ops.kv_commit` checks it)."""
-    leaf = accepted_leaf.long()
-    accepted = torch.where(leaf >= 0, leaf + tree.cu_seqlens[:-1], -1)
-    paths = tree.paths[accepted.clamp(min=0)]
-    keep = (paths >= 0) & (accepted >= 0)[:, None]
-    pos = context_lens.long()[:, None] + torch.arange(paths.shape[1], device=paths.device)
-    return paths, keep, pos, pos // block_size
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per node ``[N]``: whether it is written (an ancestor of its request's accepted leaf, or the leaf:
+    the pre-order interval test, no path table), its position ``context_len + depth - 1`` and its
+    block-table column (past the table is an error where ``keep`` holds: :func:`trtllm_bole.ops.kv_commit`
+    checks it). ``accepted_leaf`` holds local indices in ``[-1, request size)``."""
+    leaf = accepted_leaf.long()[tree.request]
+    at = tree.dfs_order[(leaf + tree.cu_seqlens[:-1][tree.request]).clamp(min=0)]
+    keep = (leaf >= 0) & (tree.dfs_order <= at) & (at < tree.dfs_order + tree.subtree_size)
+    pos = context_lens.long()[tree.request] + tree.depth - 1
+    return keep, pos, pos // block_size
 
 
 def write_accepted_kv(
@@ -38,11 +38,11 @@ def write_accepted_kv(
     negative entry (no block) is dropped: the checked op refuses it, and an unchecked caller's stray
     write lands in no other request's blocks."""
     num_blocks, block_size = k_cache.shape[1:3]
-    paths, keep, pos, column = accepted_positions(tree, accepted_leaf, context_lens, block_size)
+    keep, pos, column = accepted_positions(tree, accepted_leaf, context_lens, block_size)
     in_table = column < block_tables.shape[1]
-    blocks = block_tables.long().gather(1, column.clamp(max=block_tables.shape[1] - 1))
+    blocks = block_tables.long()[tree.request, column.clamp(max=block_tables.shape[1] - 1)]
     keep = keep & in_table & (blocks >= 0) & (blocks < num_blocks)
     rows = (blocks * block_size + pos % block_size)[keep]
-    nodes = paths[keep]
+    nodes = torch.nonzero(keep).flatten()
     k_cache.flatten(1, 2)[:, rows] = new_k[:, nodes].to(k_cache.dtype)
     v_cache.flatten(1, 2)[:, rows] = new_v[:, nodes].to(v_cache.dtype)

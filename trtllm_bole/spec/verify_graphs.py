@@ -74,7 +74,7 @@ def pad_depth(tree: TreeBatch, max_depth: int) -> TreeBatch:
     if tree.max_depth > max_depth:
         raise ValueError(f"the forest is {tree.max_depth} deep, more than the {max_depth} asked")
     paths = torch.nn.functional.pad(tree.paths, (0, max_depth - tree.max_depth), value=-1)
-    return replace(tree, paths=paths, max_depth=max_depth)
+    return replace(tree, path_table=paths, max_depth=max_depth)
 
 
 class ForestGraphs(CacheGraphs[Owner]):
@@ -125,7 +125,7 @@ class ForestGraphs(CacheGraphs[Owner]):
     def _capture_forest(self, key: tuple, device: torch.device) -> _Captured:
         variant, batch, num_nodes, max_nodes = key
         tree = placeholder_forest(batch, num_nodes, max_nodes, self.max_depth).to(device)
-        tree = replace(tree, **{f: getattr(tree, f).clone() for f in (*_TREE_FIELDS, "paths")})
+        tree = replace(tree, **{f: getattr(tree, f).clone() for f in (*_TREE_FIELDS, "path_table")})
         slots = torch.arange(batch, device=device)  # distinct slots: the warm-up run checks them
         tables = torch.full((batch, self.table_width), NO_BLOCK, dtype=torch.int32, device=device)
         ctx = StepContext(slots, tables, torch.zeros(batch, dtype=torch.long, device=device), tree)
