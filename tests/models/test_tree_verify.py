@@ -2,6 +2,7 @@
 time from the same committed caches (BOLE.md §2-4: GDN, short conv and KV all on the tree)."""
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -405,6 +406,34 @@ def test_draft_runs_without_a_device_sync(tiny_config):
         torch.cuda.set_sync_debug_mode(0)
     assert pool.tokens.numel() == 3 * (1 + 4 + 7 * 16)
     assert tokens.numel() == tree.num_nodes == 100 and (tree.max_nodes, tree.max_depth) == (64, 9)
+
+
+@pytest.mark.gpu
+def test_prefill_waits_for_the_device_as_often_whatever_its_gdn_layers(tiny_config):
+    """A prefill's device syncs (its checks, the prompt bounds brought to the host once) do not grow with
+    the GDN layers: each layer's chunked GDN takes the forward's host bounds instead of copying them."""
+    tables = torch.full((2, 18), -1, dtype=torch.int32)
+    tables[0], tables[1, :3] = torch.arange(18), torch.arange(18, 21)  # 70 and 9 positions, blocks of 4
+
+    def syncs(layers: int) -> int:  # the last layer full attention, the others GDN
+        model = _cuda_model(
+            tiny_config, num_hidden_layers=layers, full_attention_interval=layers, **KERNEL_HEADS
+        )
+        slots, lens = torch.tensor([2, 0], device="cuda"), torch.zeros(2, dtype=torch.long, device="cuda")
+        ctx = StepContext.chains([70, 9], slots, tables.cuda(), lens)
+        ids = torch.randint(model.config.vocab_size, (79,), device="cuda")
+        model.prefill(ids, ctx)  # first use: compiles, allocations
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model.prefill(ids, ctx)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert syncs(2) == syncs(8) > 0  # one GDN layer and seven
 
 
 @pytest.mark.gpu

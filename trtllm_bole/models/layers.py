@@ -96,6 +96,9 @@ class ForwardState:
     rows: torch.Tensor | None = None
     past_k: torch.Tensor | None = None
     past_v: torch.Tensor | None = None
+    # A prefill's prompt bounds (``cu_seqlens``) on the host: one copy a forward, where each GDN layer's
+    # ``ops.gdn_prefill`` would otherwise copy (and wait for the device) itself.
+    prompt_bounds: torch.Tensor | None = None
     conv_inputs: list[torch.Tensor] = field(default_factory=list)
     gdn_factors: list[ops.GDNTreeFactors] = field(default_factory=list)
     gdn_snapshots: list[torch.Tensor] = field(default_factory=list)
@@ -124,8 +127,9 @@ class ForwardState:
         positions = ctx.context_lens.long()[tree.request] + tree.depth - 1
         if rows is not None:
             positions = positions[rows]
+        bounds = tree.cu_seqlens.cpu() if gdn_mode == "prefill" else None
         return cls(ctx, *rope_cos_sin(positions, config, dtype), k_cache, v_cache, gdn_state, conv_state,
-                   gdn_mode, rows, past_k, past_v)  # fmt: skip
+                   gdn_mode, rows, past_k, past_v, bounds)  # fmt: skip
 
     def norm_rope(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """q or k ``[N, heads, head_dim]`` normalised and rotated (one kernel on CUDA)."""
@@ -236,7 +240,7 @@ class GatedDeltaNet(_Mixer):
         state = fs.gdn_state[self.index]
         if fs.gdn_mode == "prefill":
             o = ops.gdn_prefill(
-                q, k, v, g, beta, state, ctx.tree.cu_seqlens, scale=self.scale, state_indices=ctx.slots
+                q, k, v, g, beta, state, fs.prompt_bounds, scale=self.scale, state_indices=ctx.slots
             )
         elif fs.gdn_mode == "serial":
             o, snapshots = ops.gdn_tree_verify_serial(
