@@ -117,6 +117,23 @@ def test_verify_equals_sequential_decode_and_commit_continues_it(scheme, variant
                 torch.testing.assert_close(ours[:, slot], truth[:, slot], atol=1e-5, rtol=0)
 
 
+def test_prefill_writes_its_caches_as_it_runs_and_keeps_nothing_for_a_commit(tiny_config, clone_cache):
+    """A prefill's layers commit the conv state and the K/V of their prompts as they run (a batch of long
+    prompts' stacked conv inputs and K/V would be its largest tensors): what they leave in the caches is
+    what a verify of the same chains committed at the prompts' ends leaves."""
+    s = Setup(tiny_config(), mtp=False)
+    model = s.model
+    verified = clone_cache(model.cache)
+    ids, ctx = s.tokens(19), StepContext.chains([12, 7], s.slots[1:], s.tables[1:], torch.tensor([5, 0]))
+    _, pending = model._forward_tree(ids, ctx, "prefill")
+    assert (pending.new_k, pending.conv_inputs, pending.gdn_factors) == (None, None, None)
+    prefilled, model.cache = model.cache, verified
+    _, _, pending = model.verify(ids, ctx)
+    pending.commit(torch.tensor([11, 6]))
+    for name in ("gdn_state", "conv_state", "k_cache", "v_cache"):
+        torch.testing.assert_close(getattr(prefilled, name), getattr(verified, name), atol=1e-5, rtol=0)
+
+
 def test_prefill_on_top_of_a_context_equals_one_prefill(tiny_config, clone_cache):
     s = Setup(tiny_config(), mtp=False)
     model = s.model

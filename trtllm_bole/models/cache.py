@@ -181,8 +181,8 @@ class PendingCommit:
     """What a verify produced and a commit needs, with the caches it commits into.
 
     ``new_k``/``new_v`` ``[L_attn, N, KVH, d]``; ``conv_inputs [L_gdn, N, C]``; GDN either stacked
-    factors (``gdn_scheme="bole"``), per-layer snapshots ``[N, HV, dk, dv]`` (``"serial"``), or neither
-    when the state was already written (prefill).
+    factors (``gdn_scheme="bole"``), per-layer snapshots ``[N, HV, dk, dv]`` (``"serial"``). A prefill
+    leaves nothing: its layers write every cache as they run (``ForwardState.is_prefill``).
     """
 
     ctx: StepContext

@@ -97,8 +97,10 @@ class ForwardState:
     past_k: torch.Tensor | None = None
     past_v: torch.Tensor | None = None
     # A prefill's prompt bounds (``cu_seqlens``) on the host: one copy a forward, where each GDN layer's
-    # ``ops.gdn_prefill`` would otherwise copy (and wait for the device) itself.
+    # ``ops.gdn_prefill`` would otherwise copy (and wait for the device) itself; and each prompt's last
+    # token (local index, on the device), the leaf its layers commit their caches to as they run.
     prompt_bounds: torch.Tensor | None = None
+    prompt_ends: torch.Tensor | None = None
     conv_inputs: list[torch.Tensor] = field(default_factory=list)
     gdn_factors: list[ops.GDNTreeFactors] = field(default_factory=list)
     gdn_snapshots: list[torch.Tensor] = field(default_factory=list)
@@ -127,9 +129,18 @@ class ForwardState:
         positions = ctx.context_lens.long()[tree.request] + tree.depth - 1
         if rows is not None:
             positions = positions[rows]
-        bounds = tree.cu_seqlens.cpu() if gdn_mode == "prefill" else None
+        bounds = ends = None
+        if gdn_mode == "prefill":
+            bounds, ends = tree.cu_seqlens.cpu(), tree.cu_seqlens[1:] - tree.cu_seqlens[:-1] - 1
         return cls(ctx, *rope_cos_sin(positions, config, dtype), k_cache, v_cache, gdn_state, conv_state,
-                   gdn_mode, rows, past_k, past_v, bounds)  # fmt: skip
+                   gdn_mode, rows, past_k, past_v, bounds, ends)  # fmt: skip
+
+    @property
+    def is_prefill(self) -> bool:
+        """A prefill's layers write their caches as they run (GDN state, conv state, K/V): its prompts are
+        accepted whole, so nothing is kept for a commit (a batch of long prompts' conv inputs and K/V,
+        every layer's stacked, would be the largest tensors of its forward)."""
+        return self.gdn_mode == "prefill"
 
     def norm_rope(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """q or k ``[N, heads, head_dim]`` normalised and rotated (one kernel on CUDA)."""
@@ -235,10 +246,15 @@ class GatedDeltaNet(_Mixer):
         mixed = ops.tree_conv1d(
             qkv, self.conv_weight, fs.conv_state[self.index], ctx.tree, state_indices=ctx.slots
         )
-        fs.conv_inputs.append(qkv)
+        if fs.is_prefill:  # the conv has read the old state: each prompt's last inputs replace it
+            ops.conv_state_commit(
+                fs.conv_state[self.index], qkv, ctx.tree, fs.prompt_ends, state_indices=ctx.slots, check=False
+            )
+        else:
+            fs.conv_inputs.append(qkv)
         q, k, v, g, beta = self._recurrence_inputs(mixed, b, a)
         state = fs.gdn_state[self.index]
-        if fs.gdn_mode == "prefill":
+        if fs.is_prefill:
             o = ops.gdn_prefill(
                 q, k, v, g, beta, state, fs.prompt_bounds, scale=self.scale, state_indices=ctx.slots
             )
@@ -300,11 +316,16 @@ class Attention(_Mixer):
         if fs.rows is not None:
             k = fs.past_k[self.index].index_copy(0, fs.rows, k)
             v = fs.past_v[self.index].index_copy(0, fs.rows, v)
-        fs.new_k.append(k)
-        fs.new_v.append(v)
         ctx = fs.ctx
         o = tree_attention(q, k, v, fs.k_cache[self.index], fs.v_cache[self.index], ctx.block_tables,
                            ctx.context_lens, ctx.tree, fs.rows)  # fmt: skip
+        if fs.is_prefill:  # the prompts' K/V into the layer's cache (their room was checked up front)
+            layer = slice(self.index, self.index + 1)
+            ops.kv_commit(fs.k_cache[layer], fs.v_cache[layer], k[None], v[None], ctx.tree, fs.prompt_ends,
+                          ctx.block_tables, ctx.context_lens, check=False)  # fmt: skip
+        else:
+            fs.new_k.append(k)
+            fs.new_v.append(v)
         return self._output(o, gate)
 
     def forward_sequences(self, x: torch.Tensor, ss: SequenceState) -> torch.Tensor:

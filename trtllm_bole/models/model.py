@@ -132,10 +132,7 @@ class Qwen35Model(EmptyInitModule):
         leaves = last - ctx.tree.cu_seqlens[:-1]
         if self.config.attn_layer_ids and self.cache is not None:  # before the GDN layers update their state
             ops.check_kv_room(self.cache.k_cache, ctx.tree, leaves, ctx.block_tables, ctx.context_lens)
-        hidden, pending = self._forward_tree(input_ids, ctx, "prefill")
-        # Unchecked: the leaves are the chains' ends, their KV room is checked above and the slots by the
-        # GDN layers' prefill, so the commit would only repeat those device syncs.
-        pending.commit(leaves, check=False)
+        hidden, _ = self._forward_tree(input_ids, ctx, "prefill")  # its layers wrote every cache: no commit
         return hidden, self.logits(hidden[last])
 
     @torch.no_grad()
