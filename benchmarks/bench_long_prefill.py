@@ -1,0 +1,115 @@
+"""Long prompts through the whole model's prefill on the GPU: peak memory and time, checked first.
+
+    python benchmarks/bench_long_prefill.py --out DIR [--tag NAME]     # H200: ~1 min
+
+The embedded checkpoint (6 GDN and 2 attention layers, 4,096-token context) prefills batches of prompts
+of 512 to 4,096 tokens through ``Qwen35Model.prefill``, as the executor admits them (one chain a prompt,
+slots and KV blocks of their own). Per point: ``peak_mib``, the device memory that the prompts' context
+(``StepContext.chains``) and the prefill allocate above what was live before them (the caches and
+weights are); ``ms``, the median wall time of three such (synchronised; the host's launches and checks
+included). Before timing, every point's
+logits at the prompts' last tokens are checked against the training forward (``forward_sequences``, the
+chunked closed form in torch, no cache) of each prompt alone: relative RMS within 1e-3 in float32; a
+point that fails is reported and not timed.
+
+Run from two checkouts (``--tag``) it records what a change did to the same points: the prefill's
+forest once kept a ``[tokens, longest prompt]`` int64 table of root-to-node paths (8 prompts of 4,096
+tokens: 1 GiB), which ``TreeBatch.chains`` no longer builds past the deepest tree. Writes
+``<out>/bench_long_prefill_<tag>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from _bench_util import rel_rms, run_meta, write_result
+
+from trtllm_bole.llm import DEFAULT_MODEL
+from trtllm_bole.models.cache import StepContext
+from trtllm_bole.models.loader import load_model
+
+POINTS = "1x4096,8x512,8x2048,8x4096"  # prompts x tokens each
+BLOCK = 64
+TOL = 1e-3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for the JSON")
+    p.add_argument("--tag", default="h200", help="suffix of the JSON's name (e.g. the checkout measured)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no memory figures)")
+    p.add_argument(
+        "--points", default=POINTS, help=f"prompts x tokens each, comma-separated (default {POINTS})"
+    )
+    p.add_argument("--repeats", type=int, default=3)
+    return p.parse_args(argv)
+
+
+def fresh_cache(model, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A new cache with a slot and ``length`` positions of KV blocks per prompt (slots reversed, blocks
+    interleaved across prompts); returns the block tables and slots."""
+    per = -(-length // BLOCK)
+    cache = model.allocate_cache(num_slots=batch, num_blocks=batch * per, block_size=BLOCK)
+    device = cache.k_cache.device
+    tables = torch.arange(batch * per, dtype=torch.int32).view(per, batch).T.contiguous().to(device)
+    return tables, torch.arange(batch, device=device).flip(0)
+
+
+def prefill(model, ids: torch.Tensor, tables: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """What the executor does for admitted prompts: their context (one chain each), then the prefill."""
+    batch, length = ids.shape
+    fresh = torch.zeros(batch, dtype=torch.long, device=ids.device)
+    return model.prefill(ids.flatten(), StepContext.chains([length] * batch, slots, tables, fresh))[1]
+
+
+def point(model, batch: int, length: int, gen: torch.Generator, repeats: int) -> dict:
+    cuda = model.embed_tokens.is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    ids = torch.randint(model.config.vocab_size, (batch, length), generator=gen).to(model.embed_tokens.device)
+    logits = prefill(model, ids, *fresh_cache(model, batch, length))
+    with torch.no_grad():
+        want = torch.cat([model.forward_sequences(row[None])[1][0, -1:] for row in ids])
+    err = rel_rms(logits, want)
+    out = {"prompts": batch, "tokens_each": length, "logits_rel_rms": err}
+    if not err <= TOL:
+        return {**out, "error": f"logits off the training forward by {err:.2e} (> {TOL}): not timed"}
+    times, peaks = [], []
+    for _ in range(repeats):
+        cache = fresh_cache(model, batch, length)  # each prefill starts from empty caches
+        sync()
+        if cuda:
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        prefill(model, ids, *cache)
+        sync()
+        times.append(time.perf_counter() - start)
+        if cuda:
+            peaks.append(torch.cuda.max_memory_allocated() - base)
+    return {**out, "ms": statistics.median(times) * 1e3, "peak_mib": max(peaks) / 2**20 if peaks else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA GPU here: pass --device cpu for a smoke run", file=sys.stderr)
+        return 2
+    points = [tuple(int(n) for n in p.split("x")) for p in args.points.split(",")]
+    model = load_model(DEFAULT_MODEL, dtype=torch.float32, device=args.device, mtp=False, progress=False)
+    gen = torch.Generator().manual_seed(0)
+    point(model, 2, 100, gen, 1)  # warm-up: compiles, allocations, cuBLAS handles
+    meta = run_meta(model=DEFAULT_MODEL.name, dtype="float32", tag=args.tag) if args.device == "cuda" else {}
+    results = [point(model, b, n, gen, args.repeats) for b, n in points]
+    path = write_result(args.out, f"bench_long_prefill_{args.tag}.json", {**meta, "points": results})
+    for r in results:
+        print(r)
+    print(f"wrote {path}")
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
