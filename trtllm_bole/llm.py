@@ -28,7 +28,7 @@ from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
-from trtllm_bole.spec.scheduler import MIN_SEQ_LEN, Request, SpecStats, check_limits
+from trtllm_bole.spec.scheduler import MAX_PREFILL_TOKENS, MIN_SEQ_LEN, Request, SpecStats, check_limits
 from trtllm_bole.text import TextDelta, Tokenizer, cut_at_stop
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "qwen35-code-tiny"
@@ -65,7 +65,9 @@ class LLM:
     ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
     each; default 8); ``max_seq_len`` bounds prompt + output (at most ``max_seq_len - 1`` tokens in
     every mode; default 1024); ``kv_cache_tokens`` sizes the paged KV cache (default: every slot can hold
-    ``max_seq_len - 1`` tokens and one draft tree past them). ``cuda_graphs``: on a GPU,
+    ``max_seq_len - 1`` tokens and one draft tree past them). ``max_prefill_tokens``: prompt tokens one
+    prefill forward takes at most (default 8,192); the prompts a step admits beyond it, a longer prompt
+    included, are prefilled in as many forwards, each on top of the last. ``cuda_graphs``: on a GPU,
     greedy drafting replays a CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`), the tree
     selection one per pool shape, and the target's verify one per forest shape (a greedy batch's with its
     acceptance and commit; :mod:`trtllm_bole.spec.verify_graphs`), captured by :meth:`warm_up`;
@@ -89,9 +91,10 @@ class LLM:
         kv_cache_tokens: int | None = None,
         block_size: int = 16,
         cuda_graphs: bool = True,
+        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
     ) -> None:
         path = Path(model) if model is not None else DEFAULT_MODEL
-        _check_settings(device, max_batch_size, max_seq_len, kv_cache_tokens, block_size)
+        _check_settings(device, max_batch_size, max_seq_len, kv_cache_tokens, block_size, max_prefill_tokens)
         if not path.is_dir():
             raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
         self.model_dir = path
@@ -126,6 +129,7 @@ class LLM:
             eos_token_ids=eos_token_ids(path, hf_config, generation_config),
             decode_text=self.tokenizer.decode if self.tokenizer else None,
             cuda_graphs=cuda_graphs,
+            max_prefill_tokens=max_prefill_tokens,
         )
         self._lock = threading.Lock()  # the executor is one thread's at a time
         self._to_abort: list[Request] = []  # aborted by whoever next holds the lock
@@ -337,10 +341,12 @@ def _check_settings(
     max_seq_len: int | None,
     kv_cache_tokens: int | None,
     block_size: int,
+    max_prefill_tokens: int,
 ) -> None:
     check_device(device)
     check_limits(max_batch_size=(max_batch_size, 1), max_seq_len=(max_seq_len, MIN_SEQ_LEN),
-                 kv_cache_tokens=(kv_cache_tokens, 1), block_size=(block_size, 1))  # fmt: skip
+                 kv_cache_tokens=(kv_cache_tokens, 1), block_size=(block_size, 1),
+                 max_prefill_tokens=(max_prefill_tokens, 1))  # fmt: skip
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

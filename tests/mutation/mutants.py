@@ -502,6 +502,27 @@ MUTANTS = [
         ["tests/reference", "tests/kernels/test_tree_conv1d.py", "tests/kernels/test_gdn_commit.py"],
     ),
     Mutant(
+        "PF1",
+        "trtllm_bole/spec/executor.py",
+        "starts = device_tensor([start for _, start in chosen], device)",
+        "starts = device_tensor([0 for _ in chosen], device)",
+        ["tests/spec/test_executor.py::test_prompts_prefilled_in_pieces_decode_as_prompts_prefilled_whole"],
+    ),
+    Mutant(
+        "PF2",
+        "trtllm_bole/spec/executor.py",
+        "starts = device_tensor([start for _, start, _ in pieces], device)",
+        "starts = torch.zeros(len(pieces), dtype=torch.long, device=device)",
+        ["tests/spec/test_executor.py::test_prompts_prefilled_in_pieces_decode_as_prompts_prefilled_whole"],
+    ),
+    Mutant(
+        "PF3",
+        "trtllm_bole/spec/scheduler.py",
+        "            room -= stop - start",
+        "            room -= max(stop - start - 1, 1)",
+        ["tests/spec/test_scheduler.py"],
+    ),
+    Mutant(
         "TP1",
         "trtllm_bole/tree.py",
         "steps = torch.arange(max_depth if max_depth <= MAX_TREE_DEPTH else 0, device=device)",

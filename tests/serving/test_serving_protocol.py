@@ -182,7 +182,8 @@ def test_model_parameters_become_llm_arguments():
     assert llm_kwargs(unset, "KIND_CPU", "0") == {"model": None, "device": "cpu"}
     kwargs = llm_kwargs(
         {"engine_dir": "/e", "speculative_mode": "chain", "max_depth": "3", "max_batch_size": "16",
-         "max_seq_len": "512", "device": "cuda", "dtype": "bfloat16", "kv_cache_tokens": ""},
+         "max_seq_len": "512", "device": "cuda", "dtype": "bfloat16", "kv_cache_tokens": "",
+         "max_prefill_tokens": "2048"},
         "KIND_GPU", "2",
     )  # fmt: skip
     assert kwargs == {
@@ -191,6 +192,7 @@ def test_model_parameters_become_llm_arguments():
         "dtype": "bfloat16",
         "max_batch_size": 16,
         "max_seq_len": 512,
+        "max_prefill_tokens": 2048,
         "speculative_config": BoleConfig(mode="chain", max_depth=3),
     }
     assert llm_kwargs({}, "KIND_GPU", "1")["device"] == "cuda:1"

@@ -56,6 +56,24 @@ def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
         assert all(r.stats.steps < 20 for r in out)
 
 
+@pytest.mark.parametrize("mode", ["ar", "bole"])
+def test_prompts_prefilled_in_pieces_decode_as_prompts_prefilled_whole(config, mode):
+    """A step's prompts over ``max_prefill_tokens`` go through several forwards, a long prompt's pieces
+    each on top of the last (the target's caches and the MTP head's alike): greedy output is unchanged,
+    and so is what the drafts got accepted (a wrong MTP cache changes the drafts, not the output)."""
+    params, bole = SamplingParams(max_tokens=12), BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    outputs = []
+    for max_prefill_tokens in (8192, 6, 1):
+        executor = Executor(
+            random_model(config, seed=3), bole, max_batch_size=5, max_prefill_tokens=max_prefill_tokens
+        )
+        done = run(executor, PROMPTS, params)
+        outputs.append([(r.output_ids, r.stats.accepted, r.stats.steps) for r in done])
+    assert (
+        outputs[1] == outputs[0] and outputs[2] == outputs[0]
+    )  # the same drafts accepted: the same MTP cache
+
+
 def run_to_max_seq_len(model_of, mode: str, monkeypatch) -> list:
     """Two requests run into max_seq_len = 32; every step checks that each request's KV blocks hold its
     context and a whole tree past it (where the last steps' drafts are written)."""
@@ -549,6 +567,7 @@ def test_stop_strings_are_found_in_a_byte_level_tail_of_the_output():
         ({"max_seq_len": 2}, "max_seq_len must be an integer of at least 3, got 2"),
         ({"block_size": 0}, "block_size must be an integer of at least 1, got 0"),
         ({"max_batch_size": 0}, "max_batch_size must be an integer of at least 1, got 0"),
+        ({"max_prefill_tokens": 0}, "max_prefill_tokens must be an integer of at least 1, got 0"),
     ],
 )
 def test_limits_that_serve_nothing_are_refused_by_name(config, settings, message):

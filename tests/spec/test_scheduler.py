@@ -1,8 +1,17 @@
+import itertools
 from types import SimpleNamespace
 
 import pytest
 
-from trtllm_bole.spec.scheduler import BlockManager, Request, RequestState, Scheduler, SlotPool, SpecStats
+from trtllm_bole.spec.scheduler import (
+    BlockManager,
+    Request,
+    RequestState,
+    Scheduler,
+    SlotPool,
+    SpecStats,
+    prefill_rounds,
+)
 
 
 def make(n_blocks=10, block_size=4, slots=2, max_seq_len=32, tree_tokens=4):
@@ -109,3 +118,22 @@ def test_stats():
     st = SpecStats(steps=4, drafted=20, accepted=8)
     assert st.mean_accepted_tokens == 3.0 and st.acceptance_rate == 0.4
     assert SpecStats().mean_accepted_tokens == 0.0
+
+
+@pytest.mark.parametrize("max_tokens", [1, 4, 7, 16, 100])
+def test_prefill_rounds_cut_prompts_in_order_within_the_bound(max_tokens):
+    lengths = [5, 1, 17, 3, 7]
+    rounds = prefill_rounds(lengths, max_tokens)
+    assert all(0 < sum(stop - start for _, start, stop in r) <= max_tokens for r in rounds)
+    assert all(len({i for i, _, _ in r}) == len(r) for r in rounds)  # one piece a prompt a forward
+    for i, n in enumerate(lengths):  # each prompt's pieces tile it, in order, forward after forward
+        pieces = [(start, stop) for r in rounds for j, start, stop in r if j == i]
+        assert pieces[0][0] == 0 and pieces[-1][1] == n
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(pieces))
+    full = [sum(stop - start for _, start, stop in r) for r in rounds[:-1]]
+    assert all(t == max_tokens for t in full)  # only the last forward is left part empty
+
+
+def test_prefill_rounds_of_prompts_within_the_bound_are_one_forward():
+    assert prefill_rounds([5, 1, 3], 9) == [[(0, 0, 5), (1, 0, 1), (2, 0, 3)]]
+    assert prefill_rounds([5, 1, 3], 4) == [[(0, 0, 4)], [(0, 4, 5), (1, 0, 1), (2, 0, 2)], [(2, 2, 3)]]

@@ -285,7 +285,7 @@ def llm_kwargs(
     kwargs["device"] = f"cuda:{device_id}" if device == "cuda" else device
     if "dtype" in given:
         kwargs["dtype"] = given["dtype"]
-    for name in ("max_batch_size", "max_seq_len", "kv_cache_tokens"):
+    for name in ("max_batch_size", "max_seq_len", "kv_cache_tokens", "max_prefill_tokens"):
         if name in given:
             kwargs[name] = _positive_int(name, given[name])
     bole = {}

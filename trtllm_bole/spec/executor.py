@@ -2,8 +2,9 @@
 
 One :meth:`Executor.step`:
 
-1. admit waiting requests (free slot + KV blocks for their whole life), prefill them as chains, emit
-   each one's first token (it becomes the request's *pending* token) and fill the MTP cache;
+1. admit waiting requests (free slot + KV blocks for their whole life), prefill them as chains (in
+   forwards of at most ``max_prefill_tokens``), emit each one's first token (it becomes the request's
+   *pending* token) and fill the MTP cache;
 2. for every running request: draft a tree from its pending token (MTP, EAGLE-2 style; none in
    ``ar``), keep the best nodes (per-request cap; the batch-shared budget in ``bole``), verify the
    whole forest in one target forward (GDN in closed form for ``bole``/``ar``, node by node with
@@ -40,6 +41,7 @@ from trtllm_bole.spec.draft_graphs import DraftGraphs, SelectGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, pool_size, select_tree
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import (
+    MAX_PREFILL_TOKENS,
     MIN_SEQ_LEN,
     BlockManager,
     Request,
@@ -47,6 +49,7 @@ from trtllm_bole.spec.scheduler import (
     SlotPool,
     check_limits,
     kv_tokens,
+    prefill_rounds,
 )
 from trtllm_bole.spec.verify_graphs import GreedyStepGraphs, MTPGraphs, VerifyGraphs
 from trtllm_bole.transfer import HostCopy, device_tensor, to_device
@@ -141,6 +144,7 @@ class Executor:
         eos_token_ids: Sequence[int] = (),
         decode_text: Callable[[list[int]], str] | None = None,
         cuda_graphs: bool = True,
+        max_prefill_tokens: int = MAX_PREFILL_TOKENS,
     ) -> None:
         if bole.speculates and model.mtp is None:
             raise ValueError(
@@ -148,11 +152,12 @@ class Executor:
                 "use BoleConfig(mode='ar') or a checkpoint with mtp.* tensors"
             )
         check_limits(max_batch_size=(max_batch_size, 1), max_seq_len=(max_seq_len, MIN_SEQ_LEN),
-                     block_size=(block_size, 1))  # fmt: skip
+                     block_size=(block_size, 1), max_prefill_tokens=(max_prefill_tokens, 1))  # fmt: skip
         model.config.check_seq_len(max_seq_len)
         self.model = model
         self.bole = bole
         self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
         self.budget = budget
         self.eos_token_ids = frozenset(eos_token_ids)  # end a request unless it ignores EOS
         self.decode_text = decode_text
@@ -248,48 +253,75 @@ class Executor:
         return events
 
     def _prefill(self, requests: list[Request]) -> list[StepEvent]:
-        model, device = self.model, self.model.device
-        slots, tables = self._slots_and_tables(requests)
+        """The admitted prompts through the target (and the MTP head), in forwards of at most
+        ``max_prefill_tokens`` tokens (:func:`~trtllm_bole.spec.scheduler.prefill_rounds`; a piece goes on
+        top of its prompt's earlier ones), then each request's first token from its last position."""
+        device = self.model.device
+        slots, _ = self._slots_and_tables(requests)
         self.cache.reset_slots(slots)
-        lengths = [len(r.prompt_ids) for r in requests]
-        input_ids = device_tensor([t for r in requests for t in r.prompt_ids], device)
-        zeros = torch.zeros(len(requests), dtype=torch.long, device=device)
-        ctx = StepContext.chains(lengths, slots, tables, zeros)
-        hidden, logits = model.prefill(input_ids, ctx)
-        last = ctx.tree.cu_seqlens[1:] - 1
-        for r in requests:
+        prompts = [r.prompt_ids for r in requests]
+        last_hidden: list[torch.Tensor] = [torch.empty(0)] * len(requests)
+        last_logits: list[torch.Tensor] = [torch.empty(0)] * len(requests)
+        for pieces in prefill_rounds([len(p) for p in prompts], self.max_prefill_tokens):
+            hidden, logits = self._prefill_round(requests, prompts, pieces)
+            ends = torch.tensor([stop - start for _, start, stop in pieces]).cumsum(0) - 1
+            for k, (i, _, stop) in enumerate(pieces):
+                if stop == len(prompts[i]):
+                    last_hidden[i], last_logits[i] = hidden[int(ends[k])], logits[k]
+        for r, h in zip(requests, last_hidden, strict=True):
             seed = r.params.seed
             generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
             room = self.scheduler.context_limit - len(r.prompt_ids)
-            r.runtime = RequestRuntime(-1, hidden[0], generator, min(r.params.max_tokens, room))
-        first = self._sample(logits, requests)
-        if self.bole.speculates:
-            self._mtp_prefill(requests, hidden, input_ids, ctx.tree)
+            r.runtime = RequestRuntime(-1, h, generator, min(r.params.max_tokens, room))
+        first = self._sample(torch.stack(last_logits), requests)
         events = []
         for i, r in enumerate(requests):
-            r.context_len = lengths[i]
+            r.context_len = len(prompts[i])
             r.runtime.pending = first[i]
-            r.runtime.last_hidden = hidden[last[i]]
             events.append(self._emit(r, [first[i]]))
         return events
 
+    def _prefill_round(
+        self, requests: list[Request], prompts: list[list[int]], pieces: list[tuple[int, int, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One prefill forward of prompt pieces ``(request, start, stop)`` over the tokens before ``start``;
+        with a drafter, the MTP head's rows of the same pieces after it. Returns the target's hidden
+        states ``[tokens, h]`` and its logits at each piece's last token."""
+        device = self.model.device
+        owners = [requests[i] for i, _, _ in pieces]
+        slots, tables = self._slots_and_tables(owners)
+        ids = device_tensor([t for i, start, stop in pieces for t in prompts[i][start:stop]], device)
+        starts = device_tensor([start for _, start, _ in pieces], device)
+        ctx = StepContext.chains([stop - start for _, start, stop in pieces], slots, tables, starts)
+        hidden, logits = self.model.prefill(ids, ctx)
+        if self.bole.speculates:
+            self._mtp_prefill(owners, [prompts[i] for i, _, _ in pieces], pieces, hidden)
+        return hidden, logits
+
     def _mtp_prefill(
-        self, requests: list[Request], hidden: torch.Tensor, input_ids: torch.Tensor, tree: TreeBatch
+        self,
+        owners: list[Request],
+        prompts: list[list[int]],
+        pieces: list[tuple[int, int, int]],
+        hidden: torch.Tensor,
     ) -> None:
-        """MTP rows ``(hidden_p, token_{p+1})`` for p = 0 .. L-2 of each prompt (none for L = 1)."""
-        rows = [
-            (i, torch.arange(int(tree.cu_seqlens[i]), int(tree.cu_seqlens[i + 1]) - 1))
-            for i, r in enumerate(requests)
-            if len(r.prompt_ids) > 1
-        ]
+        """MTP rows ``(hidden_p, token_{p+1})`` for the positions ``p`` of each piece below its prompt's
+        last (none for a prompt of one token), on top of the rows of its earlier pieces."""
+        rows, tokens, chosen, offset = [], [], [], 0
+        for r, prompt, (_, start, stop) in zip(owners, prompts, pieces, strict=True):
+            top = min(stop, len(prompt) - 1)
+            if top > start:
+                rows.append(torch.arange(offset, offset + top - start))
+                tokens += prompt[start + 1 : top + 1]
+                chosen.append((r, start))
+            offset += stop - start
         if not rows:
             return
-        idx = torch.cat([p for _, p in rows]).to(input_ids.device)
-        chosen = [requests[i] for i, _ in rows]
-        slots, tables = self._slots_and_tables(chosen)
-        zeros = torch.zeros(len(chosen), dtype=torch.long, device=input_ids.device)
-        ctx = StepContext.chains([p.numel() for _, p in rows], slots, tables, zeros)
-        self.model.mtp.prefill(hidden[idx], input_ids[idx + 1], ctx)
+        device = hidden.device
+        slots, tables = self._slots_and_tables([r for r, _ in chosen])
+        starts = device_tensor([start for _, start in chosen], device)
+        ctx = StepContext.chains([len(p) for p in rows], slots, tables, starts)
+        self.model.mtp.prefill(hidden[torch.cat(rows).to(device)], device_tensor(tokens, device), ctx)
 
     def _speculate(self, requests: list[Request]) -> list[StepEvent]:
         model, bole, device = self.model, self.bole, self.model.device

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,32 @@ def kv_tokens(max_seq_len: int, tree_tokens: int) -> int:
     limit in every mode, so that speculation stops where plain decoding does) and, past it, the deepest
     tree a step verifies (drafts beyond the limit are written, never kept)."""
     return max_seq_len - 1 + tree_tokens
+
+
+MAX_PREFILL_TOKENS = 8192
+"""Prompt tokens one prefill forward takes by default: its activations grow with them (a forward of the
+embedded model holds ~20 KB a token at its peak in float32), so a step's admitted prompts go through as
+many forwards as this bound needs."""
+
+
+def prefill_rounds(lengths: Sequence[int], max_tokens: int) -> list[list[tuple[int, int, int]]]:
+    """The prefill forwards of prompts of ``lengths``: each a list of pieces ``(prompt, start, stop)`` of at
+    most ``max_tokens`` tokens in all. Prompts in order, each cut where a forward fills up and carried
+    on in the next, so a prompt's pieces run in order (each on top of the ones before it) and a prompt
+    has at most one piece a forward (one chain each)."""
+    rounds: list[list[tuple[int, int, int]]] = [[]]
+    room = max_tokens
+    for i, n in enumerate(lengths):
+        start = 0
+        while start < n:
+            if room == 0:
+                rounds.append([])
+                room = max_tokens
+            stop = min(n, start + room)
+            rounds[-1].append((i, start, stop))
+            room -= stop - start
+            start = stop
+    return [r for r in rounds if r]
 
 
 class Scheduler:
