@@ -1,6 +1,7 @@
 """Long prompts through the whole model's prefill on the GPU: peak memory and time, checked first.
 
     python benchmarks/bench_long_prefill.py --out DIR [--tag NAME]     # H200: ~1 min
+    python benchmarks/bench_long_prefill.py --out DIR --tag NAME --compare BEFORE.json AFTER.json  # the PNG
 
 The embedded checkpoint (6 GDN and 2 attention layers, 4,096-token context) prefills batches of prompts
 of 512 to 4,096 tokens through ``Qwen35Model.prefill``, as the executor admits them (one chain a prompt,
@@ -21,9 +22,11 @@ tokens: 1 GiB), which ``TreeBatch.chains`` no longer builds past the deepest tre
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from _bench_util import rel_rms, run_meta, write_result
@@ -46,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--points", default=POINTS, help=f"prompts x tokens each, comma-separated (default {POINTS})"
     )
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="plot two runs' JSONs, run nothing"
+    )
     return p.parse_args(argv)
 
 
@@ -93,8 +99,38 @@ def point(model, batch: int, length: int, gen: torch.Generator, repeats: int) ->
     return {**out, "ms": statistics.median(times) * 1e3, "peak_mib": max(peaks) / 2**20 if peaks else None}
 
 
+def plot(before: dict, after: dict, png: Path) -> str:
+    """Peak memory and time of each point, two runs side by side (e.g. before and after a change)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib missing: no PNG"
+    labels = [f"{p['prompts']} x {p['tokens_each']}" for p in after["points"]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, unit in ((axes[0], "peak_mib", "peak memory above the caches, MiB"), (axes[1], "ms", "ms")):
+        for offset, run in ((-0.2, before), (0.2, after)):
+            values = [p.get(key) or 0 for p in run["points"]]
+            ax.bar([i + offset for i in range(len(values))], values, 0.4, label=run["tag"])
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel("prompts x tokens each")
+        ax.set_ylabel(unit)
+        ax.legend()
+    fig.suptitle(f"Prefill of long prompts, embedded model, float32 ({after['device']})")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return f"wrote {png}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compare:
+        before, after = (json.loads(Path(f).read_text()) for f in args.compare)
+        print(plot(before, after, Path(args.out) / f"bench_long_prefill_{args.tag}.png"))
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU here: pass --device cpu for a smoke run", file=sys.stderr)
         return 2
