@@ -31,9 +31,11 @@ from pathlib import Path
 import torch
 from _bench_util import rel_rms, run_meta, write_result
 
+from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.llm import DEFAULT_MODEL
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.loader import load_model
+from trtllm_bole.spec.executor import Executor
 
 POINTS = "1x4096,8x512,8x2048,8x4096"  # prompts x tokens each
 BLOCK = 64
@@ -49,6 +51,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--points", default=POINTS, help=f"prompts x tokens each, comma-separated (default {POINTS})"
     )
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bounds", default="", help="max_prefill_tokens values for the executor's part (e.g. "
+                   "32768,8192,2048; none: skipped)")  # fmt: skip
+    p.add_argument(
+        "--serve", default="8x4000", help="prompts x tokens each the executor's part admits at once"
+    )
     p.add_argument(
         "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="plot two runs' JSONs, run nothing"
     )
@@ -99,6 +106,35 @@ def point(model, batch: int, length: int, gen: torch.Generator, repeats: int) ->
     return {**out, "ms": statistics.median(times) * 1e3, "peak_mib": max(peaks) / 2**20 if peaks else None}
 
 
+def admission(model, bound: int, ids: torch.Tensor) -> dict:
+    """One executor step admitting every prompt (``ar``, so the step is their prefill alone, bounded to
+    ``bound`` tokens a forward): its peak memory above the executor's caches and its time; then the
+    requests run to the end (four tokens each) for their outputs."""
+    cuda = ids.is_cuda
+    batch, length = ids.shape
+    executor = Executor(model, BoleConfig(mode="ar"), max_batch_size=batch, max_seq_len=length + 5,
+                        cuda_graphs=False, max_prefill_tokens=bound)  # fmt: skip
+    requests = [executor.submit(row.tolist(), SamplingParams(max_tokens=4)) for row in ids]
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    executor.step()
+    if cuda:
+        torch.cuda.synchronize()
+    ms = (time.perf_counter() - start) * 1e3
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else None
+    while executor.has_unfinished:
+        executor.step()
+    return {
+        "max_prefill_tokens": bound,
+        "step_ms": ms,
+        "peak_mib": peak,
+        "outputs": [r.output_ids for r in requests],
+    }
+
+
 def plot(before: dict, after: dict, png: Path) -> str:
     """Peak memory and time of each point, two runs side by side (e.g. before and after a change)."""
     try:
@@ -140,11 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     point(model, 2, 100, gen, 1)  # warm-up: compiles, allocations, cuBLAS handles
     meta = run_meta(model=DEFAULT_MODEL.name, dtype="float32", tag=args.tag) if args.device == "cuda" else {}
     results = [point(model, b, n, gen, args.repeats) for b, n in points]
-    path = write_result(args.out, f"bench_long_prefill_{args.tag}.json", {**meta, "points": results})
-    for r in results:
-        print(r)
+    served = []
+    if args.bounds:
+        batch, length = (int(n) for n in args.serve.split("x"))
+        ids = torch.randint(model.config.vocab_size, (batch, length), generator=gen).to(
+            model.embed_tokens.device
+        )
+        served = [admission(model, int(bound), ids) for bound in args.bounds.split(",")]
+        for run in served[1:]:  # the same tokens whatever the bound, or no figure of it is kept
+            if run["outputs"] != served[0]["outputs"]:
+                run.update(step_ms=None, peak_mib=None, error="outputs differ from the first bound's")
+    data = {**meta, "points": results, "admission": {"prompts x tokens": args.serve, "runs": served}}
+    path = write_result(args.out, f"bench_long_prefill_{args.tag}.json", data)
+    for r in [*results, *served]:
+        print({k: v for k, v in r.items() if k != "outputs"})
     print(f"wrote {path}")
-    return 0 if all("error" not in r for r in results) else 1
+    return 0 if all("error" not in r for r in [*results, *served]) else 1
 
 
 if __name__ == "__main__":

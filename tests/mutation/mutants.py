@@ -479,6 +479,9 @@ MUTANTS = [
         "accepted = (leaf >= 0) & (leaf < tl.load(cu_seqlens + b + 1) - start)",
         "accepted = leaf >= 0",
         ["tests/kernels/test_kv_commit.py"],
+        equivalent="a leaf past its request names a node of a later request, whose pre-order interval no "
+        "node of this request's lies in: nothing is written either way; the guard keeps the last "
+        "request's load of dfs_order inside the forest, an out-of-bounds read no test observes",
     ),
     Mutant(
         "K11",
