@@ -1,22 +1,23 @@
 """Long prompts through the whole model's prefill on the GPU: peak memory and time, checked first.
 
-    python benchmarks/bench_long_prefill.py --out DIR [--tag NAME]     # H200: ~1 min
+    python benchmarks/bench_long_prefill.py --out DIR [--tag NAME] [--bounds 32000,8192,2048]  # H200: ~1 min
     python benchmarks/bench_long_prefill.py --out DIR --tag NAME --compare BEFORE.json AFTER.json  # the PNG
 
-The embedded checkpoint (6 GDN and 2 attention layers, 4,096-token context) prefills batches of prompts
-of 512 to 4,096 tokens through ``Qwen35Model.prefill``, as the executor admits them (one chain a prompt,
-slots and KV blocks of their own). Per point: ``peak_mib``, the device memory that the prompts' context
-(``StepContext.chains``) and the prefill allocate above what was live before them (the caches and
+The embedded checkpoint (6 GDN and 2 attention layers, 4,096-token context, float32) prefills batches of
+prompts of 512 to 4,096 tokens through ``Qwen35Model.prefill``, as the executor admits them (one chain a
+prompt, slots and KV blocks of their own). Per point: ``peak_mib``, the device memory that the prompts'
+context (``StepContext.chains``) and the prefill allocate above what was live before them (the caches and
 weights are); ``ms``, the median wall time of three such (synchronised; the host's launches and checks
-included). Before timing, every point's
-logits at the prompts' last tokens are checked against the training forward (``forward_sequences``, the
-chunked closed form in torch, no cache) of each prompt alone: relative RMS within 1e-3 in float32; a
-point that fails is reported and not timed.
+included). Before timing, every point's logits at the prompts' last tokens are checked against the
+training forward (``forward_sequences``, the chunked closed form in torch, no cache) of each prompt
+alone: relative RMS within 1e-3; a point that fails is reported and not timed. Run from two checkouts
+(``--tag``), it records what a change did to the same points.
 
-Run from two checkouts (``--tag``) it records what a change did to the same points: the prefill's
-forest once kept a ``[tokens, longest prompt]`` int64 table of root-to-node paths (8 prompts of 4,096
-tokens: 1 GiB), which ``TreeBatch.chains`` no longer builds past the deepest tree. Writes
-``<out>/bench_long_prefill_<tag>.json``.
+``--bounds``: the executor (``ar``) admits ``--serve`` prompts at once under each ``max_prefill_tokens``
+and steps until every request has its first token (a step prefills at most the bound; the requests
+whose prompts are in decode in between): the peak memory of those steps above the executor's caches,
+their count and time. Every bound's outputs (four tokens a request) must equal the first bound's, or
+its figures are dropped. Writes ``<out>/bench_long_prefill_<tag>.json``.
 """
 
 from __future__ import annotations
@@ -107,9 +108,10 @@ def point(model, batch: int, length: int, gen: torch.Generator, repeats: int) ->
 
 
 def admission(model, bound: int, ids: torch.Tensor) -> dict:
-    """One executor step admitting every prompt (``ar``, so the step is their prefill alone, bounded to
-    ``bound`` tokens a forward): its peak memory above the executor's caches and its time; then the
-    requests run to the end (four tokens each) for their outputs."""
+    """Executor steps (``ar``) from the admission of every prompt at once until each has its first token,
+    the prefill bounded to ``bound`` tokens a step (the requests whose prompts are in decode in between):
+    their peak memory above the executor's caches, their count and time; then the requests run to the
+    end (four tokens each) for their outputs."""
     cuda = ids.is_cuda
     batch, length = ids.shape
     executor = Executor(model, BoleConfig(mode="ar"), max_batch_size=batch, max_seq_len=length + 5,
@@ -119,20 +121,19 @@ def admission(model, bound: int, ids: torch.Tensor) -> dict:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    executor.step()
+    start, steps = time.perf_counter(), 0
+    while not all(r.output_ids or r.finished for r in requests):
+        executor.step()
+        steps += 1
     if cuda:
         torch.cuda.synchronize()
     ms = (time.perf_counter() - start) * 1e3
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else None
     while executor.has_unfinished:
         executor.step()
-    return {
-        "max_prefill_tokens": bound,
-        "step_ms": ms,
-        "peak_mib": peak,
-        "outputs": [r.output_ids for r in requests],
-    }
+    outputs = [r.output_ids for r in requests]
+    return {"max_prefill_tokens": bound, "steps_to_first_tokens": steps, "ms_to_first_tokens": ms,
+            "peak_mib": peak, "outputs": outputs}  # fmt: skip
 
 
 def plot(before: dict, after: dict, png: Path) -> str:
@@ -185,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         served = [admission(model, int(bound), ids) for bound in args.bounds.split(",")]
         for run in served[1:]:  # the same tokens whatever the bound, or no figure of it is kept
             if run["outputs"] != served[0]["outputs"]:
-                run.update(step_ms=None, peak_mib=None, error="outputs differ from the first bound's")
+                run.update(
+                    ms_to_first_tokens=None, peak_mib=None, error="outputs differ from the first bound's"
+                )
     data = {**meta, "points": results, "admission": {"prompts x tokens": args.serve, "runs": served}}
     path = write_result(args.out, f"bench_long_prefill_{args.tag}.json", data)
     for r in [*results, *served]:

@@ -65,12 +65,13 @@ class LLM:
     ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
     each; default 8); ``max_seq_len`` bounds prompt + output (at most ``max_seq_len - 1`` tokens in
     every mode; default 1024); ``kv_cache_tokens`` sizes the paged KV cache (default: every slot can hold
-    ``max_seq_len - 1`` tokens and one draft tree past them). ``max_prefill_tokens``: prompt tokens one
-    prefill forward takes at most (default 8,192); the prompts a step admits beyond it, a longer prompt
-    included, are prefilled in as many forwards, each on top of the last. ``cuda_graphs``: on a GPU,
-    greedy drafting replays a CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`), the tree
-    selection one per pool shape, and the target's verify one per forest shape (a greedy batch's with its
-    acceptance and commit; :mod:`trtllm_bole.spec.verify_graphs`), captured by :meth:`warm_up`;
+    ``max_seq_len - 1`` tokens and one draft tree past them). ``max_prefill_tokens``: prompt tokens a
+    step prefills at most, in one forward (default 8,192); prompts beyond it, a longer one included, go
+    on over the next steps, each piece on top of the last, while the running requests decode in between.
+    ``cuda_graphs``: on a GPU, greedy drafting replays a CUDA graph per batch size
+    (:mod:`trtllm_bole.spec.draft_graphs`), the tree selection one per pool shape, and the target's
+    verify one per forest shape (a greedy batch's with its acceptance and commit;
+    :mod:`trtllm_bole.spec.verify_graphs`), captured by :meth:`warm_up`;
     ``False`` launches every kernel from Python. An engine supplies its own dtype, limits, draft settings
     and budget table, and refuses requests beyond its build.
 

@@ -526,6 +526,15 @@ MUTANTS = [
         ["tests/spec/test_scheduler.py"],
     ),
     Mutant(
+        "PF4",
+        "trtllm_bole/spec/executor.py",
+        "            if stop < len(r.prompt_ids):",
+        "            if stop < len(r.prompt_ids) - 1:",
+        [
+            "tests/spec/test_executor.py::test_a_long_prompt_prefills_a_piece_a_step_while_the_running_requests_decode"
+        ],
+    ),
+    Mutant(
         "TP1",
         "trtllm_bole/tree.py",
         "steps = torch.arange(max_depth if max_depth <= MAX_TREE_DEPTH else 0, device=device)",

@@ -58,9 +58,10 @@ def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
 
 @pytest.mark.parametrize("mode", ["ar", "bole"])
 def test_prompts_prefilled_in_pieces_decode_as_prompts_prefilled_whole(config, mode):
-    """A step's prompts over ``max_prefill_tokens`` go through several forwards, a long prompt's pieces
-    each on top of the last (the target's caches and the MTP head's alike): greedy output is unchanged,
-    and so is what the drafts got accepted (a wrong MTP cache changes the drafts, not the output)."""
+    """Prompts over ``max_prefill_tokens`` go through one forward a step, a long prompt's pieces each on
+    top of the last (the target's caches and the MTP head's alike), the running requests decoding in
+    between: greedy output is unchanged, and so is what the drafts got accepted (a wrong MTP cache
+    changes the drafts, not the output)."""
     params, bole = SamplingParams(max_tokens=12), BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
     outputs = []
     for max_prefill_tokens in (8192, 6, 1):
@@ -72,6 +73,26 @@ def test_prompts_prefilled_in_pieces_decode_as_prompts_prefilled_whole(config, m
     assert (
         outputs[1] == outputs[0] and outputs[2] == outputs[0]
     )  # the same drafts accepted: the same MTP cache
+
+
+def test_a_long_prompt_prefills_a_piece_a_step_while_the_running_requests_decode(config):
+    executor = Executor(random_model(config, seed=3), BoleConfig(mode="bole", max_depth=3, max_nodes=6),
+                        max_batch_size=2, max_prefill_tokens=4)  # fmt: skip
+    short = executor.submit([3, 1, 4], SamplingParams(max_tokens=30))
+    executor.step()
+    assert len(short.output_ids) == 1  # its whole prompt in one step, its first token out
+    long = executor.submit(PROMPTS[2], SamplingParams(max_tokens=5))  # 14 tokens: four steps of 4, 4, 4, 2
+    for step in range(4):
+        before = len(short.output_ids)
+        executor.step()
+        assert long.context_len == min(4 * (step + 1), 14) and len(short.output_ids) > before, step
+        assert len(long.output_ids) == (1 if step == 3 else 0), step
+    while executor.has_unfinished:
+        executor.step()
+    alone = Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=1)
+    cases = (([3, 1, 4], 30), (PROMPTS[2], 5))
+    expected = [run(alone, [prompt], SamplingParams(max_tokens=n))[0] for prompt, n in cases]
+    assert [short.output_ids, long.output_ids] == [r.output_ids for r in expected]  # plain greedy, each
 
 
 def run_to_max_seq_len(model_of, mode: str, monkeypatch) -> list:
@@ -289,9 +310,12 @@ def test_sampling_keeps_the_target_distribution(config, gpu_config, device, dtyp
     assert chi2 < threshold, (chi2, dof)
 
 
-def test_churn_leaves_nothing_allocated_and_refuses_too_long(config):
+@pytest.mark.parametrize("max_prefill_tokens", [8192, 5], ids=["whole", "pieces"])
+def test_churn_leaves_nothing_allocated_and_refuses_too_long(config, max_prefill_tokens):
+    """Requests aborted waiting, running or (in pieces of 5 tokens a step) halfway through their prefill."""
     ex = Executor(random_model(config, seed=1), BoleConfig(max_depth=3, max_nodes=6), max_batch_size=8,
-                  max_seq_len=64, num_blocks=40, block_size=4)  # fmt: skip
+                  max_seq_len=64, num_blocks=40, block_size=4,
+                  max_prefill_tokens=max_prefill_tokens)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     requests = []
     for _ in range(1000):
@@ -300,18 +324,19 @@ def test_churn_leaves_nothing_allocated_and_refuses_too_long(config):
         requests.append(ex.submit(prompt, SamplingParams(max_tokens=max_tokens)))
     too_long = ex.submit(list(range(16)) * 4, SamplingParams(max_tokens=4))
     assert too_long.finish_reason == "error" and "exceeds the context limit" in too_long.error
-    aborted = 0
+    aborted = mid_prefill = 0
     for step in itertools.count():
         if not ex.has_unfinished:
             break
         ex.step()
         if step % 3 == 0 and ex.scheduler.running:
+            mid_prefill += ex.scheduler.running[0].runtime is None  # no first token yet
             ex.abort(ex.scheduler.running[0])
             aborted += 1
         if step % 7 == 0 and ex.scheduler.waiting:
             ex.abort(ex.scheduler.waiting[-1])
             aborted += 1
-    assert aborted > 50
+    assert aborted > 50 and (mid_prefill > 10 if max_prefill_tokens == 5 else mid_prefill == 0)
     assert all(r.finished for r in requests)
     assert {r.finish_reason for r in requests} <= {"length", "abort", "stop"}
     assert ex.scheduler.slots.num_free == 8 and ex.scheduler.blocks.num_free == 40

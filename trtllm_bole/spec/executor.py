@@ -2,9 +2,11 @@
 
 One :meth:`Executor.step`:
 
-1. admit waiting requests (free slot + KV blocks for their whole life), prefill them as chains (in
-   forwards of at most ``max_prefill_tokens``), emit each one's first token (it becomes the request's
-   *pending* token) and fill the MTP cache;
+1. admit waiting requests (free slot + KV blocks for their whole life) and prefill, as chains, the
+   next pieces of the prompts not yet in the caches, at most ``max_prefill_tokens`` a step (a longer
+   prompt, or a larger admission, goes on over the next steps while the running requests decode);
+   a request whose prompt is then whole emits its first token (it becomes its *pending* token), and
+   the MTP cache follows each piece;
 2. for every running request: draft a tree from its pending token (MTP, EAGLE-2 style; none in
    ``ar``), keep the best nodes (per-request cap; the batch-shared budget in ``bole``), verify the
    whole forest in one target forward (GDN in closed form for ``bole``/``ar``, node by node with
@@ -245,44 +247,53 @@ class Executor:
         events: list[StepEvent] = []
         admitted = self.scheduler.admit(self.max_batch_size)
         if admitted:
+            self.cache.reset_slots(self._slots_and_tables(admitted)[0])
+        prefilling = [r for r in self.scheduler.running if r.runtime is None]  # no first token yet
+        if prefilling:
             with phase("prefill"):
-                events += self._prefill(admitted)
-        running = [r for r in self.scheduler.running if r not in admitted]
+                events += self._prefill(prefilling)
+        running = [r for r in self.scheduler.running if r.runtime is not None and r not in prefilling]
         if running:
             events += self._speculate(running)
         return events
 
     def _prefill(self, requests: list[Request]) -> list[StepEvent]:
-        """The admitted prompts through the target (and the MTP head), in forwards of at most
-        ``max_prefill_tokens`` tokens (:func:`~trtllm_bole.spec.scheduler.prefill_rounds`; a piece goes on
-        top of its prompt's earlier ones), then each request's first token from its last position."""
+        """One prefill forward of at most ``max_prefill_tokens`` tokens: the next pieces of the prompts not
+        yet in the caches, in admission order (the first of
+        :func:`~trtllm_bole.spec.scheduler.prefill_rounds`), each on top of its prompt's earlier pieces.
+        What is left waits for the next step, while the running requests decode in between; a request
+        whose prompt is now whole gets its first token from its last position."""
         device = self.model.device
-        slots, _ = self._slots_and_tables(requests)
-        self.cache.reset_slots(slots)
-        prompts = [r.prompt_ids for r in requests]
-        last_hidden: list[torch.Tensor] = [torch.empty(0)] * len(requests)
-        last_logits: list[torch.Tensor] = [torch.empty(0)] * len(requests)
-        for pieces in prefill_rounds([len(p) for p in prompts], self.max_prefill_tokens):
-            hidden, logits = self._prefill_round(requests, prompts, pieces)
-            ends = torch.tensor([stop - start for _, start, stop in pieces]).cumsum(0) - 1
-            for k, (i, _, stop) in enumerate(pieces):
-                if stop == len(prompts[i]):
-                    last_hidden[i], last_logits[i] = hidden[int(ends[k])], logits[k]
-        for r, h in zip(requests, last_hidden, strict=True):
+        rest = [len(r.prompt_ids) - r.context_len for r in requests]
+        pieces = [
+            (i, requests[i].context_len + start, requests[i].context_len + stop)
+            for i, start, stop in prefill_rounds(rest, self.max_prefill_tokens)[0]
+        ]
+        hidden, logits = self._prefill_round(requests, pieces)
+        ends = torch.tensor([stop - start for _, start, stop in pieces]).cumsum(0) - 1
+        whole, last_logits = [], []
+        for k, (i, _, stop) in enumerate(pieces):
+            r = requests[i]
+            r.context_len = stop
+            if stop < len(r.prompt_ids):
+                continue
             seed = r.params.seed
             generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
             room = self.scheduler.context_limit - len(r.prompt_ids)
-            r.runtime = RequestRuntime(-1, h, generator, min(r.params.max_tokens, room))
-        first = self._sample(torch.stack(last_logits), requests)
+            r.runtime = RequestRuntime(-1, hidden[int(ends[k])], generator, min(r.params.max_tokens, room))
+            whole.append(r)
+            last_logits.append(logits[k])
+        if not whole:
+            return []
+        first = self._sample(torch.stack(last_logits), whole)
         events = []
-        for i, r in enumerate(requests):
-            r.context_len = len(prompts[i])
-            r.runtime.pending = first[i]
-            events.append(self._emit(r, [first[i]]))
+        for r, token in zip(whole, first, strict=True):
+            r.runtime.pending = token
+            events.append(self._emit(r, [token]))
         return events
 
     def _prefill_round(
-        self, requests: list[Request], prompts: list[list[int]], pieces: list[tuple[int, int, int]]
+        self, requests: list[Request], pieces: list[tuple[int, int, int]]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One prefill forward of prompt pieces ``(request, start, stop)`` over the tokens before ``start``;
         with a drafter, the MTP head's rows of the same pieces after it. Returns the target's hidden
@@ -290,12 +301,13 @@ class Executor:
         device = self.model.device
         owners = [requests[i] for i, _, _ in pieces]
         slots, tables = self._slots_and_tables(owners)
-        ids = device_tensor([t for i, start, stop in pieces for t in prompts[i][start:stop]], device)
+        ids = device_tensor([t for r, (_, start, stop) in zip(owners, pieces, strict=True)
+                             for t in r.prompt_ids[start:stop]], device)  # fmt: skip
         starts = device_tensor([start for _, start, _ in pieces], device)
         ctx = StepContext.chains([stop - start for _, start, stop in pieces], slots, tables, starts)
         hidden, logits = self.model.prefill(ids, ctx)
         if self.bole.speculates:
-            self._mtp_prefill(owners, [prompts[i] for i, _, _ in pieces], pieces, hidden)
+            self._mtp_prefill(owners, [r.prompt_ids for r in owners], pieces, hidden)
         return hidden, logits
 
     def _mtp_prefill(

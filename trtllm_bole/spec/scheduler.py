@@ -127,9 +127,9 @@ def kv_tokens(max_seq_len: int, tree_tokens: int) -> int:
 
 
 MAX_PREFILL_TOKENS = 8192
-"""Prompt tokens one prefill forward takes by default: its activations grow with them (a forward of the
-embedded model holds ~20 KB a token at its peak in float32), so a step's admitted prompts go through as
-many forwards as this bound needs."""
+"""Prompt tokens a step prefills by default, in one forward: its activations grow with them (a forward of
+the embedded model holds ~20 KB a token at its peak in float32), and the running requests wait for it.
+Prompts beyond the bound go on over the next steps (:func:`prefill_rounds`' first round each step)."""
 
 
 def prefill_rounds(lengths: Sequence[int], max_tokens: int) -> list[list[tuple[int, int, int]]]:
