@@ -307,24 +307,20 @@ class Executor:
         ctx = StepContext.chains([stop - start for _, start, stop in pieces], slots, tables, starts)
         hidden, logits = self.model.prefill(ids, ctx)
         if self.bole.speculates:
-            self._mtp_prefill(owners, [r.prompt_ids for r in owners], pieces, hidden)
+            self._mtp_prefill(owners, pieces, hidden)
         return hidden, logits
 
     def _mtp_prefill(
-        self,
-        owners: list[Request],
-        prompts: list[list[int]],
-        pieces: list[tuple[int, int, int]],
-        hidden: torch.Tensor,
+        self, owners: list[Request], pieces: list[tuple[int, int, int]], hidden: torch.Tensor
     ) -> None:
         """MTP rows ``(hidden_p, token_{p+1})`` for the positions ``p`` of each piece below its prompt's
         last (none for a prompt of one token), on top of the rows of its earlier pieces."""
         rows, tokens, chosen, offset = [], [], [], 0
-        for r, prompt, (_, start, stop) in zip(owners, prompts, pieces, strict=True):
-            top = min(stop, len(prompt) - 1)
+        for r, (_, start, stop) in zip(owners, pieces, strict=True):
+            top = min(stop, len(r.prompt_ids) - 1)
             if top > start:
                 rows.append(torch.arange(offset, offset + top - start))
-                tokens += prompt[start + 1 : top + 1]
+                tokens += r.prompt_ids[start + 1 : top + 1]
                 chosen.append((r, start))
             offset += stop - start
         if not rows:
