@@ -19,6 +19,7 @@
 #   bash benchmarks/h200.sh tests     # the GPU-marked tests, then the tests that take CUDA where there is one (~6.5 min)
 #   bash benchmarks/h200.sh steps     # the step graphs' A/B (selection, greedy verify+accept+commit), then the step profile
 #   bash benchmarks/h200.sh prefill   # a GDN layer's prefill: one launch vs rounds of verify + commit (bench_prefill.py)
+#   bash benchmarks/h200.sh long      # long prompts: the whole prefill's memory and time, the executor's bounded prefill
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -109,6 +110,10 @@ steps)
     timeout 200 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --modes ar,tree-serial,bole --batch-sizes 8,32 --out "$OUT" > "$OUT/profile_log.txt" 2>&1
     echo "profile rc=$?"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
+    ;;
+long)
+    timeout 200 python benchmarks/bench_long_prefill.py --out "$OUT" --bounds 32000,8192,2048 --serve 8x4000 \
+        > "$OUT/long_log.txt" 2>&1; echo "long rc=$?"; tail -8 "$OUT/long_log.txt"
     ;;
 prefill)
     timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; echo "prefill rc=$?"
