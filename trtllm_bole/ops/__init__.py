@@ -590,7 +590,9 @@ def check_kv_room(
     tree.accepted_nodes(accepted_leaf)  # raises on a leaf outside [-1, request size)
     if bool((context_lens < 0).any()):
         raise ValueError(f"context_lens must not be negative, got {context_lens.tolist()}")
-    keep, pos, column = kv_cache.accepted_positions(tree, accepted_leaf, context_lens, block_size)
+    keep, pos, column, blocks = kv_cache.accepted_positions(
+        tree, accepted_leaf, context_lens, block_tables, block_size
+    )
     overflow = keep & (column >= block_tables.shape[1])
     if bool(overflow.any()):
         b = int(tree.request[torch.nonzero(overflow)[0]])
@@ -599,7 +601,6 @@ def check_kv_room(
             f"but its block table holds {block_tables.shape[1] * block_size} positions; allocate blocks for "
             f"context_len + max tree depth before verify"
         )
-    blocks = block_tables.long()[tree.request, column.clamp(max=block_tables.shape[1] - 1)]
     unallocated = keep & ((blocks < 0) | (blocks >= num_blocks))
     if bool(unallocated.any()):
         b = int(tree.request[torch.nonzero(unallocated)[0]])

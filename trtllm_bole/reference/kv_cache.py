@@ -10,17 +10,24 @@ from trtllm_bole.tree import TreeBatch
 
 
 def accepted_positions(
-    tree: TreeBatch, accepted_leaf: torch.Tensor, context_lens: torch.Tensor, block_size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tree: TreeBatch,
+    accepted_leaf: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per node ``[N]``: whether it is written (an ancestor of its request's accepted leaf, or the leaf:
-    the pre-order interval test, no path table), its position ``context_len + depth - 1`` and its
+    the pre-order interval test, no path table), its position ``context_len + depth - 1``, its
     block-table column (past the table is an error where ``keep`` holds: :func:`trtllm_bole.ops.kv_commit`
-    checks it). ``accepted_leaf`` holds local indices in ``[-1, request size)``."""
+    checks it) and the table's entry there (at the last column where past it). ``accepted_leaf`` holds
+    local indices in ``[-1, request size)``."""
     leaf = accepted_leaf.long()[tree.request]
     at = tree.dfs_order[(leaf + tree.cu_seqlens[:-1][tree.request]).clamp(min=0)]
     keep = (leaf >= 0) & (tree.dfs_order <= at) & (at < tree.dfs_order + tree.subtree_size)
     pos = context_lens.long()[tree.request] + tree.depth - 1
-    return keep, pos, pos // block_size
+    column = pos // block_size
+    block = block_tables.long()[tree.request, column.clamp(max=block_tables.shape[1] - 1)]
+    return keep, pos, column, block
 
 
 def write_accepted_kv(
@@ -38,9 +45,10 @@ def write_accepted_kv(
     negative entry (no block) is dropped: the checked op refuses it, and an unchecked caller's stray
     write lands in no other request's blocks."""
     num_blocks, block_size = k_cache.shape[1:3]
-    keep, pos, column = accepted_positions(tree, accepted_leaf, context_lens, block_size)
+    keep, pos, column, blocks = accepted_positions(
+        tree, accepted_leaf, context_lens, block_tables, block_size
+    )
     in_table = column < block_tables.shape[1]
-    blocks = block_tables.long()[tree.request, column.clamp(max=block_tables.shape[1] - 1)]
     keep = keep & in_table & (blocks >= 0) & (blocks < num_blocks)
     rows = (blocks * block_size + pos % block_size)[keep]
     nodes = torch.nonzero(keep).flatten()

@@ -247,7 +247,7 @@ class Executor:
         events: list[StepEvent] = []
         admitted = self.scheduler.admit(self.max_batch_size)
         if admitted:
-            self.cache.reset_slots(self._slots_and_tables(admitted)[0])
+            self.cache.reset_slots([r.slot for r in admitted])
         prefilling = [r for r in self.scheduler.running if r.runtime is None]  # no first token yet
         if prefilling:
             with phase("prefill"):
