@@ -20,6 +20,7 @@
 #   bash benchmarks/h200.sh steps     # the step graphs' A/B (selection, greedy verify+accept+commit), then the step profile
 #   bash benchmarks/h200.sh prefill   # a GDN layer's prefill: one launch vs rounds of verify + commit (bench_prefill.py)
 #   bash benchmarks/h200.sh long      # long prompts: the whole prefill's memory and time, the executor's bounded prefill
+#   bash benchmarks/h200.sh prefill-tests # the GPU tests of the prefill's path, then its operators on CUDA (~2 min)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -114,6 +115,14 @@ steps)
 long)
     timeout 200 python benchmarks/bench_long_prefill.py --out "$OUT" --bounds 32000,8192,2048 --serve 8x4000 \
         > "$OUT/long_log.txt" 2>&1; echo "long rc=$?"; tail -8 "$OUT/long_log.txt"
+    ;;
+prefill-tests)
+    python -m pytest -q -m gpu tests/models tests/spec tests/kernels/test_gdn_prefill.py \
+        tests/kernels/test_tree_conv1d.py tests/kernels/test_kv_commit.py -p no:cacheprovider \
+        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    python -m pytest -q tests/kernels/test_gdn_prefill.py tests/kernels/test_kv_commit.py tests/models/test_cache.py \
+        tests/ops/test_validation.py -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
+    echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
     ;;
 prefill)
     timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; echo "prefill rc=$?"

@@ -125,13 +125,54 @@ def test_prefill_writes_its_caches_as_it_runs_and_keeps_nothing_for_a_commit(tin
     model = s.model
     verified = clone_cache(model.cache)
     ids, ctx = s.tokens(19), StepContext.chains([12, 7], s.slots[1:], s.tables[1:], torch.tensor([5, 0]))
-    _, pending = model._forward_tree(ids, ctx, "prefill")
+    fs = model._forward_state(ids, ctx, "prefill")
+    model._forward(ids, fs)
+    pending = fs.pending()
     assert (pending.new_k, pending.conv_inputs, pending.gdn_factors) == (None, None, None)
     prefilled, model.cache = model.cache, verified
     _, _, pending = model.verify(ids, ctx)
     pending.commit(torch.tensor([11, 6]))
     for name in ("gdn_state", "conv_state", "k_cache", "v_cache"):
         torch.testing.assert_close(getattr(prefilled, name), getattr(verified, name), atol=1e-5, rtol=0)
+
+
+def test_an_unchecked_prefill_reads_no_value_of_a_tensor(tiny_config):
+    """The executor's prefill (``check=False``: it built the slots, block tables and lengths) and its MTP
+    prefill read no tensor's value on the host, where on a GPU each read would wait for the device: they
+    run under torch's FakeTensorMode, in which reading a value raises. A checked prefill reads them."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    s = Setup(tiny_config(), mtp=True)
+    model = s.model
+    ids = s.tokens(28)
+
+    def context():  # new slot indices each time: their check's memo (ops._check_slots) never answers
+        return StepContext.chains([19, 9], s.slots[1:].clone(), s.tables[1:], torch.tensor([13, 2]))
+
+    hidden, _ = model.prefill(ids, context())
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake_hidden, logits = model.prefill(ids, context(), check=False)
+        model.mtp.prefill(hidden, ids, context(), check=False)
+        with pytest.raises(DataDependentOutputException):
+            model.prefill(ids, context())
+        with pytest.raises(DataDependentOutputException):
+            model.mtp.prefill(hidden, ids, context())
+    assert fake_hidden.shape == hidden.shape and logits.shape == (2, model.config.vocab_size)
+
+
+def test_prefill_takes_the_host_lengths_of_its_chains(tiny_config):
+    """A prefill reads its prompts' bounds from the host lengths that ``StepContext.chains`` keeps; a
+    context built otherwise, or whose lengths do not add up to its tree, is refused."""
+    from trtllm_bole.tree import TreeBatch
+
+    s = Setup(tiny_config(), mtp=False)
+    slots, tables, lens = s.slots[1:], s.tables[1:], torch.tensor([13, 2])
+    assert StepContext.chains([5, 3], slots, tables, lens).chain_lengths == (5, 3)
+    with pytest.raises(ValueError, match=r"build its context with StepContext\.chains"):
+        s.model.prefill(s.tokens(8), StepContext(slots, tables, lens, TreeBatch.chains([5, 3])))
+    for lengths in ((5,), (4, 3), (5, 4)):
+        with pytest.raises(ValueError, match=r"chain_lengths .* 8 nodes in all"):
+            StepContext(slots, tables, lens, TreeBatch.chains([5, 3]), lengths)
 
 
 def test_prefill_on_top_of_a_context_equals_one_prefill(tiny_config, clone_cache):
@@ -426,9 +467,10 @@ def test_draft_runs_without_a_device_sync(tiny_config):
 
 
 @pytest.mark.gpu
-def test_prefill_waits_for_the_device_as_often_whatever_its_gdn_layers(tiny_config):
-    """A prefill's device syncs (its checks, the prompt bounds brought to the host once) do not grow with
-    the GDN layers: each layer's chunked GDN takes the forward's host bounds instead of copying them."""
+def test_an_unchecked_prefill_never_waits_for_the_device(tiny_config):
+    """The executor's prefill (``check=False``) and its MTP prefill queue every kernel without a device
+    sync (torch's sync debug mode raises on one), whatever the GDN layers; a checked prefill's syncs (its
+    value checks) do not grow with them: each layer's chunked GDN takes the forward's host bounds."""
     tables = torch.full((2, 18), -1, dtype=torch.int32)
     tables[0], tables[1, :3] = torch.arange(18), torch.arange(18, 21)  # 70 and 9 positions, blocks of 4
 
@@ -436,10 +478,22 @@ def test_prefill_waits_for_the_device_as_often_whatever_its_gdn_layers(tiny_conf
         model = _cuda_model(
             tiny_config, num_hidden_layers=layers, full_attention_interval=layers, **KERNEL_HEADS
         )
-        slots, lens = torch.tensor([2, 0], device="cuda"), torch.zeros(2, dtype=torch.long, device="cuda")
-        ctx = StepContext.chains([70, 9], slots, tables.cuda(), lens)
+        lens = torch.zeros(2, dtype=torch.long, device="cuda")
         ids = torch.randint(model.config.vocab_size, (79,), device="cuda")
-        model.prefill(ids, ctx)  # first use: compiles, allocations
+
+        def context():  # new slot indices each time: their check's memo never answers
+            return StepContext.chains([70, 9], torch.tensor([2, 0], device="cuda"), tables.cuda(), lens)
+
+        hidden, _ = model.prefill(ids, context())  # first use: compiles, allocations
+        ctx, mtp_ctx = context(), context()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model.prefill(ids, ctx, check=False)
+            model.mtp.prefill(hidden, ids, mtp_ctx, check=False)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        ctx = context()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("warn")
         try:

@@ -197,13 +197,29 @@ def test_prefill_rejects_bad_offsets(case, undispatched):
     _, x = case
     with pytest.raises(ValueError, match="increase strictly"):
         ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, x.state, torch.tensor([0, 7, 7]))
+    with pytest.raises(ValueError, match="increase strictly"):
+        ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, x.state, [0, 7, 7])
     with pytest.raises(ValueError, match="at least one prompt"):
         ops.gdn_prefill(x.q[:0], x.k[:0], x.v[:0], x.g[:0], x.beta[:0], x.state[:0], torch.tensor([0]))
+    for bounds in ([0, 3.0, 7], [0, True, 7], torch.tensor([0.0, 3, 7])):
+        with pytest.raises(ValueError, match="cu_seqlens must"):
+            ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, x.state, bounds)
     for chunk_size in (0, -2, 65, 2.0):
         with pytest.raises(ValueError, match=r"chunk_size must be an integer in \[1, 64\]"):
             ops.gdn_prefill(
                 x.q, x.k, x.v, x.g, x.beta, x.state, torch.tensor([0, 3, 7]), chunk_size=chunk_size
             )
+
+
+def test_prefill_takes_its_bounds_as_a_tensor_or_as_host_ints(case):
+    """A prefill's bounds are known on the host (the executor cuts the prompts): as ints they spare the
+    copy from the device, and give what the same bounds as a tensor give."""
+    _, x = case
+    by_ints, by_tensor = x.state.clone(), x.state.clone()
+    o_ints = ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, by_ints, [0, 3, 7], scale=x.scale)
+    o_tensor = ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, by_tensor, torch.tensor([0, 3, 7]), scale=x.scale)
+    assert torch.equal(o_ints, o_tensor) and torch.equal(by_ints, by_tensor)
+    assert not torch.equal(by_ints, x.state)
 
 
 def test_trees_deeper_than_the_kernels_are_refused_on_every_device(gen):

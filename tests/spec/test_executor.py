@@ -96,6 +96,20 @@ def test_a_long_prompt_prefills_a_piece_a_step_while_the_running_requests_decode
     assert [short.output_ids, long.output_ids] == [r.output_ids for r in expected]  # plain greedy, each
 
 
+def test_the_prefill_forwards_read_no_value_of_a_tensor(config):
+    """A step's prefill forwards (the target's and the MTP head's) run unchecked: the executor built their
+    slots, block tables and lengths. Under torch's FakeTensorMode, where reading a tensor's value raises,
+    they run through (on a GPU each such read would wait for the device)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    executor = Executor(random_model(config, seed=3), BoleConfig(mode="bole"), max_batch_size=2)
+    requests = [executor.submit(p, SamplingParams(max_tokens=4)) for p in PROMPTS[:2]]
+    executor.scheduler.admit(2)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        hidden, logits = executor._prefill_round(requests, [(0, 0, 5), (1, 0, 1)])
+    assert hidden.shape[0] == 6 and logits.shape == (2, config.vocab_size)
+
+
 def run_to_max_seq_len(model_of, mode: str, monkeypatch) -> list:
     """Two requests run into max_seq_len = 32; every step checks that each request's KV blocks hold its
     context and a whole tree past it (where the last steps' drafts are written)."""

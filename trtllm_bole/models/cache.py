@@ -12,6 +12,7 @@ Ownership: the executor owns slot and block allocation and advances ``context_le
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import torch
 
 from trtllm_bole import ops
 from trtllm_bole.models.config import Qwen35Config
+from trtllm_bole.transfer import device_tensor
 from trtllm_bole.tree import TreeBatch
 
 NO_BLOCK = -1
@@ -48,16 +50,25 @@ class StepContext:
     ``slots`` int ``[B]``: state slot of each request; ``block_tables`` int32 ``[B, max_blocks]``
     (:data:`NO_BLOCK` past a request's own blocks);
     ``context_lens`` int ``[B]``: tokens already committed to the caches; ``tree``: the new tokens as
-    a packed forest (prefill = one chain per request, decode = one node per request).
+    a packed forest (prefill = one chain per request, decode = one node per request);
+    ``chain_lengths``: the chains' lengths on the host, set by :meth:`chains` (a prefill reads its prompt
+    bounds from them instead of from the device).
     """
 
     slots: torch.Tensor
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     tree: TreeBatch
+    chain_lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         b = self.tree.num_requests
+        lengths = self.chain_lengths
+        if lengths is not None and (len(lengths) != b or sum(lengths) != self.tree.num_nodes):
+            raise ValueError(
+                f"chain_lengths {list(lengths)} must give each of the tree's {b} requests its length, "
+                f"{self.tree.num_nodes} nodes in all"
+            )
         for name, t, dims in (
             ("slots", self.slots, 1),
             ("context_lens", self.context_lens, 1),
@@ -70,15 +81,13 @@ class StepContext:
             if t.device != self.tree.parents.device:
                 raise ValueError(f"{name} is on {t.device} but the tree is on {self.tree.parents.device}")
 
-    def last_of_chains(self) -> torch.Tensor:
-        """Packed index of each request's last node, after checking that every tree is a chain."""
-        tree = self.tree
-        local = torch.arange(tree.num_nodes, device=tree.parents.device) - tree.cu_seqlens[:-1][tree.request]
-        if not torch.equal(tree.parents, local - 1):
-            raise ValueError(
-                "prefill takes one chain per request (parents[i] == i - 1); use StepContext.chains"
-            )
-        return tree.cu_seqlens[1:] - 1
+    def chain_bounds(self) -> tuple[tuple[int, ...], torch.Tensor]:
+        """A prefill's chains: their bounds (``cu_seqlens``, host ints) and each one's last node (local
+        index, on the device), both from :attr:`chain_lengths`, so nothing waits for the device."""
+        if self.chain_lengths is None:
+            raise ValueError("prefill takes one chain per request: build its context with StepContext.chains")
+        leaves = device_tensor([n - 1 for n in self.chain_lengths], self.slots.device)
+        return (0, *itertools.accumulate(self.chain_lengths)), leaves
 
     @classmethod
     def chains(
@@ -89,7 +98,8 @@ class StepContext:
         context_lens: torch.Tensor,
     ) -> StepContext:
         """One chain of ``lengths[b]`` new tokens per request (prefill, or a chain draft)."""
-        return cls(slots, block_tables, context_lens, TreeBatch.chains(lengths, device=slots.device))
+        tree = TreeBatch.chains(lengths, device=slots.device)
+        return cls(slots, block_tables, context_lens, tree, tuple(lengths))
 
     @classmethod
     def single_tokens(

@@ -96,11 +96,15 @@ class ForwardState:
     rows: torch.Tensor | None = None
     past_k: torch.Tensor | None = None
     past_v: torch.Tensor | None = None
-    # A prefill's prompt bounds (``cu_seqlens``) on the host: one copy a forward, where each GDN layer's
-    # ``ops.gdn_prefill`` would otherwise copy (and wait for the device) itself; and each prompt's last
-    # token (local index, on the device), the leaf its layers commit their caches to as they run.
-    prompt_bounds: torch.Tensor | None = None
+    # A prefill's prompt bounds (``cu_seqlens``) on the host, which each GDN layer's ``ops.gdn_prefill``
+    # would otherwise copy from the device (and wait for it); and each prompt's last token (local index,
+    # on the device), the leaf its layers commit their caches to as they run. Both from the host lengths
+    # of :meth:`StepContext.chains`.
+    prompt_bounds: tuple[int, ...] | None = None
     prompt_ends: torch.Tensor | None = None
+    # False: the caller built the slots, block tables and lengths (the executor), so the operators leave
+    # their values unchecked and a prefill never waits for the device.
+    check: bool = True
     conv_inputs: list[torch.Tensor] = field(default_factory=list)
     gdn_factors: list[ops.GDNTreeFactors] = field(default_factory=list)
     gdn_snapshots: list[torch.Tensor] = field(default_factory=list)
@@ -122,6 +126,7 @@ class ForwardState:
         rows: torch.Tensor | None = None,
         past_k: torch.Tensor | None = None,
         past_v: torch.Tensor | None = None,
+        check: bool = True,
     ) -> ForwardState:
         if gdn_mode not in GDN_MODES:
             raise ValueError(f"gdn_mode must be one of {GDN_MODES}, got {gdn_mode!r}")
@@ -129,11 +134,9 @@ class ForwardState:
         positions = ctx.context_lens.long()[tree.request] + tree.depth - 1
         if rows is not None:
             positions = positions[rows]
-        bounds = ends = None
-        if gdn_mode == "prefill":
-            bounds, ends = tree.cu_seqlens.cpu(), tree.cu_seqlens[1:] - tree.cu_seqlens[:-1] - 1
+        bounds, ends = ctx.chain_bounds() if gdn_mode == "prefill" else (None, None)
         return cls(ctx, *rope_cos_sin(positions, config, dtype), k_cache, v_cache, gdn_state, conv_state,
-                   gdn_mode, rows, past_k, past_v, bounds, ends)  # fmt: skip
+                   gdn_mode, rows, past_k, past_v, bounds, ends, check)  # fmt: skip
 
     @property
     def is_prefill(self) -> bool:
@@ -243,9 +246,8 @@ class GatedDeltaNet(_Mixer):
     def forward_tree(self, x: torch.Tensor, fs: ForwardState) -> torch.Tensor:
         ctx = fs.ctx
         qkv, z, b, a = self._project(x)
-        mixed = ops.tree_conv1d(
-            qkv, self.conv_weight, fs.conv_state[self.index], ctx.tree, state_indices=ctx.slots
-        )
+        mixed = ops.tree_conv1d(qkv, self.conv_weight, fs.conv_state[self.index], ctx.tree,
+                                state_indices=ctx.slots, check=fs.check)  # fmt: skip
         if fs.is_prefill:  # the conv has read the old state: each prompt's last inputs replace it
             ops.conv_state_commit(
                 fs.conv_state[self.index], qkv, ctx.tree, fs.prompt_ends, state_indices=ctx.slots, check=False
@@ -255,9 +257,8 @@ class GatedDeltaNet(_Mixer):
         q, k, v, g, beta = self._recurrence_inputs(mixed, b, a)
         state = fs.gdn_state[self.index]
         if fs.is_prefill:
-            o = ops.gdn_prefill(
-                q, k, v, g, beta, state, fs.prompt_bounds, scale=self.scale, state_indices=ctx.slots
-            )
+            o = ops.gdn_prefill(q, k, v, g, beta, state, fs.prompt_bounds, scale=self.scale,
+                                state_indices=ctx.slots, check=fs.check)  # fmt: skip
         elif fs.gdn_mode == "serial":
             o, snapshots = ops.gdn_tree_verify_serial(
                 q, k, v, g, beta, state, ctx.tree, scale=self.scale, state_indices=ctx.slots

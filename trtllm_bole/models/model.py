@@ -100,9 +100,9 @@ class Qwen35Model(EmptyInitModule):
     # Serving                                                                                 #
     # -------------------------------------------------------------------------------------- #
 
-    def _forward_tree(
-        self, input_ids: torch.Tensor, ctx: StepContext, gdn_mode: str
-    ) -> tuple[torch.Tensor, PendingCommit]:
+    def _forward_state(
+        self, input_ids: torch.Tensor, ctx: StepContext, gdn_mode: str, check: bool = True
+    ) -> ForwardState:
         cache = self.cache
         if cache is None:
             raise ValueError("no cache: call allocate_cache(num_slots, num_blocks, block_size) first")
@@ -111,29 +111,34 @@ class Qwen35Model(EmptyInitModule):
                 f"input_ids must be [N={ctx.tree.num_nodes}] (one token per tree node), got "
                 f"{tuple(input_ids.shape)}"
             )
-        fs = ForwardState.build(
+        return ForwardState.build(
             ctx, self.config, self.dtype, cache.k_cache, cache.v_cache,
-            gdn_state=cache.gdn_state, conv_state=cache.conv_state, gdn_mode=gdn_mode,
+            gdn_state=cache.gdn_state, conv_state=cache.conv_state, gdn_mode=gdn_mode, check=check,
         )  # fmt: skip
+
+    def _forward(self, input_ids: torch.Tensor, fs: ForwardState) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
         for layer in self.layers:
             x = layer(x, fs)
-        return ops.rms_norm(x, self.norm, self.config.rms_norm_eps), fs.pending()
+        return ops.rms_norm(x, self.norm, self.config.rms_norm_eps)
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompts ``input_ids [N]`` (``ctx.tree``: one chain per request, on top of ``context_lens``
-        committed tokens, 0 for a fresh request), written into the caches.
+    def prefill(
+        self, input_ids: torch.Tensor, ctx: StepContext, *, check: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts ``input_ids [N]`` (``ctx``: one chain per request, from :meth:`StepContext.chains`, on
+        top of ``context_lens`` committed tokens, 0 for a fresh request), written into the caches.
 
         Returns ``(hidden [N, h], logits [B, V])``, the logits at each prompt's last token. GDN runs
-        chunked (:func:`trtllm_bole.ops.gdn_prefill`), equal to the recurrence.
+        chunked (:func:`trtllm_bole.ops.gdn_prefill`), equal to the recurrence. ``check=False``: the
+        caller built the slots, block tables and lengths (the executor), so their values go unchecked and
+        nothing waits for the device.
         """
-        last = ctx.last_of_chains()
-        leaves = last - ctx.tree.cu_seqlens[:-1]
-        if self.config.attn_layer_ids and self.cache is not None:  # before the GDN layers update their state
-            ops.check_kv_room(self.cache.k_cache, ctx.tree, leaves, ctx.block_tables, ctx.context_lens)
-        hidden, _ = self._forward_tree(input_ids, ctx, "prefill")  # its layers wrote every cache: no commit
-        return hidden, self.logits(hidden[last])
+        fs = self._forward_state(input_ids, ctx, "prefill", check)
+        if check and self.config.attn_layer_ids:  # before the GDN layers update their state
+            ops.check_kv_room(fs.k_cache, ctx.tree, fs.prompt_ends, ctx.block_tables, ctx.context_lens)
+        hidden = self._forward(input_ids, fs)  # its layers wrote every cache: no commit
+        return hidden, self.logits(hidden[ctx.tree.cu_seqlens[1:] - 1])
 
     @torch.no_grad()
     def verify(
@@ -148,8 +153,9 @@ class Qwen35Model(EmptyInitModule):
         """
         if gdn_scheme not in ("bole", "serial"):
             raise ValueError(f"gdn_scheme must be 'bole' or 'serial', got {gdn_scheme!r}")
-        hidden, pending = self._forward_tree(input_ids, ctx, gdn_scheme)
-        return self.logits(hidden), hidden, pending
+        fs = self._forward_state(input_ids, ctx, gdn_scheme)
+        hidden = self._forward(input_ids, fs)
+        return self.logits(hidden), hidden, fs.pending()
 
     @torch.no_grad()
     def commit(self, pending: PendingCommit, accepted_leaf: torch.Tensor, *, check: bool = True) -> None:

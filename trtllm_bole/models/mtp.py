@@ -118,16 +118,17 @@ class MTPHead(EmptyInitModule):
 
     @torch.no_grad()
     def prefill(
-        self, hidden: torch.Tensor, token_ids: torch.Tensor, ctx: StepContext
+        self, hidden: torch.Tensor, token_ids: torch.Tensor, ctx: StepContext, *, check: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chains of rows written straight into the MTP cache (prompt, or the accepted path).
+        """Chains of rows (``ctx`` from :meth:`StepContext.chains`: a prompt's) written straight into the
+        MTP cache; ``check=False``: see :meth:`PendingCommit.commit`.
 
         Returns ``(mtp_hidden [N, h], logits [B, V])`` at each chain's last row.
         """
-        last = ctx.last_of_chains()
+        _, leaves = ctx.chain_bounds()
         mtp_hidden, pending = self._forward_tree(hidden, token_ids, ctx)
-        pending.commit(last - ctx.tree.cu_seqlens[:-1])
-        return mtp_hidden, F.linear(mtp_hidden[last], self.lm_head)
+        pending.commit(leaves, check=check)
+        return mtp_hidden, F.linear(mtp_hidden[ctx.tree.cu_seqlens[1:] - 1], self.lm_head)
 
     def forward_sequences(
         self, hidden: torch.Tensor, next_ids: torch.Tensor

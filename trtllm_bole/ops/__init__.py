@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Sequence
 
 import torch
 
@@ -283,35 +284,46 @@ def gdn_prefill(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-    cu_seqlens: torch.Tensor,
+    cu_seqlens: torch.Tensor | Sequence[int],
     *,
     scale: float | None = None,
     state_indices: torch.Tensor | None = None,
     chunk_size: int = 64,
+    check: bool = True,
 ) -> torch.Tensor:
     """Whole prompts (one chain per request) through the recurrence; ``state`` updated in place.
 
     Chunks of ``chunk_size`` tokens (1 to 64, the kernels' depth, on every device): each is a chain,
     verified in closed form and committed whole (on CUDA in one launch: each program walks its prompt's
-    chunks, :mod:`trtllm_bole.kernels.gdn_prefill`)."""
+    chunks, :mod:`trtllm_bole.kernels.gdn_prefill`). ``cu_seqlens``: the prompts' bounds ``[B + 1]``, a
+    tensor (copied to the host: the kernels chunk by them) or host ints. ``check=False``: the slot indices'
+    values go unchecked, so with host bounds nothing waits for the device."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(
             f"chunk_size must be an integer in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size!r}"
         )
-    if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
-        raise ValueError(
-            f"cu_seqlens must be an integer tensor [B + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
-        )
-    cu_seqlens = cu_seqlens.cpu()  # one copy to the host for the checks and the kernel's chunks
-    bounds = cu_seqlens.tolist()
+    bounds = _host_bounds(cu_seqlens)
     if len(bounds) < 2:
         raise ValueError(f"gdn_prefill needs at least one prompt (cu_seqlens [B + 1], B >= 1), got {bounds}")
     if bounds[0] != 0 or any(b <= a for a, b in itertools.pairwise(bounds)):
         raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {bounds}")
-    _check_gdn(q, k, v, g, beta, state, bounds[-1], len(bounds) - 1, state_indices)
+    _check_gdn(q, k, v, g, beta, state, bounds[-1], len(bounds) - 1, state_indices, values=check)
     return library.gdn_prefill(
-        q, k, v, g, beta, state, cu_seqlens, scale=scale, state_indices=state_indices, chunk_size=chunk_size
-    )
+        q, k, v, g, beta, state, torch.tensor(bounds), scale=scale, state_indices=state_indices,
+        chunk_size=chunk_size,
+    )  # fmt: skip
+
+
+def _host_bounds(cu_seqlens: torch.Tensor | Sequence[int]) -> list[int]:
+    if not isinstance(cu_seqlens, torch.Tensor):
+        if not all(isinstance(b, int) and not isinstance(b, bool) for b in cu_seqlens):
+            raise ValueError(f"cu_seqlens must hold integers, got {list(cu_seqlens)}")
+        return list(cu_seqlens)
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
+        raise ValueError(
+            f"cu_seqlens must be an integer tensor [B + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
+        )
+    return cu_seqlens.tolist()
 
 
 # ----------------------------------------------------------------------------------------- #
@@ -329,15 +341,19 @@ def tree_conv1d(
     bias: torch.Tensor | None = None,
     activation: str | None = "silu",
     state_indices: torch.Tensor | None = None,
+    check: bool = True,
 ) -> torch.Tensor:
     """Tree-aware depthwise causal conv1d (+ SiLU) over ``x [N, C]`` (BOLE.md §4).
 
     weight ``[C, W]``; conv_state ``[S, C, W - 1]``, the committed last inputs (oldest first), read-only.
+    ``check=False``: the slot indices' values go unchecked (nothing waits for the device).
     """
     tree = as_tree(parents, cu_seqlens)
     check_conv_shapes(x, weight, conv_state, bias, activation, tree)
     check_device(tree, x.device, weight=weight, conv_state=conv_state, bias=bias)
-    _check_slots(conv_state.shape[0], tree.num_requests, state_indices, x.device, what="conv_state")
+    _check_slots(
+        conv_state.shape[0], tree.num_requests, state_indices, x.device, values=check, what="conv_state"
+    )
     return library.tree_conv1d(
         x, weight, conv_state, *tree_args(tree), bias=bias, activation=activation, state_indices=state_indices
     )
@@ -484,6 +500,8 @@ def _check_gdn(
     n: int,
     num_requests: int,
     state_indices: torch.Tensor | None,
+    *,
+    values: bool = True,
 ) -> None:
     if q.dim() != 3 or k.shape != q.shape:
         raise ValueError(f"q and k must both be [N, H, dk], got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -508,7 +526,7 @@ def _check_gdn(
             raise ValueError(f"{name} is on {t.device} but state is on {state.device}")
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
-    _check_slots(state.shape[0], num_requests, state_indices, state.device)
+    _check_slots(state.shape[0], num_requests, state_indices, state.device, values=values)
 
 
 def _check_state_dtype(state: torch.Tensor) -> None:

@@ -305,7 +305,7 @@ class Executor:
                              for t in r.prompt_ids[start:stop]], device)  # fmt: skip
         starts = device_tensor([start for _, start, _ in pieces], device)
         ctx = StepContext.chains([stop - start for _, start, stop in pieces], slots, tables, starts)
-        hidden, logits = self.model.prefill(ids, ctx)
+        hidden, logits = self.model.prefill(ids, ctx, check=False)
         if self.bole.speculates:
             self._mtp_prefill(owners, pieces, hidden)
         return hidden, logits
@@ -329,7 +329,8 @@ class Executor:
         slots, tables = self._slots_and_tables([r for r, _ in chosen])
         starts = device_tensor([start for _, start in chosen], device)
         ctx = StepContext.chains([len(p) for p in rows], slots, tables, starts)
-        self.model.mtp.prefill(hidden[torch.cat(rows).to(device)], device_tensor(tokens, device), ctx)
+        picked = hidden[to_device(torch.cat(rows), device)]
+        self.model.mtp.prefill(picked, device_tensor(tokens, device), ctx, check=False)
 
     def _speculate(self, requests: list[Request]) -> list[StepEvent]:
         model, bole, device = self.model, self.bole, self.model.device
