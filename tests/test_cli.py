@@ -72,6 +72,18 @@ def test_generate_refuses_what_it_cannot_serve_in_one_line(tmp_path):
         assert done.stdout == ""
 
 
+def test_generate_counts_a_prompt_prefilled_in_pieces_as_its_forwards():
+    """Its summary line counts the target forwards: a 10-token prompt under a bound of 4 takes three
+    prefills, then plain decoding one step per token after the first."""
+    prompt = ",".join(str(t) for t in range(1, 11))
+    done = subprocess.run(
+        [sys.executable, "-m", "trtllm_bole", "generate", "--prompt-ids", prompt, "--mode", "ar",
+         "--max-tokens", "3", "--max-prefill-tokens", "4"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "target forwards 5 (prefill 3 + 2 steps)" in done.stderr, done.stderr
+
+
 def test_generate_into_a_closed_pipe_stops_quietly():
     done = subprocess.run(
         f"{sys.executable} -m trtllm_bole generate --max-tokens 64 | head -c 10",

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from trtllm_bole.spec.scheduler import MAX_PREFILL_TOKENS
+
 if TYPE_CHECKING:
     from trtllm_bole import LLM, SamplingParams
 
@@ -52,7 +54,8 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
             prompt = [int(t) for t in args.prompt_ids.split(",")]
         except ValueError:
             raise ValueError(f"--prompt-ids takes comma-separated integers: {args.prompt_ids!r}") from None
-    llm = LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype)
+    llm = LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype,
+              max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
     llm.encode(prompt)  # a text prompt needs the model's tokenizer: say so before anything streams
     return llm, prompt, params
 
@@ -69,7 +72,10 @@ def _stream(args: argparse.Namespace, llm: LLM, prompt: str | list[int], params:
         print(f"\nerror: {last.error if last else 'no output'}", file=sys.stderr)
         return 1
     s = last.stats
-    forwards = f"target forwards {s.steps + 1} (prefill + {s.steps} step{'' if s.steps == 1 else 's'})"
+    forwards = (
+        f"target forwards {s.prefills + s.steps} (prefill {s.prefills} + {s.steps} "
+        f"step{'' if s.steps == 1 else 's'})"
+    )
     print(
         f"\n\n[{args.mode}] finish: {last.outputs[0].finish_reason}; {forwards}; "
         f"drafted {s.drafted}, accepted by verification {s.accepted} (rate {s.acceptance_rate:.2f}; the last "
@@ -106,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=0, help="0: off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1: off")
     gen.add_argument("--seed", type=int, default=None, help="a sampled request's seed")
+    gen.add_argument(
+        "--max-prefill-tokens", type=int, default=MAX_PREFILL_TOKENS,
+        help="prompt tokens a target forward prefills at most (a longer prompt takes several)",
+    )  # fmt: skip
     gen.add_argument("--device", default="cpu", help="cpu or cuda")
     gen.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16"],

@@ -549,6 +549,13 @@ MUTANTS = [
         ["tests/spec/test_executor.py::test_the_prefill_forwards_read_no_value_of_a_tensor"],
     ),
     Mutant(
+        "PF7",
+        "trtllm_bole/spec/executor.py",
+        "            r.stats.prefills += 1\n",
+        "",
+        ["tests/spec/test_executor.py", "tests/test_cli.py"],
+    ),
+    Mutant(
         "PF8",
         "trtllm_bole/models/layers.py",
         "state_indices=ctx.slots, check=fs.check)  # fmt: skip\n        if fs.is_prefill:",
@@ -1451,8 +1458,8 @@ MUTANTS = [
     Mutant(
         "SV7",
         "trtllm_bole/serving/engine.py",
-        "SpecStats(r.stats.steps, r.stats.drafted, r.stats.accepted)",
-        "SpecStats(r.stats.steps, r.stats.accepted, r.stats.drafted)",
+        "replace(r.stats),  # a copy",
+        "replace(r.stats, drafted=r.stats.accepted),  # a copy",
         ["tests/serving/test_serving_engine.py", "tests/server"],
     ),
     Mutant(

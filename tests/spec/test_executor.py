@@ -90,6 +90,7 @@ def test_a_long_prompt_prefills_a_piece_a_step_while_the_running_requests_decode
         assert len(long.output_ids) == (1 if step == 3 else 0), step
     while executor.has_unfinished:
         executor.step()
+    assert (short.stats.prefills, long.stats.prefills) == (1, 4)  # the CLI counts its target forwards so
     alone = Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=1)
     cases = (([3, 1, 4], 30), (long_prompt, 5))
     expected = [run(alone, [prompt], SamplingParams(max_tokens=n))[0] for prompt, n in cases]

@@ -18,7 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -254,7 +254,7 @@ class ServingEngine:
             finished,
             r.finish_reason if finished else None,
             r.error if finished else None,
-            SpecStats(r.stats.steps, r.stats.drafted, r.stats.accepted),
+            replace(r.stats),  # a copy: the request's own goes on counting
         )
 
     def _deliver(self, live: _Live, update: Update) -> None:

@@ -275,6 +275,7 @@ class Executor:
         for k, (i, _, stop) in enumerate(pieces):
             r = requests[i]
             r.context_len = stop
+            r.stats.prefills += 1
             if stop < len(r.prompt_ids):
                 continue
             seed = r.params.seed

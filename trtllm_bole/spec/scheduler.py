@@ -27,6 +27,7 @@ class SpecStats:
     steps: int = 0  # target forwards (verify steps) after prefill
     drafted: int = 0  # draft tokens verified (tree nodes minus the pending token)
     accepted: int = 0  # draft tokens verification accepted (the last step's may pass a stop or max_tokens)
+    prefills: int = 0  # target forwards that prefilled the prompt (one a piece of max_prefill_tokens)
 
     @property
     def mean_accepted_tokens(self) -> float:
