@@ -1460,7 +1460,11 @@ MUTANTS = [
         "trtllm_bole/serving/engine.py",
         "replace(r.stats),  # a copy",
         "replace(r.stats, drafted=r.stats.accepted),  # a copy",
-        ["tests/serving/test_serving_engine.py", "tests/server"],
+        [
+            "tests/serving/test_serving_engine_updates.py",
+            "tests/serving/test_serving_engine.py",
+            "tests/server",
+        ],
     ),
     Mutant(
         "SV8",
