@@ -1,5 +1,6 @@
 """Every bad input to the public ops is a ValueError that says what was wrong."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -216,7 +217,7 @@ def test_prefill_takes_its_bounds_as_a_tensor_or_as_host_ints(case):
     copy from the device, and give what the same bounds as a tensor give."""
     _, x = case
     by_ints, by_tensor = x.state.clone(), x.state.clone()
-    o_ints = ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, by_ints, [0, 3, 7], scale=x.scale)
+    o_ints = ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, by_ints, (0, 3, np.int64(7)), scale=x.scale)
     o_tensor = ops.gdn_prefill(x.q, x.k, x.v, x.g, x.beta, by_tensor, torch.tensor([0, 3, 7]), scale=x.scale)
     assert torch.equal(o_ints, o_tensor) and torch.equal(by_ints, by_tensor)
     assert not torch.equal(by_ints, x.state)

@@ -22,6 +22,7 @@ Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 from __future__ import annotations
 
 import itertools
+import numbers
 import weakref
 from collections.abc import Sequence
 
@@ -316,9 +317,9 @@ def gdn_prefill(
 
 def _host_bounds(cu_seqlens: torch.Tensor | Sequence[int]) -> list[int]:
     if not isinstance(cu_seqlens, torch.Tensor):
-        if not all(isinstance(b, int) and not isinstance(b, bool) for b in cu_seqlens):
+        if not all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in cu_seqlens):
             raise ValueError(f"cu_seqlens must hold integers, got {list(cu_seqlens)}")
-        return list(cu_seqlens)
+        return [int(b) for b in cu_seqlens]
     if cu_seqlens.dim() != 1 or cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
         raise ValueError(
             f"cu_seqlens must be an integer tensor [B + 1], got {cu_seqlens.dtype} {tuple(cu_seqlens.shape)}"
