@@ -1,7 +1,7 @@
 """Start a real Triton Inference Server (the ``tritonserver`` bundled in the nvidia-pytriton wheel)
 serving the Bole model, wait until it is ready, print the endpoints, and stop it on SIGTERM/SIGINT::
 
-    python triton_server/launch.py                        # embedded tiny model, CPU, ports 8000/8001
+    python triton_server/launch.py                        # embedded tiny model, CPU, ports 8000/8001/8002
     python triton_server/launch.py --engine-dir DIR --http-port 0 --grpc-port 0   # 0: any free port
 
 It fills a fresh model repository from ``model_repository_template/`` (``--model-repository`` serves
@@ -24,6 +24,9 @@ is with ``--model-repository``; such a repository that sets none is not drained)
 requests, lets those in flight run for up to that many seconds, then ends the rest with an
 UNAVAILABLE error ("the serving engine shut down"), and Triton stops. The exit code is 0 when
 tritonserver stopped by itself with 0, non-zero when it failed or had to be killed.
+
+Metrics: Triton's Prometheus endpoint on ``--metrics-port`` (default 8002; -1: none) serves Triton's own
+``nv_inference_*`` and the model's ``bole_*`` (:mod:`trtllm_bole.serving.metrics`).
 """
 
 from __future__ import annotations
@@ -142,13 +145,18 @@ def server_command(
     root: Path,
     server_dir: Path,
     repository: Path,
-    ports: tuple[int, int],
+    ports: tuple[int, int, int | None],
     *,
     log_verbose: int,
     shm_prefix: str,
     exit_timeout: int,
 ) -> list[str]:
-    http_port, grpc_port = ports
+    http_port, grpc_port, metrics_port = ports
+    metrics = (
+        ["--allow-metrics=false"]
+        if metrics_port is None
+        else ["--allow-metrics=true", "--metrics-address=127.0.0.1", f"--metrics-port={metrics_port}"]
+    )
     return [
         str(root / "bin" / "tritonserver"),
         f"--model-repository={repository}",
@@ -157,7 +165,7 @@ def server_command(
         "--grpc-address=127.0.0.1",
         f"--http-port={http_port}",
         f"--grpc-port={grpc_port}",
-        "--allow-metrics=false",
+        *metrics,
         "--allow-gpu-metrics=false",
         "--pinned-memory-pool-byte-size=0",
         "--cuda-memory-pool-byte-size=0:0",
@@ -239,6 +247,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--instance-kind", default="KIND_CPU", choices=["KIND_CPU", "KIND_GPU"])
     p.add_argument("--http-port", type=int, default=8000, help="0: any free port")
     p.add_argument("--grpc-port", type=int, default=8001, help="0: any free port")
+    p.add_argument(
+        "--metrics-port", type=int, default=8002, help="Prometheus metrics; 0: any free port, -1: none"
+    )
     p.add_argument("--model-repository", type=Path, default=None, help="serve this filled repository as is")
     p.add_argument("--workdir", type=Path, default=None, help="where to write the repository (default: temp)")
     p.add_argument("--server-env", type=Path, default=None,
@@ -318,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     if repository is None:
         drain_file = (workdir / "drain").resolve()  # the model's process has another working directory
         repository = make_repository(workdir / "model_repository", template_values(args, drain_file))
-    ports = (args.http_port or free_port(), args.grpc_port or free_port())
+    metrics_port = None if args.metrics_port < 0 else args.metrics_port or free_port()
+    ports = (args.http_port or free_port(), args.grpc_port or free_port(), metrics_port)
     shm_prefix = f"bole{os.getpid()}_"
     exit_timeout = math.ceil(args.drain_grace) + 10  # Triton's wait for in-flight requests
     command = server_command(root, server_dir, repository, ports, log_verbose=args.log_verbose,
@@ -338,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 def serve(
     command: list[str],
     env: dict[str, str],
-    ports: tuple[int, int],
+    ports: tuple[int, int, int | None],
     repository: Path,
     ready_timeout: float,
     *,
@@ -347,7 +359,7 @@ def serve(
 ) -> int:
     """Run the server until it exits or we are told to stop (then drain and stop it); its exit code,
     1 if it had to be killed."""
-    http_port, grpc_port = ports
+    http_port, grpc_port, metrics_port = ports
     process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
     stopping = False
 
@@ -364,7 +376,8 @@ def serve(
         print(
             f"tritonserver ready in {seconds:.1f} s (pid {process.pid}); model {MODEL!r} from {repository}\n"
             f"  gRPC  127.0.0.1:{grpc_port}\n"
-            f"  HTTP  http://127.0.0.1:{http_port}/v2/models/{MODEL}/generate (and /generate_stream)",
+            f"  HTTP  http://127.0.0.1:{http_port}/v2/models/{MODEL}/generate (and /generate_stream)"
+            + ("" if metrics_port is None else f"\n  metrics  http://127.0.0.1:{metrics_port}/metrics"),
             flush=True,
         )
         process.wait()

@@ -2,6 +2,7 @@
 over HTTP: exact greedy tokens, batched concurrency, cancellation, bad input, clean shutdown."""
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -96,6 +97,53 @@ def test_grpc_stream_with_token_ids(server, llm):
     expected = llm.generate([ids], SamplingParams(max_tokens=16), use_tqdm=False)[0].outputs[0]
     got = generate(server.grpc_url, ids=ids, max_tokens=16)
     assert got["ids"] == expected.token_ids
+
+
+def bole_samples(server) -> dict[tuple[str, str], float]:
+    """The engine's samples on Triton's metrics endpoint, by (family, its label's value)."""
+    from trtllm_bole.serving.metrics import FAMILIES
+
+    label = {f.name: f.label for f in FAMILIES}
+    found = {}
+    for line in server.metrics().splitlines():
+        if match := re.fullmatch(r"(bole_\w+)\{([^}]*)\} (\S+)", line):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match[2]))
+            assert (labels["model"], labels["version"]) == ("bole", "1"), line
+            found[match[1], labels[label[match[1]]]] = float(match[3])
+    return found
+
+
+def test_metrics_count_a_requests_tokens_and_drafts(server, llm):
+    """Triton's metrics endpoint serves its own request counters and every sample of the engine's
+    families; once a request has ended its tokens and drafts are in the totals and its KV blocks free."""
+    from trtllm_bole.serving.engine import EngineStats
+    from trtllm_bole.serving.metrics import samples
+
+    before = bole_samples(server)
+    assert before.keys() == samples(EngineStats()).keys()
+    assert before["bole_request_metrics", "max"] == MAX_BATCH
+    got = generate(server.grpc_url, PROMPTS[3], max_tokens=16)
+    final = got["final"]
+
+    def grown(family: str, value: str) -> float:
+        return after[family, value] - before[family, value]
+
+    deadline = time.monotonic() + 10  # the model publishes every second
+    while (after := bole_samples(server))["bole_finished_requests", "length"] == before[
+        "bole_finished_requests", "length"
+    ]:
+        assert time.monotonic() < deadline, "the request's end never reached the metrics"
+        time.sleep(0.2)
+    assert grown("bole_token_metrics", "generated") == len(got["ids"]) == 16
+    assert grown("bole_token_metrics", "prompt") == len(llm.encode(PROMPTS[3]))
+    assert grown("bole_spec_decode_metrics", "draft_tokens") == final.stats["total_draft_tokens"] > 0
+    assert (
+        grown("bole_spec_decode_metrics", "accepted_draft_tokens")
+        == final.stats["total_accepted_draft_tokens"]
+    )
+    assert grown("bole_iteration_metrics", "steps") >= grown("bole_spec_decode_metrics", "verify_steps") > 0
+    assert after["bole_kv_cache_block_metrics", "used"] == after["bole_request_metrics", "active"] == 0
+    assert 'nv_inference_request_success{model="bole",version="1"}' in server.metrics()
 
 
 def test_sixteen_concurrent_streams_are_batched(server, llm):

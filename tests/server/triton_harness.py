@@ -30,6 +30,7 @@ class Server:
     process: subprocess.Popen
     http_port: int
     grpc_port: int
+    metrics_port: int
     log: Path
     ready_s: float = 0.0
 
@@ -40,6 +41,11 @@ class Server:
     @property
     def http_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    def metrics(self) -> str:
+        """Triton's Prometheus endpoint, as text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            return response.read().decode()
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -64,14 +70,14 @@ def free_port() -> int:
 def start_server(workdir: Path, args: list[str], timeout: float = 120.0) -> Server:
     # The stub's NumPy-1 environment is made once, outside the timed start.
     subprocess.run([sys.executable, str(LAUNCH), "--prepare-only"], check=True, timeout=600)
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     log = workdir / "server.log"
     command = [sys.executable, str(LAUNCH), "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-               "--workdir", str(workdir), *args]  # fmt: skip
+               "--metrics-port", str(metrics_port), "--workdir", str(workdir), *args]  # fmt: skip
     start = time.monotonic()
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    server = Server(process, http_port, grpc_port, log)
+    server = Server(process, http_port, grpc_port, metrics_port, log)
     while not server.ready():
         if process.poll() is not None or time.monotonic() - start > timeout:
             stop_server(server)

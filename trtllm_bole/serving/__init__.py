@@ -1,6 +1,6 @@
-"""Serving: a thread-safe engine around the executor, and the request/response tensors of the Triton
-model (``triton_server/``), kept here so that they are tested without a server."""
+"""Serving: a thread-safe engine around the executor, the request/response tensors and the metrics of
+the Triton model (``triton_server/``), kept here so that they are tested without a server."""
 
-from trtllm_bole.serving.engine import ServingEngine, TextDelta, Update, close_on_drain_file
+from trtllm_bole.serving.engine import EngineStats, ServingEngine, TextDelta, Update, close_on_drain_file
 
-__all__ = ["ServingEngine", "TextDelta", "Update", "close_on_drain_file"]
+__all__ = ["EngineStats", "ServingEngine", "TextDelta", "Update", "close_on_drain_file"]

@@ -6,7 +6,8 @@ only one that touches the executor (which is not thread-safe): it starts the que
 those whose ``is_cancelled`` predicate turns true, runs :meth:`Executor.step` while there is work (every
 running request advances in the same batched step: continuous batching), and hands each request's
 committed tokens to its callback as an :class:`Update`. With nothing to do it sleeps on a condition
-variable.
+variable. After each step it publishes an :class:`EngineStats` snapshot (:meth:`ServingEngine.stats`),
+which the Triton model turns into metrics.
 """
 
 from __future__ import annotations
@@ -51,6 +52,33 @@ class Update:
 
 OnUpdate = Callable[[Update], None]
 
+FINISH_REASONS = ("length", "stop", "abort", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The engine as its thread last saw it (after each step), for metrics
+    (:mod:`trtllm_bole.serving.metrics`): the batch and the KV cache now, and totals since the engine
+    started, a request's counted when it ends."""
+
+    iterations: int = 0  # executor steps run
+    active: int = 0  # requests in the batch: prefilling or decoding
+    waiting: int = 0  # submitted, not in the batch yet (no free slot or KV blocks, or not picked up yet)
+    max_batch_size: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_max: int = 0
+    kv_tokens_per_block: int = 0
+    finished_length: int = 0  # requests ended, by finish reason
+    finished_stop: int = 0
+    finished_abort: int = 0
+    finished_error: int = 0
+    prompt_tokens: int = 0  # of the requests ended
+    generated_tokens: int = 0
+    draft_tokens: int = 0  # verified (SpecStats.drafted)
+    accepted_draft_tokens: int = 0
+    verify_steps: int = 0  # target forwards that verified drafts (SpecStats.steps)
+    prefill_forwards: int = 0
+
 
 @dataclass(slots=True, eq=False)
 class _Live:
@@ -86,6 +114,10 @@ class ServingEngine:
         self._keys = itertools.count()
         self._closing = False
         self._deadline = 0.0  # closing: when the requests still running are aborted (time.monotonic)
+        self._totals: dict[str, int] = {}  # EngineStats' totals; engine thread only
+        self._iterations = 0
+        self._stats = EngineStats(max_batch_size=executor.max_batch_size)
+        self._publish()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -142,6 +174,10 @@ class ServingEngine:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def stats(self) -> EngineStats:
+        """What the engine thread last published: after each step, and when it stops."""
+        return self._stats
+
     # ------------------------------------------------------------------------------------ #
     # Engine thread                                                                         #
     # ------------------------------------------------------------------------------------ #
@@ -160,6 +196,7 @@ class ServingEngine:
             queued = [live for live, _, _ in inbox]
             for live in queued + list(self._live.values()):
                 self._end(live, reason, error)
+            self._publish()
 
     def _serve(self) -> None:
         while True:
@@ -175,6 +212,41 @@ class ServingEngine:
             self._poll_cancellations()
             if self.executor.has_unfinished:
                 self._step()
+                self._iterations += 1
+            self._publish()
+
+    def _publish(self) -> None:
+        """A new :class:`EngineStats` (one reference assignment: readers on other threads see the old
+        snapshot or the new one, never a mix)."""
+        scheduler = self.executor.scheduler
+        blocks = scheduler.blocks
+        self._stats = EngineStats(
+            iterations=self._iterations,
+            active=len(scheduler.running),
+            waiting=len(scheduler.waiting) + len(self._inbox),
+            max_batch_size=self.executor.max_batch_size,
+            kv_blocks_used=blocks.num_blocks - blocks.num_free,
+            kv_blocks_max=blocks.num_blocks,
+            kv_tokens_per_block=blocks.block_size,
+            **self._totals,
+        )
+
+    def _count(self, reason: str, request: Request | None = None) -> None:
+        """Add an ended request to the totals (``request``: None where it never reached the executor)."""
+        totals = self._totals
+        totals[f"finished_{reason}"] = totals.get(f"finished_{reason}", 0) + 1
+        if request is None:
+            return
+        stats = request.stats
+        for name, value in (
+            ("prompt_tokens", len(request.prompt_ids)),
+            ("generated_tokens", len(request.output_ids)),
+            ("draft_tokens", stats.drafted),
+            ("accepted_draft_tokens", stats.accepted),
+            ("verify_steps", stats.steps),
+            ("prefill_forwards", stats.prefills),
+        ):
+            totals[name] = totals.get(name, 0) + value
 
     def _end(self, live: _Live, reason: str, error: str) -> None:
         """Finish ``live`` for a failure or the shutdown: finished in the executor (unless it already
@@ -187,6 +259,7 @@ class ServingEngine:
         except Exception:
             traceback.print_exc(file=sys.stderr)
             self._live.pop(live.key, None)
+        self._count(reason)
         self._deliver(live, Update(live.key, [], "", True, reason, error))
 
     def _start(self, live: _Live, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -194,6 +267,7 @@ class ServingEngine:
             live.request = self.executor.submit(prompt_ids, params)
         except Exception as e:  # refused (ValueError) or a bug: either way only this request fails
             message = str(e) if isinstance(e, ValueError) else f"submission failed: {e!r}"
+            self._count("error")
             self._deliver(live, Update(live.key, [], "", True, "error", message))
             return
         self._live[live.key] = live
@@ -240,6 +314,7 @@ class ServingEngine:
     def _finish(self, live: _Live) -> None:
         del self._live[live.key]
         del self._by_request[live.request.request_id]
+        self._count(live.request.finish_reason, live.request)
         self._deliver(live, self._update(live, finished=True))
 
     def _update(self, live: _Live, *, finished: bool) -> Update:
@@ -269,6 +344,7 @@ class ServingEngine:
                 self.executor.abort(live.request)
                 del self._live[live.key]
                 del self._by_request[live.request.request_id]
+                self._count("abort", live.request)
                 error = f"the request's reply failed ({type(e).__name__}: {e}); it was aborted"
                 final = Update(live.key, [], "", True, "error", error, update.stats)
                 with contextlib.suppress(Exception):

@@ -5,16 +5,19 @@ batching on its own thread) and returns at once; the engine's callbacks send eac
 through the request's response sender (decoupled mode) and the final flag with the last one. Bad
 requests get an error response; client cancellation aborts the request and frees its slot. When
 the launcher stops the server it writes the drain file: requests in flight get a grace period, then
-an UNAVAILABLE error, so that Triton can unload the model.
+an UNAVAILABLE error, so that Triton can unload the model. The engine's metrics
+(:mod:`trtllm_bole.serving.metrics`) go to Triton's metrics endpoint, brought up to date every second.
 """
 
 import json
+import threading
 import traceback
 
 import triton_python_backend_utils as pb_utils
 
 from trtllm_bole import LLM
 from trtllm_bole.serving import ServingEngine, close_on_drain_file
+from trtllm_bole.serving.metrics import COUNTER, FAMILIES, GAUGE, updates
 from trtllm_bole.serving.protocol import (
     INPUT_NAMES,
     Reply,
@@ -46,6 +49,15 @@ class TritonPythonModel:
         drain = drain_file(parameters)
         if drain is not None:  # the launcher's way to end requests in flight when it stops the server
             close_on_drain_file(self.engine, drain)
+        # Metrics must never keep the model from serving (under --allow-metrics=false the backend takes
+        # them and publishes nothing).
+        try:
+            self.metrics = Metrics(
+                self.engine, {"model": args["model_name"], "version": args["model_version"]}
+            )
+        except Exception as e:
+            self.metrics = None
+            pb_utils.Logger.log_warn(f"bole: no metrics published ({e})")
         bole = self.llm.speculative_config
         pb_utils.Logger.log_info(
             f"bole: serving {self.llm.model_dir} on {kwargs['device']}, mode {bole.mode} "
@@ -101,6 +113,51 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+class Metrics:
+    """The engine's metrics as the Python backend's custom metrics, brought up to date every ``interval``
+    seconds by a daemon thread, and once more when it closes."""
+
+    def __init__(self, engine: ServingEngine, labels: dict[str, str], interval: float = 1.0) -> None:
+        kinds = {GAUGE: pb_utils.MetricFamily.GAUGE, COUNTER: pb_utils.MetricFamily.COUNTER}
+        self._families = [
+            pb_utils.MetricFamily(name=f.name, description=f.description, kind=kinds[f.kind])
+            for f in FAMILIES
+        ]
+        self._metrics = {
+            (f.name, value): family.Metric(labels={**labels, f.label: value})
+            for f, family in zip(FAMILIES, self._families, strict=True)
+            for value in f.samples
+        }
+        self._engine, self._published = engine, None
+        self._publish()  # before the server reports ready
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), name="bole-metrics", daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self._publish()
+
+    def _publish(self) -> None:
+        now = self._engine.stats()
+        for name, value, how, amount in updates(self._published, now):
+            metric = self._metrics[name, value]
+            if how == "set":
+                metric.set(amount)
+            else:
+                metric.increment(amount)
+        self._published = now
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._publish()
+        self._metrics.clear()  # every Metric before its MetricFamily (the backend's rule)
+        self._families.clear()
 
 
 def _send(sender, reply: Reply) -> None:

@@ -1,0 +1,103 @@
+"""The serving engine's metrics: the snapshot its thread publishes, and the moves that bring Prometheus
+samples from one snapshot to the next (the Triton model applies them; tests/server scrapes them)."""
+
+import dataclasses
+
+import pytest
+
+from tests.serving.test_serving_engine import PROMPTS, Collector, make_executor, until
+from trtllm_bole.config import SamplingParams
+from trtllm_bole.serving import ServingEngine
+from trtllm_bole.serving.engine import EngineStats
+from trtllm_bole.serving.metrics import COUNTER, FAMILIES, GAUGE, samples, updates
+
+
+def test_the_engine_publishes_its_batch_its_cache_and_the_totals_of_the_requests_ended():
+    """Totals are the ended requests' own (tokens, drafts, steps), every finish reason counted, a request
+    refused at submission too; once all have ended the batch is empty and every KV block free."""
+    executor = make_executor(max_batch_size=2)
+    blocks = executor.scheduler.blocks
+    engine = ServingEngine(executor)
+    assert engine.stats() == EngineStats(
+        max_batch_size=2, kv_blocks_max=blocks.num_blocks, kv_tokens_per_block=blocks.block_size
+    )
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    collectors = [Collector() for _ in range(5)]
+    for prompt, got in zip(PROMPTS[:3], collectors, strict=False):
+        engine.submit(prompt, params, got)
+    engine.submit([], params, collectors[3])  # finished at submission: an empty prompt
+    engine.submit([1], SamplingParams(stop=["x"]), collectors[4])  # refused: stop strings, no tokenizer
+    finals = [c.final for c in collectors]
+    assert until(lambda: engine.stats().finished_length == 3)
+    stats = engine.stats()
+    engine.close()
+    ended = [f.stats for f in finals[:3]]
+    assert [f.finish_reason for f in finals] == ["length"] * 3 + ["error"] * 2
+    assert (stats.finished_stop, stats.finished_abort, stats.finished_error) == (0, 0, 2)
+    assert stats.prompt_tokens == sum(map(len, PROMPTS[:3])) and stats.generated_tokens == 30
+    assert stats.draft_tokens == sum(s.drafted for s in ended) > stats.accepted_draft_tokens
+    assert stats.accepted_draft_tokens == sum(s.accepted for s in ended)
+    assert stats.verify_steps == sum(s.steps for s in ended) and stats.prefill_forwards == 3
+    assert (stats.active, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
+    assert stats.iterations >= max(s.steps for s in ended) + 1  # two requests at most a step: some waited
+
+
+def test_a_busy_engine_reports_its_batch_and_the_blocks_it_holds():
+    executor = make_executor(max_batch_size=2)
+    engine = ServingEngine(executor)
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    collectors = [Collector() for _ in range(3)]
+    keys = [engine.submit(p, params, c) for p, c in zip(PROMPTS, collectors, strict=False)]
+    assert until(lambda: engine.stats().active == 2 and engine.stats().waiting == 1)
+    stats = engine.stats()
+    assert stats.kv_blocks_used == sum(len(r.blocks) for r in executor.scheduler.running) > 0
+    engine.close()  # aborts all three
+    assert engine.stats().finished_abort == len(keys) == 3
+
+
+def test_a_request_whose_consumer_fails_is_counted_as_aborted():
+    """The engine aborts a request whose consumer raises (a vanished client), and counts it so."""
+    engine = ServingEngine(make_executor())
+    seen = []
+
+    def gone(update):
+        seen.append(update)
+        if len(seen) == 2:
+            raise ConnectionError("client vanished")
+
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=50, ignore_eos=True), gone)
+    assert until(lambda: engine.stats().finished_abort == 1)
+    stats = engine.stats()
+    engine.close()
+    assert seen[-1].finish_reason == "error" and len(seen) == 3  # told so in a final update
+    assert stats.generated_tokens == sum(len(u.token_ids) for u in seen) > 0  # what it got before
+
+
+def test_samples_cover_every_stat_under_its_family():
+    families = {f.name: f for f in FAMILIES}
+    assert len(families) == len(FAMILIES) and {f.kind for f in FAMILIES} == {GAUGE, COUNTER}
+    stats = EngineStats(**{f.name: i + 1 for i, f in enumerate(dataclasses.fields(EngineStats))})
+    values = samples(stats)
+    published = {field for f in FAMILIES for field in f.samples.values()}
+    assert published - {"kv_blocks_free"} == {f.name for f in dataclasses.fields(EngineStats)}
+    assert values["bole_kv_cache_block_metrics", "free"] == stats.kv_blocks_max - stats.kv_blocks_used
+    assert values["bole_spec_decode_metrics", "draft_tokens"] == stats.draft_tokens
+    assert values["bole_finished_requests", "error"] == stats.finished_error
+
+
+def test_updates_set_gauges_and_grow_counters_by_their_growth():
+    first = EngineStats(active=2, max_batch_size=4, kv_blocks_used=3, kv_blocks_max=10, draft_tokens=5)
+    moves = updates(None, first)
+    assert ("bole_request_metrics", "active", "set", 2) in moves
+    assert ("bole_kv_cache_block_metrics", "free", "set", 7) in moves
+    assert ("bole_spec_decode_metrics", "draft_tokens", "increment", 5) in moves
+    assert not [m for m in moves if m[2] == "increment" and m[3] == 0]  # counters that did not grow
+    later = dataclasses.replace(first, active=1, draft_tokens=12, iterations=3)
+    moves = updates(first, later)
+    assert ("bole_request_metrics", "active", "set", 1) in moves
+    assert [m for m in moves if m[2] == "increment"] == [
+        ("bole_iteration_metrics", "steps", "increment", 3),
+        ("bole_spec_decode_metrics", "draft_tokens", "increment", 7),
+    ]
+    with pytest.raises(ValueError, match=r"counter bole_spec_decode_metrics\{draft_tokens\} went down"):
+        updates(later, dataclasses.replace(later, draft_tokens=11))
