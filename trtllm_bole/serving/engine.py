@@ -116,7 +116,7 @@ class ServingEngine:
         self._deadline = 0.0  # closing: when the requests still running are aborted (time.monotonic)
         self._totals: dict[str, int] = {}  # EngineStats' totals; engine thread only
         self._iterations = 0
-        self._stats = EngineStats(max_batch_size=executor.max_batch_size)
+        self._stats: EngineStats  # published by the engine thread (_publish), read by any thread
         self._publish()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
