@@ -109,17 +109,31 @@ def bole_samples(server) -> dict[tuple[str, str], float]:
         if match := re.fullmatch(r"(bole_\w+)\{([^}]*)\} (\S+)", line):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', match[2]))
             assert (labels["model"], labels["version"]) == ("bole", "1"), line
-            found[match[1], labels[label[match[1]]]] = float(match[3])
+            if match[1] in label:
+                found[match[1], labels[label[match[1]]]] = float(match[3])
+    return found
+
+
+def histogram_counts(server) -> dict[tuple[str, str], float]:
+    """Observations so far of the engine's latency histograms, by (family, its label's value)."""
+    from trtllm_bole.serving.metrics import HISTOGRAMS
+
+    found = {}
+    for h in HISTOGRAMS:
+        for line in server.metrics().splitlines():
+            if match := re.fullmatch(rf'{h.name}_count\{{[^}}]*{h.label}="(\w+)"[^}}]*\}} (\S+)', line):
+                found[h.name, match[1]] = float(match[2])
     return found
 
 
 def test_metrics_count_a_requests_tokens_and_drafts(server, llm):
     """Triton's metrics endpoint serves its own request counters and every sample of the engine's
-    families; once a request has ended its tokens and drafts are in the totals and its KV blocks free."""
+    families; once a request has ended its tokens and drafts are in the totals, its latencies in the
+    histograms and its KV blocks free."""
     from trtllm_bole.serving.engine import EngineStats
     from trtllm_bole.serving.metrics import samples
 
-    before = bole_samples(server)
+    before, counted = bole_samples(server), histogram_counts(server)
     assert before.keys() == samples(EngineStats()).keys()
     assert before["bole_request_metrics", "max"] == MAX_BATCH
     got = generate(server.grpc_url, PROMPTS[3], max_tokens=16)
@@ -143,6 +157,12 @@ def test_metrics_count_a_requests_tokens_and_drafts(server, llm):
     )
     assert grown("bole_iteration_metrics", "steps") >= grown("bole_spec_decode_metrics", "verify_steps") > 0
     assert after["bole_kv_cache_block_metrics", "used"] == after["bole_request_metrics", "active"] == 0
+    grew = {key: value - counted.get(key, 0) for key, value in histogram_counts(server).items()}
+    assert grew == {
+        ("bole_request_latency_seconds", "first_token"): 1,
+        ("bole_request_latency_seconds", "total"): 1,
+        ("bole_time_per_output_token_seconds", "generated"): 1,
+    }
     assert 'nv_inference_request_success{model="bole",version="1"}' in server.metrics()
 
 

@@ -8,8 +8,8 @@ import pytest
 from tests.serving.test_serving_engine import PROMPTS, Collector, make_executor, until
 from trtllm_bole.config import SamplingParams
 from trtllm_bole.serving import ServingEngine
-from trtllm_bole.serving.engine import EngineStats
-from trtllm_bole.serving.metrics import COUNTER, FAMILIES, GAUGE, samples, updates
+from trtllm_bole.serving.engine import EngineStats, RequestLatency
+from trtllm_bole.serving.metrics import COUNTER, FAMILIES, GAUGE, observations, samples, updates
 
 
 def test_the_engine_publishes_its_batch_its_cache_and_the_totals_of_the_requests_ended():
@@ -40,6 +40,10 @@ def test_the_engine_publishes_its_batch_its_cache_and_the_totals_of_the_requests
     assert stats.verify_steps == sum(s.steps for s in ended) and stats.prefill_forwards == 3
     assert (stats.active, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
     assert stats.iterations >= max(s.steps for s in ended) + 1  # two requests at most a step: some waited
+    latencies = engine.take_latencies()  # the four that reached the executor, in the order they ended
+    assert [(x.output_tokens, x.finish_reason) for x in latencies] == [(0, "error")] + [(10, "length")] * 3
+    assert latencies[0].first_token_s is None and all(0 < x.first_token_s < x.total_s for x in latencies[1:])
+    assert engine.take_latencies() == []  # taken once
 
 
 def test_a_busy_engine_reports_its_batch_and_the_blocks_it_holds():
@@ -101,3 +105,18 @@ def test_updates_set_gauges_and_grow_counters_by_their_growth():
     ]
     with pytest.raises(ValueError, match=r"counter bole_spec_decode_metrics\{draft_tokens\} went down"):
         updates(later, dataclasses.replace(later, draft_tokens=11))
+
+
+def test_observations_time_the_first_token_of_every_request_and_the_rest_of_the_completed_ones():
+    done = RequestLatency(first_token_s=0.5, total_s=2.5, output_tokens=5, finish_reason="stop")
+    one = RequestLatency(first_token_s=0.25, total_s=0.25, output_tokens=1, finish_reason="length")
+    aborted = RequestLatency(first_token_s=0.75, total_s=9.0, output_tokens=30, finish_reason="abort")
+    refused = RequestLatency(first_token_s=None, total_s=0.01, output_tokens=0, finish_reason="error")
+    assert observations([done, one, aborted, refused]) == [
+        ("bole_request_latency_seconds", "first_token", 0.5),
+        ("bole_request_latency_seconds", "total", 2.5),
+        ("bole_time_per_output_token_seconds", "generated", 0.5),  # 2 s over the 4 tokens after the first
+        ("bole_request_latency_seconds", "first_token", 0.25),
+        ("bole_request_latency_seconds", "total", 0.25),
+        ("bole_request_latency_seconds", "first_token", 0.75),
+    ]

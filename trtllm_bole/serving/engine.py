@@ -7,7 +7,8 @@ those whose ``is_cancelled`` predicate turns true, runs :meth:`Executor.step` wh
 running request advances in the same batched step: continuous batching), and hands each request's
 committed tokens to its callback as an :class:`Update`. With nothing to do it sleeps on a condition
 variable. After each step it publishes an :class:`EngineStats` snapshot (:meth:`ServingEngine.stats`),
-which the Triton model turns into metrics.
+and keeps each ended request's :class:`RequestLatency` (:meth:`ServingEngine.take_latencies`), which the
+Triton model turns into metrics.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -80,6 +82,22 @@ class EngineStats:
     prefill_forwards: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class RequestLatency:
+    """An ended request's times from its submission, in seconds: to its first token (None: it had none),
+    and to its end; how many tokens it generated, and why it ended."""
+
+    first_token_s: float | None
+    total_s: float
+    output_tokens: int
+    finish_reason: str
+
+
+LATENCY_BACKLOG = 65536
+"""Ended requests' latencies kept until :meth:`ServingEngine.take_latencies` takes them (the oldest go
+first where nobody does)."""
+
+
 @dataclass(slots=True, eq=False)
 class _Live:
     key: int
@@ -88,6 +106,8 @@ class _Live:
     text: TextDelta
     request: Request | None = None
     sent: int = 0  # output tokens already handed to on_update
+    submitted: float = field(default_factory=time.monotonic)
+    first_token: float | None = None  # when its first token was handed to on_update
 
 
 class ServingEngine:
@@ -115,6 +135,7 @@ class ServingEngine:
         self._closing = False
         self._deadline = 0.0  # closing: when the requests still running are aborted (time.monotonic)
         self._totals: dict[str, int] = {}  # EngineStats' totals; engine thread only
+        self._latencies: deque[RequestLatency] = deque(maxlen=LATENCY_BACKLOG)
         self._iterations = 0
         self._stats: EngineStats  # published by the engine thread (_publish), read by any thread
         self._publish()
@@ -178,6 +199,13 @@ class ServingEngine:
         """What the engine thread last published: after each step, and when it stops."""
         return self._stats
 
+    def take_latencies(self) -> list[RequestLatency]:
+        """The latencies of the requests ended since the last call, oldest first."""
+        taken = []
+        while self._latencies:
+            taken.append(self._latencies.popleft())  # deque ends are thread-safe
+        return taken
+
     # ------------------------------------------------------------------------------------ #
     # Engine thread                                                                         #
     # ------------------------------------------------------------------------------------ #
@@ -231,12 +259,15 @@ class ServingEngine:
             **self._totals,
         )
 
-    def _count(self, reason: str, request: Request | None = None) -> None:
-        """Add an ended request to the totals (``request``: None where it never reached the executor)."""
-        totals = self._totals
+    def _count(self, live: _Live, reason: str) -> None:
+        """Add an ended request to the totals, and its latency (none where it never reached the executor)."""
+        totals, request = self._totals, live.request
         totals[f"finished_{reason}"] = totals.get(f"finished_{reason}", 0) + 1
         if request is None:
             return
+        first = None if live.first_token is None else live.first_token - live.submitted
+        total = time.monotonic() - live.submitted
+        self._latencies.append(RequestLatency(first, total, len(request.output_ids), reason))
         stats = request.stats
         for name, value in (
             ("prompt_tokens", len(request.prompt_ids)),
@@ -259,7 +290,7 @@ class ServingEngine:
         except Exception:
             traceback.print_exc(file=sys.stderr)
             self._live.pop(live.key, None)
-        self._count(reason)
+        self._count(live, reason)
         self._deliver(live, Update(live.key, [], "", True, reason, error))
 
     def _start(self, live: _Live, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -267,7 +298,7 @@ class ServingEngine:
             live.request = self.executor.submit(prompt_ids, params)
         except Exception as e:  # refused (ValueError) or a bug: either way only this request fails
             message = str(e) if isinstance(e, ValueError) else f"submission failed: {e!r}"
-            self._count("error")
+            self._count(live, "error")
             self._deliver(live, Update(live.key, [], "", True, "error", message))
             return
         self._live[live.key] = live
@@ -314,7 +345,7 @@ class ServingEngine:
     def _finish(self, live: _Live) -> None:
         del self._live[live.key]
         del self._by_request[live.request.request_id]
-        self._count(live.request.finish_reason, live.request)
+        self._count(live, live.request.finish_reason)
         self._deliver(live, self._update(live, finished=True))
 
     def _update(self, live: _Live, *, finished: bool) -> Update:
@@ -322,6 +353,8 @@ class ServingEngine:
         step that failed after committing them), with the matching text delta."""
         r = live.request
         token_ids, live.sent = r.output_ids[live.sent :], len(r.output_ids)
+        if token_ids and live.first_token is None:
+            live.first_token = time.monotonic()
         return Update(
             live.key,
             token_ids,
@@ -344,7 +377,7 @@ class ServingEngine:
                 self.executor.abort(live.request)
                 del self._live[live.key]
                 del self._by_request[live.request.request_id]
-                self._count("abort", live.request)
+                self._count(live, "abort")
                 error = f"the request's reply failed ({type(e).__name__}: {e}); it was aborted"
                 final = Update(live.key, [], "", True, "error", error, update.stats)
                 with contextlib.suppress(Exception):

@@ -4,20 +4,23 @@ family per subject, one label telling its samples apart, under a ``bole_`` prefi
 (``triton_server/``) publishes them through the Python backend's custom metrics, next to Triton's own
 ``nv_inference_*``; from the counters a dashboard derives the acceptance rate
 (``accepted_draft_tokens / draft_tokens``) and the mean accepted tokens per verify step
-(``(accepted_draft_tokens + verify_steps) / verify_steps``).
+(``(accepted_draft_tokens + verify_steps) / verify_steps``). Histograms of the ended requests' latencies
+(time to first token, to the end, per output token) complete them.
 
-Everything here is pure: which samples an :class:`~trtllm_bole.serving.engine.EngineStats` gives, and
-what to apply to move the published values from one snapshot to the next (a counter only goes up).
+Everything here is pure: which samples an :class:`~trtllm_bole.serving.engine.EngineStats` gives, what
+to apply to move the published values from one snapshot to the next (a counter only goes up), and what
+each ended request's :class:`~trtllm_bole.serving.engine.RequestLatency` adds to the histograms.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from trtllm_bole.serving.engine import FINISH_REASONS, EngineStats
+from trtllm_bole.serving.engine import FINISH_REASONS, EngineStats, RequestLatency
 
-GAUGE, COUNTER = "gauge", "counter"
+GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 
 
 @dataclass(frozen=True)
@@ -112,3 +115,60 @@ def updates(before: EngineStats | None, now: EngineStats) -> list[tuple[str, str
         if grown:
             moves.append((name, label, "increment", grown))
     return moves
+
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A histogram family: one histogram per value of ``label``, each observing what ``measure`` takes
+    from a request's latency (nothing where it returns None)."""
+
+    name: str
+    description: str
+    label: str
+    buckets: tuple[float, ...]
+    samples: dict[str, Callable[[RequestLatency], float | None]]
+    kind: str = HISTOGRAM
+
+
+def _completed(latency: RequestLatency) -> bool:
+    return latency.finish_reason in ("length", "stop")
+
+
+def _per_output_token(latency: RequestLatency) -> float | None:
+    """Seconds per token after the first, of a completed request with more than one."""
+    if not _completed(latency) or latency.first_token_s is None or latency.output_tokens < 2:
+        return None
+    return (latency.total_s - latency.first_token_s) / (latency.output_tokens - 1)
+
+
+HISTOGRAMS = (
+    Histogram(
+        "bole_request_latency_seconds",
+        "Seconds from a request's submission to its first token, and to its end (completed requests)",
+        "latency_type",
+        LATENCY_BUCKETS,
+        {"first_token": lambda x: x.first_token_s, "total": lambda x: x.total_s if _completed(x) else None},
+    ),
+    Histogram(
+        "bole_time_per_output_token_seconds",
+        "Seconds per generated token after the first (completed requests of two tokens or more)",
+        "token_type",
+        TOKEN_BUCKETS,
+        {"generated": _per_output_token},
+    ),
+)
+
+
+def observations(latencies: list[RequestLatency]) -> list[tuple[str, str, float]]:
+    """What ended requests add to the histograms: ``(family, label value, observed value)``."""
+    return [
+        (h.name, label, value)
+        for latency in latencies
+        for h in HISTOGRAMS
+        for label, measure in h.samples.items()
+        if (value := measure(latency)) is not None
+    ]

@@ -17,7 +17,15 @@ import triton_python_backend_utils as pb_utils
 
 from trtllm_bole import LLM
 from trtllm_bole.serving import ServingEngine, close_on_drain_file
-from trtllm_bole.serving.metrics import COUNTER, FAMILIES, GAUGE, updates
+from trtllm_bole.serving.metrics import (
+    COUNTER,
+    FAMILIES,
+    GAUGE,
+    HISTOGRAM,
+    HISTOGRAMS,
+    observations,
+    updates,
+)
 from trtllm_bole.serving.protocol import (
     INPUT_NAMES,
     Reply,
@@ -122,16 +130,18 @@ class Metrics:
     seconds by a daemon thread, and once more when it closes."""
 
     def __init__(self, engine: ServingEngine, labels: dict[str, str], interval: float = 1.0) -> None:
-        kinds = {GAUGE: pb_utils.MetricFamily.GAUGE, COUNTER: pb_utils.MetricFamily.COUNTER}
-        self._families = [
-            pb_utils.MetricFamily(name=f.name, description=f.description, kind=kinds[f.kind])
-            for f in FAMILIES
-        ]
-        self._metrics = {
-            (f.name, value): family.Metric(labels={**labels, f.label: value})
-            for f, family in zip(FAMILIES, self._families, strict=True)
-            for value in f.samples
+        kinds = {
+            GAUGE: pb_utils.MetricFamily.GAUGE,
+            COUNTER: pb_utils.MetricFamily.COUNTER,
+            HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM,
         }
+        self._families, self._metrics = [], {}
+        for f in (*FAMILIES, *HISTOGRAMS):
+            family = pb_utils.MetricFamily(name=f.name, description=f.description, kind=kinds[f.kind])
+            self._families.append(family)
+            buckets = {"buckets": list(f.buckets)} if f.kind == HISTOGRAM else {}
+            for value in f.samples:
+                self._metrics[f.name, value] = family.Metric(labels={**labels, f.label: value}, **buckets)
         self._engine, self._published = engine, None
         self._publish()  # before the server reports ready
         self._stop = threading.Event()
@@ -144,6 +154,10 @@ class Metrics:
 
     def _publish(self) -> None:
         now = self._engine.stats()
+        # Every request counted in ``now`` has its latency taken here: it was kept before ``now`` was
+        # published. Observed first, so that a scrape that sees a request counted sees its latencies.
+        for name, value, seconds in observations(self._engine.take_latencies()):
+            self._metrics[name, value].observe(seconds)
         for name, value, how, amount in updates(self._published, now):
             metric = self._metrics[name, value]
             if how == "set":
