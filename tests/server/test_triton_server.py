@@ -114,6 +114,19 @@ def bole_samples(server) -> dict[tuple[str, str], float]:
     return found
 
 
+def settled_samples(server) -> dict[tuple[str, str], float]:
+    """The engine's samples once nothing runs and two scrapes a publication apart agree (the requests of
+    earlier tests all counted)."""
+    deadline = time.monotonic() + 15
+    now = bole_samples(server)
+    while True:
+        time.sleep(1.2)  # the model publishes every second
+        before, now = now, bole_samples(server)
+        if now == before and now["bole_request_metrics", "active"] == 0:
+            return now
+        assert time.monotonic() < deadline, "the engine's metrics never settled"
+
+
 def histogram_counts(server) -> dict[tuple[str, str], float]:
     """Observations so far of the engine's latency histograms, by (family, its label's value)."""
     from trtllm_bole.serving.metrics import HISTOGRAMS
@@ -133,7 +146,8 @@ def test_metrics_count_a_requests_tokens_and_drafts(server, llm):
     from trtllm_bole.serving.engine import EngineStats
     from trtllm_bole.serving.metrics import samples
 
-    before, counted = bole_samples(server), histogram_counts(server)
+    before = settled_samples(server)
+    counted = histogram_counts(server)  # observed before the counters of the same requests
     assert before.keys() == samples(EngineStats()).keys()
     assert before["bole_request_metrics", "max"] == MAX_BATCH
     got = generate(server.grpc_url, PROMPTS[3], max_tokens=16)
