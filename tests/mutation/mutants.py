@@ -1526,11 +1526,20 @@ MUTANTS = [
         ["tests/serving/test_serving_metrics.py"],
     ),
     Mutant(
+        "SM12",
+        "trtllm_bole/serving/engine.py",
+        "        update = self._update(live, finished=True)  # first: its tokens may be the request's first\n"
+        "        self._count(live, live.request.finish_reason)\n",
+        "        self._count(live, live.request.finish_reason)\n"
+        "        update = self._update(live, finished=True)  # first: its tokens may be the request's first\n",
+        ["tests/serving/test_serving_metrics.py"],
+    ),
+    Mutant(
         "SM8",
         "triton_server/model_repository_template/bole/1/model.py",
         "        self._publish()  # before the server reports ready\n",
         "",
-        ["tests/server/test_triton_server.py::test_metrics_count_a_requests_tokens_and_drafts"],
+        ["tests/server/test_triton_server.py::test_server_starts_within_30_seconds"],
     ),
     Mutant(
         "SV7",

@@ -77,6 +77,7 @@ def error_of(url: str, inputs) -> str:
 def test_server_starts_within_30_seconds(server):
     print(f"tritonserver start to ready: {server.ready_s:.1f} s")
     assert server.ready_s < 30
+    assert bole_samples(server)["bole_request_metrics", "max"] == MAX_BATCH  # published before ready
 
 
 def test_grpc_stream_returns_llm_generate_tokens(server, llm):

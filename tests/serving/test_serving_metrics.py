@@ -46,6 +46,17 @@ def test_the_engine_publishes_its_batch_its_cache_and_the_totals_of_the_requests
     assert engine.take_latencies() == []  # taken once
 
 
+def test_a_request_ended_by_its_first_token_has_a_time_to_it():
+    engine = ServingEngine(make_executor())
+    got = Collector()
+    engine.submit(PROMPTS[3], SamplingParams(max_tokens=1), got)
+    assert got.final.finish_reason == "length" and len(got.ids) == 1  # its first update is its last
+    assert until(lambda: engine.stats().finished_length == 1)
+    engine.close()
+    (latency,) = engine.take_latencies()
+    assert 0 < latency.first_token_s <= latency.total_s and latency.output_tokens == 1
+
+
 def test_a_busy_engine_reports_its_batch_and_the_blocks_it_holds():
     executor = make_executor(max_batch_size=2)
     engine = ServingEngine(executor)
@@ -108,14 +119,14 @@ def test_updates_set_gauges_and_grow_counters_by_their_growth():
 
 
 def test_observations_time_the_first_token_of_every_request_and_the_rest_of_the_completed_ones():
-    done = RequestLatency(first_token_s=0.5, total_s=2.5, output_tokens=5, finish_reason="stop")
+    done = RequestLatency(first_token_s=0.5, total_s=2.5, output_tokens=3, finish_reason="stop")
     one = RequestLatency(first_token_s=0.25, total_s=0.25, output_tokens=1, finish_reason="length")
     aborted = RequestLatency(first_token_s=0.75, total_s=9.0, output_tokens=30, finish_reason="abort")
     refused = RequestLatency(first_token_s=None, total_s=0.01, output_tokens=0, finish_reason="error")
     assert observations([done, one, aborted, refused]) == [
         ("bole_request_latency_seconds", "first_token", 0.5),
         ("bole_request_latency_seconds", "total", 2.5),
-        ("bole_time_per_output_token_seconds", "generated", 0.5),  # 2 s over the 4 tokens after the first
+        ("bole_time_per_output_token_seconds", "generated", 1.0),  # 2 s over the 2 tokens after the first
         ("bole_request_latency_seconds", "first_token", 0.25),
         ("bole_request_latency_seconds", "total", 0.25),
         ("bole_request_latency_seconds", "first_token", 0.75),

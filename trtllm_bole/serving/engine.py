@@ -202,8 +202,9 @@ class ServingEngine:
     def take_latencies(self) -> list[RequestLatency]:
         """The latencies of the requests ended since the last call, oldest first."""
         taken = []
-        while self._latencies:
-            taken.append(self._latencies.popleft())  # deque ends are thread-safe
+        with contextlib.suppress(IndexError):  # emptied (by another caller, too)
+            while True:
+                taken.append(self._latencies.popleft())  # a deque's ends are thread-safe
         return taken
 
     # ------------------------------------------------------------------------------------ #
@@ -345,8 +346,9 @@ class ServingEngine:
     def _finish(self, live: _Live) -> None:
         del self._live[live.key]
         del self._by_request[live.request.request_id]
+        update = self._update(live, finished=True)  # first: its tokens may be the request's first
         self._count(live, live.request.finish_reason)
-        self._deliver(live, self._update(live, finished=True))
+        self._deliver(live, update)
 
     def _update(self, live: _Live, *, finished: bool) -> Update:
         """The request's output tokens not yet handed out (a step's committed tokens, or those of a
