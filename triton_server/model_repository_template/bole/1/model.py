@@ -150,7 +150,10 @@ class Metrics:
 
     def _run(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            self._publish()
+            try:
+                self._publish()
+            except Exception:  # a failed publication must not end the next ones
+                pb_utils.Logger.log_error(f"bole: metrics not published: {traceback.format_exc()}")
 
     def _publish(self) -> None:
         now = self._engine.stats()
