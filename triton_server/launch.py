@@ -242,6 +242,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-seq-len", default="", help="prompt + output tokens per request")
     p.add_argument("--kv-cache-tokens", default="", help="paged KV cache size in tokens")
     p.add_argument("--max-prefill-tokens", default="", help="prompt tokens one prefill forward takes (8192)")
+    p.add_argument(
+        "--max-queue-size", default="", help="requests that may wait for the batch (default: no bound)"
+    )
     p.add_argument("--device", default="", help="cpu, cuda or cuda:N (default: from the instance kind)")
     p.add_argument("--dtype", default="", help="auto, float32 or bfloat16")
     p.add_argument("--instance-kind", default="KIND_CPU", choices=["KIND_CPU", "KIND_GPU"])
@@ -309,6 +312,7 @@ def template_values(args: argparse.Namespace, drain_file: Path) -> dict[str, str
         "max_seq_len": args.max_seq_len,
         "kv_cache_tokens": args.kv_cache_tokens,
         "max_prefill_tokens": args.max_prefill_tokens,
+        "max_queue_size": args.max_queue_size,
         "device": args.device,
         "dtype": args.dtype,
     }

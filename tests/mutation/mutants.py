@@ -1479,8 +1479,8 @@ MUTANTS = [
     Mutant(
         "SM4",
         "trtllm_bole/serving/engine.py",
-        "waiting=len(scheduler.waiting) + len(self._inbox),",
-        "waiting=len(self._inbox),",
+        "return len(self._inbox) + len(self.executor.scheduler.waiting)",
+        "return len(self._inbox)",
         ["tests/serving/test_serving_metrics.py"],
     ),
     Mutant(

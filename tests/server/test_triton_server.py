@@ -376,6 +376,39 @@ def test_stopping_the_server_drains_requests_in_flight(tmp_path, repository):
     assert 0 < sum(len(c.token_ids) for c in chunks) < 2000
 
 
+def test_a_full_queue_refuses_a_request_with_unavailable(tmp_path):
+    """``--max-queue-size 1`` with a batch of one: while one request streams and one waits, a third is
+    refused with UNAVAILABLE and counted; the waiting one runs once the first is cancelled."""
+    from client import build_inputs, stream
+
+    args = [*SERVER_ARGS[:-4], "--max-batch-size", "1", "--max-seq-len", "2048", "--max-queue-size", "1"]
+    server = start_server(tmp_path, args)
+    try:
+        first = stream(server.grpc_url, build_inputs(PROMPTS[0], max_tokens=2000, end_id=-1))
+        next(first)  # running
+        waiting: list = []
+        thread = threading.Thread(
+            target=lambda: waiting.append(generate(server.grpc_url, PROMPTS[1], max_tokens=4))
+        )
+        thread.start()
+        deadline = time.monotonic() + 30
+        while bole_samples(server)["bole_request_metrics", "waiting"] < 1:
+            assert time.monotonic() < deadline, "the second request never waited"
+            time.sleep(0.2)
+        refused = error_of(server.grpc_url, build_inputs(PROMPTS[2], max_tokens=4))
+        assert "queue is full: 1 of max_queue_size 1 waiting for a place in the batch" in refused
+        first.close()  # cancelled: the waiting request takes its place
+        thread.join(120)
+        assert waiting and waiting[0]["final"].finish_reason == "length" and len(waiting[0]["ids"]) == 4
+        deadline = time.monotonic() + 10  # the model publishes every second
+        while bole_samples(server)["bole_rejected_requests", "queue_full"] < 1:
+            assert time.monotonic() < deadline, "the refusal never reached the metrics"
+            time.sleep(0.2)
+        assert bole_samples(server)["bole_rejected_requests", "queue_full"] == 1
+    finally:
+        stop_server(server)
+
+
 @pytest.mark.parametrize("ids", ["", "1,,2", "a"])
 def test_client_refuses_malformed_ids_by_name(ids, capsys):
     from client import main

@@ -88,6 +88,30 @@ def test_a_request_whose_consumer_fails_is_counted_as_aborted():
     assert stats.generated_tokens == sum(len(u.token_ids) for u in seen) > 0  # what it got before
 
 
+def test_a_full_queue_refuses_requests_until_one_leaves_it():
+    """With ``max_queue_size`` 2 and a batch of one: one request runs, two wait, the fourth is refused
+    (and counted) while they do; once a waiting one is admitted there is room again."""
+    engine = ServingEngine(make_executor(max_batch_size=1), max_queue_size=2)
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    collectors = [Collector() for _ in range(4)]
+    for prompt, got in zip(PROMPTS, collectors[:3], strict=False):
+        engine.submit(prompt, params, got)
+    assert until(lambda: engine.stats().active == 1 and engine.stats().waiting == 2)
+    with pytest.raises(RuntimeError, match="queue is full: 2 of max_queue_size 2 waiting"):
+        engine.submit(PROMPTS[3], params, collectors[3])
+    assert collectors[0].final.finish_reason == "length"  # the first ends: the second runs
+    assert until(lambda: engine.stats().waiting == 1)
+    engine.submit(PROMPTS[3], SamplingParams(max_tokens=2), collectors[3])
+    assert [c.final.finish_reason for c in collectors] == ["length"] * 4
+    engine.close()
+    assert engine.stats().rejected_queue_full == 1 and engine.stats().finished_length == 4
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit(PROMPTS[0], params, Collector())
+    assert engine.stats().rejected_shut_down == 0  # published by the engine thread, which has stopped
+    with pytest.raises(ValueError, match="max_queue_size must be a positive integer"):
+        ServingEngine(make_executor(), max_queue_size=0)
+
+
 def test_samples_cover_every_stat_under_its_family():
     families = {f.name: f for f in FAMILIES}
     assert len(families) == len(FAMILIES) and {f.kind for f in FAMILIES} == {GAUGE, COUNTER}

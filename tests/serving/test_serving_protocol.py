@@ -11,6 +11,7 @@ from trtllm_bole.serving.protocol import (
     ResponseStream,
     check_prompt_text,
     check_request,
+    engine_kwargs,
     llm_kwargs,
     parse_request,
 )
@@ -200,6 +201,14 @@ def test_model_parameters_become_llm_arguments():
         llm_kwargs({"max_batch_size": "0"})
     with pytest.raises(ValueError, match="must be an integer"):
         llm_kwargs({"max_seq_len": "lots"})
+
+
+def test_the_queue_bound_is_the_engines_parameter():
+    assert engine_kwargs({"max_queue_size": "${max_queue_size}", "max_batch_size": "8"}) == {}
+    assert engine_kwargs({"max_queue_size": " 32 "}) == {"max_queue_size": 32}
+    assert "max_queue_size" not in llm_kwargs({"max_queue_size": "32"})
+    with pytest.raises(ValueError, match="max_queue_size must be positive"):
+        engine_kwargs({"max_queue_size": "0"})
 
 
 def test_a_text_prompt_that_cannot_fit_is_refused_before_tokenizing():

@@ -74,6 +74,8 @@ class EngineStats:
     finished_stop: int = 0
     finished_abort: int = 0
     finished_error: int = 0
+    rejected_queue_full: int = 0  # requests submit() refused, by reason
+    rejected_shut_down: int = 0
     prompt_tokens: int = 0  # of the requests ended
     generated_tokens: int = 0
     draft_tokens: int = 0  # verified (SpecStats.drafted)
@@ -114,6 +116,8 @@ class ServingEngine:
     """Run ``executor`` on a background thread for many concurrent callers.
 
     ``decode`` turns token ids into text (the tokenizer's); without it updates carry ids only.
+    ``max_queue_size``: requests that may wait beyond the batch's free places before :meth:`submit`
+    refuses more (TensorRT-LLM backend's parameter of that name; None: no bound).
     Callbacks run on the engine thread: they must be quick and must not call back into the engine
     synchronously except through :meth:`submit`, which only queues.
     """
@@ -123,10 +127,14 @@ class ServingEngine:
         executor: Executor,
         *,
         decode: Callable[[list[int]], str] | None = None,
+        max_queue_size: int | None = None,
         name: str = "bole-engine",
     ) -> None:
+        if max_queue_size is not None and (isinstance(max_queue_size, bool) or max_queue_size < 1):
+            raise ValueError(f"max_queue_size must be a positive integer or None, got {max_queue_size!r}")
         self.executor = executor
         self.decode = decode
+        self.max_queue_size = max_queue_size
         self._cv = threading.Condition()
         self._inbox: list[tuple[_Live, list[int], SamplingParams]] = []  # submitted, not started
         self._live: dict[int, _Live] = {}  # by key; engine thread only
@@ -135,6 +143,7 @@ class ServingEngine:
         self._closing = False
         self._deadline = 0.0  # closing: when the requests still running are aborted (time.monotonic)
         self._totals: dict[str, int] = {}  # EngineStats' totals; engine thread only
+        self._rejected = {"queue_full": 0, "shut_down": 0}  # by submit(), under self._cv
         self._latencies: deque[RequestLatency] = deque(maxlen=LATENCY_BACKLOG)
         self._iterations = 0
         self._stats: EngineStats  # published by the engine thread (_publish), read by any thread
@@ -143,9 +152,10 @@ class ServingEngine:
         self._thread.start()
 
     @classmethod
-    def for_llm(cls, llm: LLM) -> ServingEngine:
+    def for_llm(cls, llm: LLM, *, max_queue_size: int | None = None) -> ServingEngine:
         """The engine of an :class:`~trtllm_bole.LLM`; the LLM must not generate by itself afterwards."""
-        return cls(llm.executor, decode=llm.tokenizer.decode if llm.tokenizer else None)
+        decode = llm.tokenizer.decode if llm.tokenizer else None
+        return cls(llm.executor, decode=decode, max_queue_size=max_queue_size)
 
     # ------------------------------------------------------------------------------------ #
     # Any thread                                                                            #
@@ -171,15 +181,34 @@ class ServingEngine:
     ) -> int:
         """Queue a request and return its key. ``on_update`` gets every :class:`Update` (the last
         has ``finished=True``), ``is_cancelled`` is polled once per step and aborts the request when
-        it returns true. Raises :class:`RuntimeError` once the engine is closed."""
+        it returns true. Raises :class:`RuntimeError` once the engine is closed, or while
+        ``max_queue_size`` requests wait (retry later)."""
         live = _Live(0, on_update, is_cancelled, TextDelta(self.decode, params.stop))
         with self._cv:
             if self._closing or not self.alive:
+                self._rejected["shut_down"] += 1
                 raise RuntimeError("the serving engine is shut down")
+            if self.max_queue_size is not None and (queued := self._queued()) >= self.max_queue_size:
+                self._rejected["queue_full"] += 1
+                raise RuntimeError(
+                    f"the serving engine's queue is full: {queued} of max_queue_size {self.max_queue_size} "
+                    "waiting for a place in the batch; retry later"
+                )
             live.key = next(self._keys)
             self._inbox.append((live, list(prompt_ids), params))
             self._cv.notify()
         return live.key
+
+    def _waiting(self) -> int:
+        """Requests submitted and not in the batch yet (from any thread: each length is one atomic read;
+        one moving from the inbox to the scheduler's queue at that moment may be missed)."""
+        return len(self._inbox) + len(self.executor.scheduler.waiting)
+
+    def _queued(self) -> int:
+        """Requests waiting beyond the batch's free places: those of a burst that the next step admits
+        are not queued (where KV blocks, not places, hold the waiting back, it counts fewer)."""
+        free = self.executor.max_batch_size - len(self.executor.scheduler.running)
+        return max(0, self._waiting() - max(0, free))
 
     def close(self, timeout: float = 30.0, *, grace: float = 0.0) -> None:
         """Refuse new requests, let those already submitted run for up to ``grace`` seconds, abort the
@@ -252,11 +281,13 @@ class ServingEngine:
         self._stats = EngineStats(
             iterations=self._iterations,
             active=len(scheduler.running),
-            waiting=len(scheduler.waiting) + len(self._inbox),
+            waiting=self._waiting(),
             max_batch_size=self.executor.max_batch_size,
             kv_blocks_used=blocks.num_blocks - blocks.num_free,
             kv_blocks_max=blocks.num_blocks,
             kv_tokens_per_block=blocks.block_size,
+            rejected_queue_full=self._rejected["queue_full"],
+            rejected_shut_down=self._rejected["shut_down"],
             **self._totals,
         )
 

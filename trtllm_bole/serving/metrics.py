@@ -70,6 +70,13 @@ FAMILIES = (
         {reason: f"finished_{reason}" for reason in FINISH_REASONS},
     ),
     Family(
+        "bole_rejected_requests",
+        COUNTER,
+        "Requests refused at submission: the queue full (max_queue_size), the engine shut down",
+        "reject_reason",
+        {"queue_full": "rejected_queue_full", "shut_down": "rejected_shut_down"},
+    ),
+    Family(
         "bole_token_metrics",
         COUNTER,
         "Prompt and generated tokens of the requests ended",

@@ -303,6 +303,17 @@ def llm_kwargs(
     return kwargs
 
 
+def engine_kwargs(parameters: Mapping[str, str]) -> dict[str, Any]:
+    """Keyword arguments of :meth:`~trtllm_bole.serving.ServingEngine.for_llm` from the same parameters:
+    ``max_queue_size``, where set."""
+    given = _given(parameters)
+    return (
+        {"max_queue_size": _positive_int("max_queue_size", given["max_queue_size"])}
+        if "max_queue_size" in given
+        else {}
+    )
+
+
 def drain_file(parameters: Mapping[str, str]) -> Path | None:
     """The file whose appearance tells the model to drain (``triton_server/launch.py`` writes it on
     SIGTERM), from the ``drain_file`` parameter; None where it is unset."""

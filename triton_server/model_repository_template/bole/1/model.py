@@ -33,6 +33,7 @@ from trtllm_bole.serving.protocol import (
     check_prompt_text,
     check_request,
     drain_file,
+    engine_kwargs,
     llm_kwargs,
     parse_request,
 )
@@ -53,7 +54,7 @@ class TritonPythonModel:
         # Before the server reports ready: first-call costs, and on a GPU the Triton kernel variants of
         # every batch size class (compiled on first use, seconds each).
         warmed = self.llm.warm_up(use_tqdm=False)
-        self.engine = ServingEngine.for_llm(self.llm)
+        self.engine = ServingEngine.for_llm(self.llm, **engine_kwargs(parameters))
         drain = drain_file(parameters)
         if drain is not None:  # the launcher's way to end requests in flight when it stops the server
             close_on_drain_file(self.engine, drain)
