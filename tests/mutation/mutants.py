@@ -233,8 +233,8 @@ MUTANTS = [
     Mutant(
         "E8",
         "trtllm_bole/spec/executor.py",
-        "self.model.mtp.prefill(hidden[idx], input_ids[idx + 1], ctx)",
-        "self.model.mtp.prefill(hidden[idx], input_ids[idx], ctx)",
+        "tokens += r.prompt_ids[start + 1 : top + 1]",
+        "tokens += r.prompt_ids[start:top]",
         ["tests/spec/test_executor.py::test_drafts_follow_the_committed_sequence"],
     ),
     Mutant(
@@ -1075,8 +1075,8 @@ MUTANTS = [
     Mutant(
         "N20",
         "trtllm_bole/models/model.py",
-        "return hidden, self.logits(hidden[last])",
-        "return hidden, self.logits(hidden[last - 1])",
+        "return hidden, self.logits(hidden[ctx.tree.cu_seqlens[1:] - 1])",
+        "return hidden, self.logits(hidden[ctx.tree.cu_seqlens[1:] - 2])",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",
