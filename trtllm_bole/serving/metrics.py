@@ -130,8 +130,8 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 @dataclass(frozen=True)
 class Histogram:
-    """A histogram family: one histogram per value of ``label``, each observing what ``measure`` takes
-    from a request's latency (nothing where it returns None)."""
+    """A histogram family: ``samples`` maps each value of ``label`` to what its histogram observes of an
+    ended request's latency (nothing where that is None)."""
 
     name: str
     description: str
