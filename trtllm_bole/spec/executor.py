@@ -27,6 +27,7 @@ no profiler runs.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -270,9 +271,9 @@ class Executor:
             for i, start, stop in prefill_rounds(rest, self.max_prefill_tokens)[0]
         ]
         hidden, logits = self._prefill_round(requests, pieces)
-        ends = torch.tensor([stop - start for _, start, stop in pieces]).cumsum(0) - 1
+        ends = itertools.accumulate(stop - start for _, start, stop in pieces)  # each piece's end in hidden
         whole, last_logits = [], []
-        for k, (i, _, stop) in enumerate(pieces):
+        for k, ((i, _, stop), end) in enumerate(zip(pieces, ends, strict=True)):
             r = requests[i]
             r.context_len = stop
             r.stats.prefills += 1
@@ -281,7 +282,7 @@ class Executor:
             seed = r.params.seed
             generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
             room = self.scheduler.context_limit - len(r.prompt_ids)
-            r.runtime = RequestRuntime(-1, hidden[int(ends[k])], generator, min(r.params.max_tokens, room))
+            r.runtime = RequestRuntime(-1, hidden[end - 1], generator, min(r.params.max_tokens, room))
             whole.append(r)
             last_logits.append(logits[k])
         if not whole:
