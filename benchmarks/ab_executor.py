@@ -5,6 +5,7 @@
     python benchmarks/ab_executor.py dispatcher --trials 6
     python benchmarks/ab_executor.py tree-attention
     python benchmarks/ab_executor.py step-graphs
+    python benchmarks/ab_executor.py gdn-inputs --trials 6 --batches 8,32
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -23,7 +24,11 @@
   torch, on the GPU's tensors;
 - ``step-graphs``: the tree selection, and a greedy batch's verify with its acceptance and commit,
   replayed from CUDA graphs (2026-12-02) against the selection, acceptance and commit launched kernel by
-  kernel from Python around a replayed verify, reproduced by making their graph sets None.
+  kernel from Python around a replayed verify, reproduced by making their graph sets None;
+- ``gdn-inputs``: every GDN layer's q/k L2 norms with its decay and beta, and its gated output norm, one
+  Triton launch each (2026-12-02) against the torch reference's small kernels, reproduced by running
+  ``bole::gdn_inputs`` and ``bole::gated_rms_norm``'s CPU implementations, plain torch, on the GPU's
+  tensors (as ``tree-attention`` does).
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request, at batch 8, 16 and 32 (``--batches``), a model for each side (warmed up and its graphs
@@ -39,6 +44,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -93,13 +99,16 @@ def operators_called_directly():
 
 
 @contextmanager
-def attention_in_torch():
-    operator = library.tree_attention
-    library.tree_attention = library.IMPLEMENTATIONS["tree_attention"]["CPU"]  # plain torch, any device
+def in_torch(*names: str):
+    """The named operators run their CPU implementations, plain torch, on any device."""
+    operators = {name: getattr(library, name) for name in names}
+    for name in names:
+        setattr(library, name, library.IMPLEMENTATIONS[name]["CPU"])
     try:
         yield
     finally:
-        library.tree_attention = operator
+        for name, operator in operators.items():
+            setattr(library, name, operator)
 
 
 class _NoGraphs:
@@ -125,8 +134,9 @@ OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
     "dispatcher": operators_called_directly,
-    "tree-attention": attention_in_torch,
+    "tree-attention": partial(in_torch, "tree_attention"),
     "step-graphs": step_launched_from_python,
+    "gdn-inputs": partial(in_torch, "gdn_inputs", "gated_rms_norm"),
 }
 
 

@@ -1,11 +1,12 @@
-"""The RMSNorm kernels (alone, and with the rotary embedding) against a float64 truth, and their dispatch."""
+"""The norm kernels (RMSNorm alone and with the rotary embedding, the GDN layer's q/k norms with its gates,
+and its gated output norm) against a float64 truth and the torch reference, and their dispatch."""
 
 import pytest
 import torch
 
 from tests.kernels.helpers import DEVICE, rel_rms
 from trtllm_bole import ops
-from trtllm_bole.kernels.norms import rms_norm, rms_norm_rope
+from trtllm_bole.kernels.norms import gated_rms_norm, gdn_inputs, rms_norm, rms_norm_rope
 from trtllm_bole.reference import norms, rope
 
 
@@ -132,3 +133,110 @@ def test_norm_rope_rounds_as_the_reference_in_fp16(gen, nan_outputs):
     cos, sin = rope.cos_sin(positions, rope.inv_freq(10000.0, 32, torch.device(DEVICE)), torch.float16)
     y = rms_norm_rope(q, weight, 1e-6, cos, sin)
     assert (y != rope.rms_norm_rope(q, weight, 1e-6, cos, sin)).float().mean() <= 0.01
+
+
+def gdn_inputs_truth(qk, a, b, a_log, dt_bias, heads):
+    q, k = qk.double().unflatten(-1, (2, heads, -1)).unbind(-3)
+    q, k = (x / (x.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt() for x in (q, k))
+    g = -a_log.double().exp() * torch.nn.functional.softplus(a.double() + dt_bias.double())
+    return q, k, g, b.double().sigmoid()
+
+
+def gdn_layer_inputs(n, heads, dk, hv, dtype, gen):
+    """q|k as the layer splits them off its conv output (strided rows, v beside them), and a and b as
+    splits of its projection."""
+    mixed = (3 * torch.randn(n, 2 * heads * dk + hv * 8, generator=gen)).to(DEVICE, dtype)
+    ba = (4 * torch.randn(n, 5 + 2 * hv, generator=gen)).to(DEVICE, dtype)
+    a_log = torch.randn(hv, generator=gen).to(DEVICE)
+    dt_bias = torch.randn(hv, generator=gen).to(DEVICE, dtype)
+    return mixed[:, : 2 * heads * dk], ba[:, 5 + hv :], ba[:, 5 : 5 + hv], a_log, dt_bias
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("heads, dk, hv", [(2, 16, 4), (3, 24, 6)], ids=["pow2", "odd"])
+def test_gdn_inputs_match_float64_and_the_reference(heads, dk, hv, dtype, tol, gen, nan_outputs):
+    qk, a, b, a_log, dt_bias = gdn_layer_inputs(7, heads, dk, hv, dtype, gen)
+    assert not qk.is_contiguous() and not a.is_contiguous()
+    out = gdn_inputs(qk, a, b, a_log, dt_bias, heads)
+    reference = norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads)
+    for ours, truth, ref in zip(
+        out, gdn_inputs_truth(qk, a, b, a_log, dt_bias, heads), reference, strict=True
+    ):
+        assert ours.shape == ref.shape and ours.dtype == ref.dtype and ours.is_contiguous()
+        assert rel_rms(ours, truth) <= tol
+        assert rel_rms(ours, ref) <= tol
+    assert [t.shape for t in gdn_inputs(qk[:0], a[:0], b[:0], a_log, dt_bias, heads)] == [
+        (0, heads, dk), (0, heads, dk), (0, hv), (0, hv)
+    ]  # fmt: skip
+
+
+def test_gdn_decay_is_exact_at_both_ends_of_softplus(nan_outputs):
+    """``a + dt_bias`` from -40 (softplus ~4e-18: ``log(1 + e)`` alone would give 0, a decay of exactly 1)
+    to 40 (past torch's threshold of 20, where softplus is the identity)."""
+    x = torch.linspace(-40, 40, 33, dtype=torch.float64)
+    qk = torch.ones(33, 4, device=DEVICE)
+    a_log = torch.tensor([0.5], device=DEVICE)
+    _, _, g, _ = gdn_inputs(
+        qk, x[:, None].float().to(DEVICE), qk[:, :1], a_log, torch.zeros(1, device=DEVICE), 1
+    )
+    truth = -torch.tensor(0.5).exp().double() * torch.nn.functional.softplus(x.float().double())
+    assert ((g[:, 0].double().cpu() - truth).abs() <= 1e-6 * truth.abs()).all()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_gated_rms_norm_matches_float64_and_the_reference(dtype, tol, gen, nan_outputs):
+    """x as the recurrence returns it, the gate a strided split of the projection."""
+    x = (3 * torch.randn(6, 4, 32, generator=gen)).to(DEVICE, dtype)
+    z = (2 * torch.randn(6, 4 * 32 + 10, generator=gen)).to(DEVICE, dtype)[:, 10:].unflatten(-1, (4, 32))
+    weight = (1 + 0.1 * torch.randn(32, generator=gen)).to(DEVICE, dtype)
+    assert not z.is_contiguous()
+    y = gated_rms_norm(x, z, weight, 1e-6)
+    assert y.shape == x.shape and y.dtype == dtype and y.is_contiguous()
+    x64, z64 = x.double(), z.double()
+    truth = (
+        x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.double() * z64 * z64.sigmoid()
+    )
+    assert rel_rms(y, truth) <= tol
+    # Triton's interpreter truncates to bf16 where the GPU and torch round, at each of three roundings;
+    # the fp16 test below holds the kernel to the reference's roundings.
+    assert rel_rms(y, norms.gated_rms_norm(x, z, weight, 1e-6)) <= 2 * tol
+    assert gated_rms_norm(x[:0], z[:0], weight, 1e-6).shape == (0, 4, 32)
+
+
+def test_gated_rms_norm_rounds_as_the_reference_in_fp16(gen, nan_outputs):
+    """The norm and its product with the weight rounded to x's dtype where the reference rounds them
+    (fp16, which the interpreter rounds as the GPU does): at most 1% of the outputs may differ by a
+    reduction order or an exp, where skipping one of the roundings moves far more."""
+    x = (3 * torch.randn(32, 4, 64, generator=gen)).to(DEVICE, torch.float16)
+    z = (2 * torch.randn(32, 4, 64, generator=gen)).to(DEVICE, torch.float16)
+    weight = (1 + 0.4 * torch.randn(64, generator=gen)).to(DEVICE, torch.float16)
+    y = gated_rms_norm(x, z, weight, 1e-6)
+    assert (y != norms.gated_rms_norm(x, z, weight, 1e-6)).float().mean() <= 0.01
+
+
+def test_ops_gdn_inputs_and_gated_norm_check_shapes_and_keep_gradients(gen):
+    """Any leading dims (training's ``[B, L]``, serving's ``[N]``); training differentiates the reference."""
+    qk, a, b, a_log, dt_bias = (t.cpu() for t in gdn_layer_inputs(6, 2, 8, 4, torch.float32, gen))
+    batched = [t.unflatten(0, (2, 3)) for t in (qk, a, b)]
+    flat = ops.gdn_inputs(qk, a, b, a_log, dt_bias, 2)
+    for ours, rows in zip(ops.gdn_inputs(*batched, a_log, dt_bias, 2), flat, strict=True):
+        assert torch.equal(ours, rows.unflatten(0, (2, 3)))
+    with pytest.raises(ValueError, match="2 \\* heads \\* dk"):
+        ops.gdn_inputs(qk, a, b, a_log, dt_bias, 3)
+    with pytest.raises(ValueError, match="b must be \\[6, 4\\]"):
+        ops.gdn_inputs(qk, a, b[:, :3], a_log, dt_bias, 2)
+    with pytest.raises(ValueError, match="dt_bias must be \\[4\\]"):
+        ops.gdn_inputs(qk, a, b, a_log, dt_bias[:2], 2)
+    x, z = torch.randn(2, 3, 4, 8, generator=gen), torch.randn(2, 3, 4, 8, generator=gen)
+    assert torch.equal(
+        ops.gated_rms_norm(x, z, torch.ones(8), 1e-6), norms.gated_rms_norm(x, z, torch.ones(8), 1e-6)
+    )
+    with pytest.raises(ValueError, match="a gate of its shape"):
+        ops.gated_rms_norm(x, z[..., :4], torch.ones(8), 1e-6)
+    qk.requires_grad_(True)
+    x.requires_grad_(True)
+    (
+        ops.gdn_inputs(qk, a, b, a_log, dt_bias, 2)[0].sum()
+        + ops.gated_rms_norm(x, z, torch.ones(8), 1e-6).sum()
+    ).backward()
+    assert qk.grad is not None and x.grad is not None

@@ -841,7 +841,7 @@ MUTANTS = [
     ),
     Mutant(
         "N5",
-        "trtllm_bole/models/layers.py",
+        "trtllm_bole/reference/norms.py",
         "return (weight * normed * F.silu(gate.float())).to(x.dtype)",
         "return (weight * normed * torch.sigmoid(gate.float())).to(x.dtype)",
         [
@@ -853,7 +853,7 @@ MUTANTS = [
     ),
     Mutant(
         "N6",
-        "trtllm_bole/models/layers.py",
+        "trtllm_bole/reference/norms.py",
         "return (weight * normed * F.silu(gate.float())).to(x.dtype)",
         "return ((1 + weight) * normed * F.silu(gate.float())).to(x.dtype)",
         [
@@ -865,9 +865,9 @@ MUTANTS = [
     ),
     Mutant(
         "N7",
-        "trtllm_bole/models/layers.py",
-        "def l2norm(x: torch.Tensor, eps: float = 1e-6)",
-        "def l2norm(x: torch.Tensor, eps: float = 1e-5)",
+        "trtllm_bole/reference/norms.py",
+        "L2NORM_EPS = 1e-6",
+        "L2NORM_EPS = 1e-5",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",
@@ -877,9 +877,9 @@ MUTANTS = [
     ),
     Mutant(
         "N8",
-        "trtllm_bole/models/layers.py",
-        "g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)",
-        "g = -self.A_log.float() * F.softplus(a.float() + self.dt_bias)",
+        "trtllm_bole/reference/norms.py",
+        "g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)",
+        "g = -a_log.float() * F.softplus(a.float() + dt_bias)",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",
@@ -889,9 +889,9 @@ MUTANTS = [
     ),
     Mutant(
         "N9",
-        "trtllm_bole/models/layers.py",
-        "g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)",
-        "g = -self.A_log.float().exp() * F.softplus(a.float() - self.dt_bias)",
+        "trtllm_bole/reference/norms.py",
+        "g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)",
+        "g = -a_log.float().exp() * F.softplus(a.float() - dt_bias)",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",
@@ -1110,6 +1110,34 @@ MUTANTS = [
             "tests/models/test_loader.py",
             "tests/spec/test_executor.py",
         ],
+    ),
+    Mutant(
+        "N23",
+        "trtllm_bole/kernels/norms.py",
+        "x = tl.load(qk + row * stride_qk + half * key_dim + cols, mask=m, other=0.0).to(tl.float32)",
+        "x = tl.load(qk + row * stride_qk + half * dk + cols, mask=m, other=0.0).to(tl.float32)",
+        ["tests/kernels/test_norms.py"],
+    ),
+    Mutant(
+        "N24",
+        "trtllm_bole/kernels/norms.py",
+        "log1p = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))",
+        "log1p = tl.log(u)",
+        ["tests/kernels/test_norms.py"],
+    ),
+    Mutant(
+        "N25",
+        "trtllm_bole/kernels/norms.py",
+        "weighted = (tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32) * normed).to(dtype).to(tl.float32)",
+        "weighted = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32) * normed",
+        ["tests/kernels/test_norms.py"],
+    ),
+    Mutant(
+        "N26",
+        "trtllm_bole/kernels/norms.py",
+        "z = tl.load(gate + token * stride_g + head * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)",
+        "z = tl.load(gate + token * stride_x + head * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)",
+        ["tests/kernels/test_norms.py"],
     ),
     Mutant(
         "MT1",

@@ -42,8 +42,28 @@ def _samples(tree, x):
     queries = torch.randn(n, 2, 8, device=DEVICE)
     freqs = rope.inv_freq(10000.0, 8, torch.device(DEVICE))
     attention = (*(kv[0] for kv in new_kv), *(c[0] for c in caches))  # k, v, k_cache, v_cache of layer 0
+    hv = x.v.shape[1]
+    qk = torch.randn(n, 3 + 2 * x.q[0].numel(), device=DEVICE)[:, 3:]  # a split of the conv's output
+    gates = torch.randn(n, 2 * hv, device=DEVICE)  # a and b: splits of the projection
     return [
         (library.rms_norm, (x.v, torch.randn(x.v.shape[-1], device=DEVICE), 1e-6), {}),
+        (
+            library.gdn_inputs,
+            (
+                qk,
+                gates[:, hv:],
+                gates[:, :hv],
+                torch.randn(hv, device=DEVICE),
+                torch.randn(hv, device=DEVICE),
+                x.q.shape[1],
+            ),
+            {},
+        ),
+        (
+            library.gated_rms_norm,
+            (x.v, torch.randn(x.v.shape, device=DEVICE), torch.randn(x.v.shape[-1], device=DEVICE), 1e-6),
+            {},
+        ),
         (
             library.rms_norm_rope,
             (
@@ -96,7 +116,7 @@ def test_every_operator_is_sampled(case):
     assert {op.name().split("::")[1] for op, _, _ in _samples(*case)} == defined
 
 
-@pytest.mark.parametrize("index", range(12))
+@pytest.mark.parametrize("index", range(14))
 def test_opcheck(case, index):
     """Schema (mutated arguments declared, nothing else written), fake against real outputs, and the
     operator under AOT dispatch (what torch.compile runs)."""

@@ -33,19 +33,6 @@ GDN_MODES = ("bole", "serial", "prefill")
 # ------------------------------------------------------------------------------------------- #
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """GDN output norm: plain weight (not zero-centred), then ``* silu(gate)`` (Qwen3_5RMSNormGated)."""
-    x32 = x.float()
-    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * normed * F.silu(gate.float())).to(x.dtype)
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """q/k normalisation of the GDN kernels (FLA's form, eps inside the root), in float32."""
-    x = x.float()
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
 def rope_cos_sin(
     positions: torch.Tensor, config: Qwen35Config, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,10 +197,10 @@ class GatedDeltaNet(_Mixer):
     def __init__(self, config: Qwen35Config, index: int, *, dtype: torch.dtype, device: torch.device | str):
         super().__init__(config, index, dtype, device)
         c = config
-        self.heads = (c.linear_num_key_heads, c.linear_key_head_dim)
+        self.key_heads = c.linear_num_key_heads
         self.value_heads = (c.linear_num_value_heads, c.linear_value_head_dim)
         self.splits = (c.conv_dim, c.value_dim, c.linear_num_value_heads, c.linear_num_value_heads)
-        self.qkv_splits = (c.key_dim, c.key_dim, c.value_dim)
+        self.key_dim, self.value_dim = c.key_dim, c.value_dim
         self.scale = c.linear_key_head_dim**-0.5
         self.in_proj = self._param(sum(self.splits), c.hidden_size)  # [qkv | z | b | a]
         self.conv_weight = self._param(c.conv_dim, c.linear_conv_kernel_dim)
@@ -228,19 +215,15 @@ class GatedDeltaNet(_Mixer):
     def _recurrence_inputs(
         self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        q, k, v = mixed.split(self.qkv_splits, dim=-1)
-        # Normalised in float32, handed on in the activations' dtype: in bf16 that is the verify kernels'
-        # serving layout (bf16 q/k/v, fp32 state), the one the kernel bench measures (fp32 q/k turn its
-        # bf16 tensor-core products into tf32 ones and double their loads).
-        q = l2norm(q.unflatten(-1, self.heads)).to(mixed.dtype)
-        k = l2norm(k.unflatten(-1, self.heads)).to(mixed.dtype)
-        v = v.unflatten(-1, self.value_heads)
-        # g = -exp(A_log) * softplus(a + dt_bias) <= 0 in float32; beta = sigmoid(b) (BOLE.md §1).
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        return q, k, v, g, b.sigmoid()
+        qk, v = mixed.split((2 * self.key_dim, self.value_dim), dim=-1)
+        # q and k normalised in float32, handed on in the activations' dtype: in bf16 that is the verify
+        # kernels' serving layout (bf16 q/k/v, fp32 state), the one the kernel bench measures (fp32 q/k
+        # turn its bf16 tensor-core products into tf32 ones and double their loads).
+        q, k, g, beta = ops.gdn_inputs(qk, a, b, self.A_log, self.dt_bias, self.key_heads)
+        return q, k, v.unflatten(-1, self.value_heads), g, beta
 
     def _output(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        y = gated_rms_norm(o, z.unflatten(-1, self.value_heads), self.norm, self.eps)
+        y = ops.gated_rms_norm(o, z.unflatten(-1, self.value_heads), self.norm, self.eps)
         return F.linear(y.flatten(-2), self.out_proj)
 
     def forward_tree(self, x: torch.Tensor, fs: ForwardState) -> torch.Tensor:

@@ -54,7 +54,9 @@ __all__ = [
     "chunk_gated_delta_rule",
     "conv_state_commit",
     "forest",
+    "gated_rms_norm",
     "gdn_commit",
+    "gdn_inputs",
     "gdn_prefill",
     "gdn_snapshot_commit",
     "gdn_tree_verify",
@@ -145,6 +147,46 @@ def rms_norm_rope(
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return rope.rms_norm_rope(x, weight, eps, cos, sin)
     return library.rms_norm_rope(x, weight, eps, cos, sin)
+
+
+def gdn_inputs(
+    qk: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The GDN recurrence's inputs (:func:`trtllm_bole.reference.norms.gdn_inputs`): from the conv's q|k
+    columns ``qk [..., 2 key_dim]`` and the gate inputs ``a``, ``b`` ``[..., HV]``, the L2-normalised q and
+    k ``[..., heads, dk]`` (qk's dtype), ``g`` (float32) and ``beta`` (b's dtype) ``[..., HV]``.
+    Training, which differentiates them, runs the torch reference on every device."""
+    hv = a_log.shape[0] if a_log.dim() == 1 else 0
+    if heads < 1 or qk.shape[-1] % (2 * heads) or not hv:
+        raise ValueError(
+            f"gdn_inputs takes qk [..., 2 * heads * dk] and A_log [HV], got qk {list(qk.shape)} for {heads} "
+            f"heads and A_log {list(a_log.shape)}"
+        )
+    lead = qk.shape[:-1]
+    for name, t in (("a", a), ("b", b), ("dt_bias", dt_bias)):
+        want = (hv,) if name == "dt_bias" else (*lead, hv)
+        if t.shape != want:
+            raise ValueError(f"gdn_inputs: {name} must be {list(want)}, got {list(t.shape)}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (qk, a, b, a_log, dt_bias)):
+        return norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads)
+    flat = (t.reshape(-1, t.shape[-1]) for t in (qk, a, b))
+    q, k, g, beta = library.gdn_inputs(*flat, a_log, dt_bias, heads)
+    return q.unflatten(0, lead), k.unflatten(0, lead), g.unflatten(0, lead), beta.unflatten(0, lead)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The GDN output norm (:func:`trtllm_bole.reference.norms.gated_rms_norm`) of ``x [..., heads, n]``
+    gated by ``gate`` of its shape, ``weight [n]``: x's dtype. Training, which differentiates it, runs the
+    torch reference on every device."""
+    if x.dim() < 2 or gate.shape != x.shape or weight.shape != x.shape[-1:]:
+        raise ValueError(
+            f"gated_rms_norm takes x [..., heads, n], a gate of its shape and weight [n], got "
+            f"{list(x.shape)}, {list(gate.shape)} and {list(weight.shape)}"
+        )
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, gate, weight)):
+        return norms.gated_rms_norm(x, gate, weight, eps)
+    rows = x.shape[-2:]
+    return library.gated_rms_norm(x.reshape(-1, *rows), gate.reshape(-1, *rows), weight, eps).view(x.shape)
 
 
 # ----------------------------------------------------------------------------------------- #

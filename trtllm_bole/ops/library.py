@@ -112,6 +112,42 @@ rms_norm_rope = _define(
 )
 
 
+def _gdn_inputs_reference(
+    qk: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, heads: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Row-major whatever the inputs' layout, as the kernel's outputs (and the fake's) are."""
+    return tuple(t.contiguous() for t in norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads))
+
+
+def _gdn_inputs_fake(
+    qk: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, heads: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    q = qk.new_empty((qk.shape[0], heads, qk.shape[1] // (2 * heads)))
+    return q, torch.empty_like(q), a.new_empty(a.shape, dtype=torch.float32), b.new_empty(b.shape)
+
+
+gdn_inputs = _define(
+    "gdn_inputs(Tensor qk, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, int heads) "
+    "-> (Tensor, Tensor, Tensor, Tensor)",
+    cpu=_gdn_inputs_reference,
+    cuda=_kernel("norms", "gdn_inputs"),
+    fake=_gdn_inputs_fake,
+)
+
+
+def _gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Row-major whatever x's layout, as the kernel's output (and the fake) is."""
+    return norms.gated_rms_norm(x, gate, weight, eps).contiguous()
+
+
+gated_rms_norm = _define(
+    "gated_rms_norm(Tensor x, Tensor gate, Tensor weight, float eps) -> Tensor",
+    cpu=_gated_rms_norm_reference,
+    cuda=_kernel("norms", "gated_rms_norm"),
+    fake=lambda x, gate, weight, eps: x.new_empty(x.shape),
+)
+
+
 def _forest_metadata_torch(
     parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int
 ) -> tuple:
