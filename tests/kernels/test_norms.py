@@ -172,15 +172,16 @@ def test_gdn_inputs_match_float64_and_the_reference(heads, dk, hv, dtype, tol, g
 
 def test_gdn_decay_is_exact_at_both_ends_of_softplus(nan_outputs):
     """``a + dt_bias`` from -40 (softplus ~4e-18: ``log(1 + e)`` alone would give 0, a decay of exactly 1)
-    to 40 (past torch's threshold of 20, where softplus is the identity)."""
-    x = torch.linspace(-40, 40, 33, dtype=torch.float64)
-    qk = torch.ones(33, 4, device=DEVICE)
+    to 40 (past torch's threshold of 20, where softplus is the identity), to a few float32 ulps (the
+    GPU's exp and log are approximate: its ``log(1 + e)`` near 1 was 1e-5 off)."""
+    x = torch.linspace(-40, 40, 321, dtype=torch.float64)
+    qk = torch.ones(321, 4, device=DEVICE)
     a_log = torch.tensor([0.5], device=DEVICE)
     _, _, g, _ = gdn_inputs(
         qk, x[:, None].float().to(DEVICE), qk[:, :1], a_log, torch.zeros(1, device=DEVICE), 1
     )
     truth = -torch.tensor(0.5).exp().double() * torch.nn.functional.softplus(x.float().double())
-    assert ((g[:, 0].double().cpu() - truth).abs() <= 1e-6 * truth.abs()).all()
+    assert ((g[:, 0].double().cpu() - truth).abs() <= 2e-6 * truth.abs()).all()
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
