@@ -7,7 +7,8 @@ dataset per (mode, batch), after the same warm-up as ``bench.py``.
 A small model's serving step is host-bound: the device waits for Python. Time spent in a call that
 synchronises with the device (``.tolist()``, ``.cpu()``, ``int(tensor)``) is time the host waits for
 queued GPU work. cProfile slows Python down, so read the ranking, not the absolute times. Writes
-``profile_host_<device>.txt`` (the top functions by own time and by cumulative time, per run).
+``profile_host_<device>.txt`` (the top functions by own time and by cumulative time, per run, and with
+``--callees`` where the named functions' calls go).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, ru
 from trtllm_bole import LLM
 
 
-def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, top: int) -> str:
+def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, top: int, callees: list[str]) -> str:
     warm_up(llm, mode, bole_args, data, batch, tokens=16)
     profiler = cProfile.Profile()
     profiler.enable()
@@ -37,12 +38,18 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, top: int) ->
     )
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
+    for name in callees:  # where a function's own calls spend their time
+        stats.print_callees(name)
     return text.getvalue()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = profiling_parser(__doc__, modes="ar,bole", batch_sizes="16")
     parser.add_argument("--top", type=int, default=45, help="functions listed per ranking")
+    parser.add_argument(
+        "--callees", nargs="*", default=[], metavar="REGEX",
+        help="also list the callees of the functions these match (pstats' restrictions, e.g. _prefill_round)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     llm, data = open_profiling_run(args)
     bole_args = PROFILED_SPECULATION
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     report = [f"host profile on {device}, torch {torch.__version__}, {args.dtype}\n"]
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         for mode in args.modes.split(","):
-            report.append(profile(llm, mode, bole_args, data, batch, args.top))
+            report.append(profile(llm, mode, bole_args, data, batch, args.top, args.callees))
             print(report[-1].splitlines()[1])
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile_host_{'h200' if 'H200' in device else 'cpu'}.txt"
