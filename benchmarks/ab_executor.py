@@ -6,6 +6,7 @@
     python benchmarks/ab_executor.py tree-attention
     python benchmarks/ab_executor.py step-graphs
     python benchmarks/ab_executor.py gdn-inputs --trials 6 --batches 8,32
+    python benchmarks/ab_executor.py prefill-overlap --trials 6 --batches 8,32
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -28,7 +29,10 @@
 - ``gdn-inputs``: every GDN layer's q/k L2 norms with its decay and beta, and its gated output norm, one
   Triton launch each (2026-12-02) against the torch reference's small kernels, reproduced by running
   ``bole::gdn_inputs`` and ``bole::gated_rms_norm``'s CPU implementations, plain torch, on the GPU's
-  tensors (as ``tree-attention`` does).
+  tensors (as ``tree-attention`` does);
+- ``prefill-overlap``: a step queues the running requests' draft, verify and commit before it launches
+  the admitted prompts' prefill, and reads its outcome after (2026-12-02), against the prefill first,
+  reproduced by the step of before.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request, at batch 8, 16 and 32 (``--batches``), a model for each side (warmed up and its graphs
@@ -130,6 +134,26 @@ def step_launched_from_python():
         ex.SelectGraphs, ex.GreedyStepGraphs = graphs
 
 
+def _prefill_first(self):
+    """``Executor.step`` before 2026-12-02: the admitted prompts' prefill, then the running requests' step."""
+    admitted = self.scheduler.admit(self.max_batch_size)
+    if admitted:
+        self.cache.reset_slots([r.slot for r in admitted])
+    prefilling = [r for r in self.scheduler.running if r.runtime is None]
+    events = self._prefill(prefilling) if prefilling else []
+    running = [r for r in self.scheduler.running if r.runtime is not None and r not in prefilling]
+    return events + (self._book(self._speculate(running)) if running else [])
+
+
+@contextmanager
+def prefill_first():
+    step, ex.Executor.step = ex.Executor.step, torch.no_grad()(_prefill_first)
+    try:
+        yield
+    finally:
+        ex.Executor.step = step
+
+
 OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
@@ -137,6 +161,7 @@ OLD = {
     "tree-attention": partial(in_torch, "tree_attention"),
     "step-graphs": step_launched_from_python,
     "gdn-inputs": partial(in_torch, "gdn_inputs", "gated_rms_norm"),
+    "prefill-overlap": prefill_first,
 }
 
 

@@ -221,10 +221,11 @@ def test_a_failing_step_fails_its_batch_not_the_engine(engine, monkeypatch):
 
 
 def test_a_request_finished_in_a_failing_step_still_gets_its_tokens(engine, monkeypatch):
-    """B's prefill ends it (one token) in the step whose speculation for A then raises: B's final
-    update must still come, with its token, and A's with an error; nothing stays live."""
+    """B's prefill ends it (one token) in the step whose speculation for A then fails, at the wait for
+    its outcome (where a device error surfaces): B's final update must still come, with its token, and
+    A's with an error; nothing stays live."""
     executor, armed, seen = engine.executor, threading.Event(), {}
-    real_prefill, real_speculate = executor._prefill, executor._speculate
+    real_prefill, real_book = executor._prefill, executor._book
 
     def prefill(requests):
         seen.update((tuple(r.prompt_ids), r) for r in requests)
@@ -233,14 +234,14 @@ def test_a_request_finished_in_a_failing_step_still_gets_its_tokens(engine, monk
             armed.set()
         return events
 
-    def speculate(requests):
+    def book(launched):
         if armed.is_set():
             armed.clear()
             raise RuntimeError("device lost")
-        return real_speculate(requests)
+        return real_book(launched)
 
     monkeypatch.setattr(executor, "_prefill", prefill)
-    monkeypatch.setattr(executor, "_speculate", speculate)
+    monkeypatch.setattr(executor, "_book", book)
     running = Collector()
     engine.submit(PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True), running)
     deadline = time.monotonic() + 30

@@ -1,6 +1,7 @@
 """The executor end to end on tiny random models: exact greedy in every mode, a lossless sampler,
 and no leaked slots or blocks under churn."""
 
+import contextlib
 import itertools
 import re
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
+from trtllm_bole.spec import executor as executor_module
 from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
 from trtllm_bole.spec.executor import Executor, StepOutcome, _ends_in_stop
 from trtllm_bole.testing import TINY_MTP_CONFIG, forest
@@ -54,6 +56,34 @@ def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
     if mode != "ar":
         assert sum(r.stats.accepted for r in out) > 0  # drafts were really accepted along the way
         assert all(r.stats.steps < 20 for r in out)
+
+
+def test_a_step_queues_the_running_requests_before_it_prefills_the_admitted_ones(config, monkeypatch):
+    """The running requests' draft, verify and commit go to the device first, the admitted prompt's
+    prefill is launched while it works through them, and the step's outcome is read last; both requests
+    emit in that step, and the greedy tokens are those of the steps in either order (plain decoding)."""
+    phases = []
+
+    def recorded(name):
+        phases.append(name)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(executor_module, "phase", recorded)
+    bole = BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3)
+    ex = Executor(random_model(config, seed=3), bole, max_batch_size=2)
+    first = ex.submit(PROMPTS[0], SamplingParams(max_tokens=12))
+    ex.step()  # its prefill
+    ex.step()  # its first speculative step
+    second = ex.submit(PROMPTS[2], SamplingParams(max_tokens=12))
+    phases.clear()
+    events = ex.step()
+    assert phases == ["draft", "select", "verify", "accept", "commit", "mtp_follow", "prefill", "outcome"]
+    assert [e.request for e in events] == [second, first]
+    while ex.has_unfinished:
+        ex.step()
+    ar = run(Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=2),
+             [PROMPTS[0], PROMPTS[2]], SamplingParams(max_tokens=12))  # fmt: skip
+    assert [first.output_ids, second.output_ids] == [r.output_ids for r in ar]
 
 
 @pytest.mark.parametrize("mode", ["ar", "bole"])

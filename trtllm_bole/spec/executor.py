@@ -20,7 +20,10 @@ graph per pool shape (:class:`~trtllm_bole.spec.draft_graphs.SelectGraphs`) and 
 per forest shape (:mod:`trtllm_bole.spec.verify_graphs`; a greedy batch's graph holds its acceptance and
 commit too, ``GreedyStepGraphs``); ``cuda_graphs=False`` launches them all from Python. A step waits
 for the device once, for the copy of what it accepted; the MTP follow-up is queued behind that copy
-first, so the GPU runs it while the host books the step. Each phase of a step is a profiler range
+first, so the GPU runs it while the host books the step. The running requests' work (2) is queued
+before the prefill (1) is launched, so that the GPU works through it while the host launches the
+prefill, an eager forward whose launches are a small model's main host cost; the step's outcome is
+read after the prefill. Each phase of a step is a profiler range
 (``bole.prefill``, ``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``), free when
 no profiler runs.
 """
@@ -70,6 +73,16 @@ class RequestRuntime:
     last_hidden: torch.Tensor  # [h]: the target's hidden state at the last committed position
     generator: torch.Generator | None
     max_new: int  # max_tokens, capped by the context limit
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A speculative step queued on the device (:meth:`Executor._speculate`), to be booked once its
+    outcome is on the host (:meth:`Executor._book`)."""
+
+    requests: list[Request]
+    outcome: QueuedOutcome
+    next_hidden: torch.Tensor  # [B, h]: each request's hidden state at its accepted leaf
 
 
 @dataclass(slots=True)
@@ -245,17 +258,18 @@ class Executor:
 
     @torch.no_grad()
     def step(self) -> list[StepEvent]:
-        events: list[StepEvent] = []
         admitted = self.scheduler.admit(self.max_batch_size)
         if admitted:
             self.cache.reset_slots([r.slot for r in admitted])
         prefilling = [r for r in self.scheduler.running if r.runtime is None]  # no first token yet
+        running = [r for r in self.scheduler.running if r.runtime is not None]
+        launched = self._speculate(running) if running else None  # the GPU's while the host prefills
+        events: list[StepEvent] = []
         if prefilling:
             with phase("prefill"):
                 events += self._prefill(prefilling)
-        running = [r for r in self.scheduler.running if r.runtime is not None and r not in prefilling]
-        if running:
-            events += self._speculate(running)
+        if launched is not None:
+            events += self._book(launched)
         return events
 
     def _prefill(self, requests: list[Request]) -> list[StepEvent]:
@@ -334,7 +348,8 @@ class Executor:
         picked = hidden[to_device(torch.cat(rows), device)]
         self.model.mtp.prefill(picked, device_tensor(tokens, device), ctx, check=False)
 
-    def _speculate(self, requests: list[Request]) -> list[StepEvent]:
+    def _speculate(self, requests: list[Request]) -> Launched:
+        """Queue the running requests' step on the device, up to the copy of its outcome; nothing waits."""
         model, bole, device = self.model, self.bole, self.model.device
         slots, tables = self._slots_and_tables(requests)
         context_lens = device_tensor([r.context_len for r in requests], device)
@@ -370,17 +385,21 @@ class Executor:
             with phase("mtp_follow"):
                 self._mtp_follow(tree, tokens, hidden, leaf_global, last_hidden, slots, tables, context_lens)
         next_hidden = hidden[leaf_global]  # a copy: a replayed verify's hidden is reused
-        with phase("outcome"):  # the step's one wait for the device, then the host's booking
-            outcome = queued.wait()
+        return Launched(requests, queued, next_hidden)
+
+    def _book(self, launched: Launched) -> list[StepEvent]:
+        """The step's one wait for the device, for its outcome, then the host's booking."""
+        with phase("outcome"):
+            outcome = launched.outcome.wait()
             events = []
-            for i, r in enumerate(requests):
+            for i, r in enumerate(launched.requests):
                 accepted = outcome.accepted[i]
                 r.stats.steps += 1
                 r.stats.drafted += outcome.drafted[i]
                 r.stats.accepted += len(accepted)
                 r.context_len += len(accepted) + 1  # the pending token and the accepted drafts
                 r.runtime.pending = outcome.bonus[i]
-                r.runtime.last_hidden = next_hidden[i]
+                r.runtime.last_hidden = launched.next_hidden[i]
                 events.append(self._emit(r, [*accepted, outcome.bonus[i]]))
         return events
 
