@@ -6,7 +6,7 @@
     python benchmarks/ab_executor.py tree-attention
     python benchmarks/ab_executor.py step-graphs
     python benchmarks/ab_executor.py gdn-inputs --trials 6 --batches 8,32
-    python benchmarks/ab_executor.py prefill-overlap --trials 6 --batches 8,32
+    python benchmarks/ab_executor.py prefill-overlap --trials 6 --batches 8,16 --requests 48
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -35,11 +35,12 @@
   reproduced by the step of before.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
-request, at batch 8, 16 and 32 (``--batches``), a model for each side (warmed up and its graphs
-captured under its variant), ``--trials`` interleaved pairs (order alternating); every run's tokens
-must equal the first run's, else it stops without a result. Writes the tokens/s of every run and the
-medians as JSON. ``--device cpu`` smoke-runs it (on the CPU both forest variants are the torch
-derivation).
+request, at batch 8, 16 and 32 (``--batches``), as many requests as the batch holds (all admitted at
+once) or ``--requests`` (then admitted as others end, a prefill in most steps), a model for each side
+(warmed up and its graphs captured under its variant), ``--trials`` interleaved pairs (order
+alternating); every run's tokens must equal the first run's, else it stops without a result. Writes
+the tokens/s of every run and the medians as JSON. ``--device cpu`` smoke-runs it (on the CPU both
+forest variants are the torch derivation).
 """
 
 import argparse
@@ -184,6 +185,7 @@ def main() -> None:
     parser.add_argument(
         "--batches", type=_batches, default=[8, 16, 32], metavar="B,B,...", help="batch sizes"
     )
+    parser.add_argument("--requests", type=int, default=0, help="requests a run (default: the batch size)")
     parser.add_argument("--device", default="cuda", help="cuda or cpu (a smoke run)")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent / "results", help="folder of the JSON"
@@ -207,7 +209,8 @@ def main() -> None:
                 with variants[name]():
                     sync()
                     t0 = time.perf_counter()
-                    outs = llms[name].generate((prompts * 8)[:batch], params, use_tqdm=False)
+                    requests = (prompts * 8)[: args.requests or batch]
+                    outs = llms[name].generate(requests, params, use_tqdm=False)
                     sync()
                     dt = time.perf_counter() - t0
                 toks = [o.outputs[0].token_ids for o in outs]

@@ -725,6 +725,13 @@ MUTANTS = [
         ["tests/spec/test_executor.py::test_the_default_cache_serves_a_full_batch_of_full_length_requests"],
     ),
     Mutant(
+        "E14",
+        "trtllm_bole/spec/executor.py",
+        "        launched = self._speculate(running) if running else None  # the GPU's while the host prefills\n        events: list[StepEvent] = []\n        if prefilling:\n            with phase(\"prefill\"):\n                events += self._prefill(prefilling)\n",
+        "        events: list[StepEvent] = []\n        if prefilling:\n            with phase(\"prefill\"):\n                events += self._prefill(prefilling)\n        launched = self._speculate(running) if running else None  # the GPU's while the host prefills\n",
+        ["tests/spec/test_executor.py"],
+    ),
+    Mutant(
         "P1",
         "trtllm_bole/kernels/gdn_prefill.py",
         "lp_last = tl.load(log_p + (bos + n_c - 1) * hv + i_hv)",
