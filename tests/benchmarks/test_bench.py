@@ -133,11 +133,13 @@ def test_profile_host_ranks_the_executor_step(tmp_path, checkpoint):
     data = tiny_dataset(tmp_path)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_host.py"), "--dataset", str(data),
            "--engine", str(checkpoint), "--modes", "ar,bole", "--batch-sizes", "2", "--top", "200",
-           "--out", str(tmp_path)]  # fmt: skip
+           "--callees", "_prefill_round", "--out", str(tmp_path)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     report = (tmp_path / "profile_host_cpu.txt").read_text()
     assert "===== ar batch 2" in report and "===== bole batch 2" in report
     assert "executor.py" in report and "(step)" in report and "(draft)" in report
+    callees = report.split("restriction <'_prefill_round'>")
+    assert len(callees) == 3 and all("(_slots_and_tables)" in c for c in callees[1:])  # per run, its callees
 
 
 def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
