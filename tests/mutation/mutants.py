@@ -727,8 +727,8 @@ MUTANTS = [
     Mutant(
         "E14",
         "trtllm_bole/spec/executor.py",
-        "        launched = self._speculate(running) if running else None  # the GPU's while the host prefills\n        events: list[StepEvent] = []\n        if prefilling:\n            with phase(\"prefill\"):\n                events += self._prefill(prefilling)\n",
-        "        events: list[StepEvent] = []\n        if prefilling:\n            with phase(\"prefill\"):\n                events += self._prefill(prefilling)\n        launched = self._speculate(running) if running else None  # the GPU's while the host prefills\n",
+        '        launched = self._speculate(running) if running else None  # the GPU\'s while the host prefills\n        events: list[StepEvent] = []\n        if prefilling:\n            with phase("prefill"):\n                events += self._prefill(prefilling)\n',
+        '        events: list[StepEvent] = []\n        if prefilling:\n            with phase("prefill"):\n                events += self._prefill(prefilling)\n        launched = self._speculate(running) if running else None  # the GPU\'s while the host prefills\n',
         ["tests/spec/test_executor.py"],
     ),
     Mutant(
@@ -1648,6 +1648,13 @@ MUTANTS = [
         ["tests/server"],
         equivalent="a reply coded 'cancelled' answers a request its client cancelled, whose stream the client "
         "has closed: the server drops it, so INTERNAL in its place reaches no one",
+    ),
+    Mutant(
+        "SV13",
+        "trtllm_bole/serving/engine.py",
+        "serving=int(not self._closing),",
+        "serving=1,",
+        ["tests/serving/test_serving_engine.py", "tests/serving/test_serving_metrics.py"],
     ),
     Mutant(
         "SV12",

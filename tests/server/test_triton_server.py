@@ -77,7 +77,9 @@ def error_of(url: str, inputs) -> str:
 def test_server_starts_within_30_seconds(server):
     print(f"tritonserver start to ready: {server.ready_s:.1f} s")
     assert server.ready_s < 30
-    assert bole_samples(server)["bole_request_metrics", "max"] == MAX_BATCH  # published before ready
+    published = bole_samples(server)  # before the server reports ready
+    assert published["bole_request_metrics", "max"] == MAX_BATCH
+    assert published["bole_engine_status", "serving"] == 1
 
 
 def test_grpc_stream_returns_llm_generate_tokens(server, llm):

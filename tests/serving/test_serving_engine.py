@@ -360,6 +360,7 @@ def test_an_engine_thread_that_dies_fails_every_request_and_refuses_new_ones(mon
         assert c.final.finish_reason == "error" and "bug outside a step" in c.final.error
     engine._thread.join(10)
     assert not engine.alive and not engine._live
+    assert engine.stats().serving == 0 and engine.stats().finished_error == 2  # what the metrics show
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit(PROMPTS[2], SamplingParams(), Collector())
 

@@ -31,6 +31,7 @@ def test_the_engine_publishes_its_batch_its_cache_and_the_totals_of_the_requests
     assert until(lambda: engine.stats().finished_length == 3)
     stats = engine.stats()
     engine.close()
+    assert stats.serving == 1 and engine.stats().serving == 0
     ended = [f.stats for f in finals[:3]]
     assert [f.finish_reason for f in finals] == ["length"] * 3 + ["error"] * 2
     assert (stats.finished_stop, stats.finished_abort, stats.finished_error) == (0, 0, 2)

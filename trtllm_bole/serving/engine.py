@@ -63,6 +63,7 @@ class EngineStats:
     (:mod:`trtllm_bole.serving.metrics`): the batch and the KV cache now, and totals since the engine
     started, a request's counted when it ends."""
 
+    serving: int = 1  # 1 while the engine takes requests; 0 once it closes or its thread has stopped
     iterations: int = 0  # executor steps run
     active: int = 0  # requests in the batch: prefilling or decoding
     waiting: int = 0  # submitted, not in the batch yet (no free slot or KV blocks, or not picked up yet)
@@ -279,6 +280,7 @@ class ServingEngine:
         scheduler = self.executor.scheduler
         blocks = scheduler.blocks
         self._stats = EngineStats(
+            serving=int(not self._closing),
             iterations=self._iterations,
             active=len(scheduler.running),
             waiting=self._waiting(),

@@ -37,6 +37,14 @@ class Family:
 
 FAMILIES = (
     Family(
+        "bole_engine_status",
+        GAUGE,
+        "1 while the engine takes requests; 0 once it drains or has stopped, closed or failed (then every "
+        "request is refused: a server to restart)",
+        "state",
+        {"serving": "serving"},
+    ),
+    Family(
         "bole_request_metrics",
         GAUGE,
         "Requests in the engine's batch, waiting for it, and the batch's bound",
