@@ -186,7 +186,7 @@ def run(
     sizes and draft graphs as the timed runs)."""
     executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or max_seq_len_for(dataset))
     graphs = [g for g in executor.graph_sets if g is not None]
-    captured_before = sum(len(g.captured) for g in graphs)
+    captured_before = sum(g.captures for g in graphs)
     sync = torch.cuda.synchronize if llm.model.device.type == "cuda" else (lambda: None)
     submitted, first, events = {}, {}, {}
     start = time.perf_counter()
@@ -243,7 +243,7 @@ def run(
         "mean_accepted_tokens": (accepted + steps) / steps if steps else 1.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "kernel_compiles": dict(sorted(collections.Counter(compiles).items())),
-        "graph_captures": sum(len(g.captured) for g in graphs) - captured_before,
+        "graph_captures": sum(g.captures for g in graphs) - captured_before,
         "_outputs": [r.output_ids for r in requests],
     }
 

@@ -1,9 +1,10 @@
-"""CUDA-graph capture after a failed capture (GPU only)."""
+"""CUDA-graph capture after a failed capture (GPU only), and what a graph set counts."""
 
 import pytest
 import torch
 
-from trtllm_bole.spec.graphs import capture
+from trtllm_bole.spec import graphs
+from trtllm_bole.spec.graphs import CacheGraphs, capture
 
 
 @pytest.mark.gpu
@@ -36,3 +37,29 @@ def test_a_failed_capture_leaves_captures_and_launches_working(failure):
         torch.cuda.synchronize()
         assert torch.equal(out, x * 3 + 1) and torch.equal(five_x, x * 5)
     assert torch.randn(8, device="cuda").isfinite().all()
+
+
+class _Owner:
+    def __init__(self):
+        self.cache = object()
+
+
+class _Graphs(CacheGraphs):
+    def add(self, key):
+        self._follow_cache()
+        self._graphs[key], _ = self._capture(lambda: key)
+
+
+def test_a_graph_set_counts_every_capture_through_a_cache_replacement(monkeypatch):
+    """What a benchmark counts inside a timed run (``bench.py``'s ``graph_captures``): every capture, also
+    of graphs captured again after a replaced cache dropped them (the set's size went down then)."""
+    monkeypatch.setattr(graphs, "capture", lambda run, pool: (object(), run()))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", object)
+    owner = _Owner()
+    shapes = _Graphs(owner)
+    shapes.add(1)
+    shapes.add(2)
+    assert shapes.captured == [1, 2] and shapes.captures == 2
+    owner.cache = object()  # a larger cache: the graphs read the old one's addresses
+    shapes.add(2)
+    assert shapes.captured == [2] and shapes.captures == 3

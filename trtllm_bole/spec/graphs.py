@@ -90,11 +90,14 @@ class CacheGraphs(Generic[Owner]):
         self._cache = owner.cache
         self._graphs: dict[Hashable, Any] = {}
         self._pool: Any = None  # the graphs' shared memory pool, made by the first capture
+        self.captures = 0  # graphs captured in this set's life, those a replaced cache dropped included
 
     def _capture(self, run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        return capture(run, self._pool)
+        captured = capture(run, self._pool)
+        self.captures += 1
+        return captured
 
     @property
     def owner(self) -> Owner:
