@@ -732,6 +732,13 @@ MUTANTS = [
         ["tests/spec/test_executor.py"],
     ),
     Mutant(
+        "E15",
+        "trtllm_bole/spec/graphs.py",
+        "        captured = capture(run, self._pool)\n        self.captures += 1\n",
+        "        captured = capture(run, self._pool)\n",
+        ["tests/spec/test_graphs.py"],
+    ),
+    Mutant(
         "P1",
         "trtllm_bole/kernels/gdn_prefill.py",
         "lp_last = tl.load(log_p + (bos + n_c - 1) * hv + i_hv)",
