@@ -1,13 +1,16 @@
 """What one prefill forward costs the host: a step that only admits and prefills ``k`` held-out code
 prompts (the embedded model, float32, bole), timed on the host and with the device synchronised (medians
-of 15, after 5 unmeasured), then the torch profiler's ranking of three such steps (k = 1) by CPU time.
+of 15, after 5 unmeasured), then the torch profiler's ranking of three such steps (k = 1) by CPU time
+and cProfile's of twenty by cumulative time (which Python functions the host's time goes through).
 
     python benchmarks/probe_prefill_host.py > results/probe_prefill_host_h200.txt   # H200: ~40 s
 """
 
 from __future__ import annotations
 
+import cProfile
 import json
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -53,6 +56,10 @@ def main() -> None:
         for _ in range(3):
             prefill_step(1)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+    with cProfile.Profile() as python_prof:
+        for _ in range(20):
+            prefill_step(1)
+    pstats.Stats(python_prof).sort_stats("cumulative").print_stats(70)
 
 
 if __name__ == "__main__":

@@ -151,6 +151,25 @@ def test_raw_gates_fused_in_kernel(gen, nan_outputs):
     check(out, truth(x, tree), SERVING)
 
 
+@pytest.mark.parametrize("config", [SMALL, INV[1], INV[2]], ids=["blocked", "inverse1", "inverse2"])
+def test_raw_gates_keep_tiny_and_huge_decays(config, gen, nan_outputs):
+    """``a + dt_bias`` from -40 to 40, head by head, through every kernel's on-chip gating: a path's
+    ``logP`` to float32's relative precision at both ends of softplus (``log(1 + exp(x))`` written out
+    gives 0 below x = -17, the whole decay of head 0 lost; above 20 softplus is the identity)."""
+    tree, x = make(SHAPES["ragged"], 2, 4, 32, 32, gen, torch.bfloat16)
+    n, hv = x.g.shape
+    a = torch.linspace(-40, 40, n * hv).view(hv, n).T.contiguous()
+    gates = (torch.full((hv,), 0.5, device=DEVICE), torch.zeros(hv, device=DEVICE))
+    x.g = -torch.tensor(0.5).exp().double() * torch.nn.functional.softplus(a.double())
+    b = torch.zeros(n, hv, device=DEVICE)
+    q, k, v = (t.bfloat16() for t in (x.q, x.k, x.v))
+    out = gdn_tree_verify(q, k, v, a.to(DEVICE), b, x.state.float(), tree, scale=x.scale, config=config,
+                          raw_gates=gates)  # fmt: skip
+    _, _, lp_ref = truth(x, tree)
+    assert lp_ref[:, 0].abs().max() < 1e-8  # head 0: x <= -20, where written-out softplus gives 0
+    assert ((out[2].double().cpu() - lp_ref.cpu()).abs() <= 4e-6 * lp_ref.abs().cpu()).all()
+
+
 def test_depth_one_and_compiled_maximum(gen):
     tree, x = make([star_parents(1) * 1, [-1], [-1]], 2, 2, 16, 16, gen)
     assert tree.max_depth == 1

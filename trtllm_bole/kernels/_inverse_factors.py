@@ -15,17 +15,18 @@ from trtllm_bole.kernels._verify_tiles import (
     _operand,
     _rows,
 )
+from trtllm_bole.kernels.norms import softplus
 
 
 @triton.jit
 def _gates(g_ptr, b_ptr, rows, m, hv, a_exp_h, dt_bias_h, RAW_GATES: tl.constexpr):
     """Per-node ``g`` and ``β`` (zero on masked rows); with raw gates, Qwen3.5's gating on chip:
-    ``g = -exp(A_log) softplus(a + dt_bias)`` (torch's threshold 20), ``β = sigmoid(b)``."""
+    ``g = -exp(A_log) softplus(a + dt_bias)`` (:func:`~.norms.softplus`), ``β = sigmoid(b)``."""
     g = tl.load(g_ptr + rows * hv, mask=m, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + rows * hv, mask=m, other=0.0).to(tl.float32)
     if RAW_GATES:
         x = g + dt_bias_h
-        g = tl.where(m, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)
+        g = tl.where(m, -a_exp_h * softplus(x), 0.0)
         b = tl.where(m, 1.0 / (1.0 + tl.exp(-b)), 0.0)
     return g, b
 

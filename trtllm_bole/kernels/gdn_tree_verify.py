@@ -68,6 +68,7 @@ from trtllm_bole.kernels.gdn_tree_verify_inverse import (
     launch_inverse,
     loads_key_dim,
 )
+from trtllm_bole.kernels.norms import softplus
 from trtllm_bole.tree import TreeBatch
 
 PRECISIONS = ("ieee", "tf32", "bf16")
@@ -126,9 +127,9 @@ def _log_decay(
             ord_c = tl.load(dfs_req + cols, mask=m_c, other=0).to(tl.int32)
             end_c = ord_c + tl.load(size_req + cols, mask=m_c, other=0).to(tl.int32)
             g_c = tl.load(g_req + cols * hv, mask=m_c, other=0.0).to(tl.float32)
-            if RAW_GATES:  # g holds a: g = -exp(A_log) softplus(a + dt_bias) (torch's threshold 20)
+            if RAW_GATES:  # g holds a: g = -exp(A_log) softplus(a + dt_bias)
                 x = g_c + dt_bias_h
-                g_c = tl.where(m_c, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)
+                g_c = tl.where(m_c, -a_exp_h * softplus(x), 0.0)
             anc = _is_ancestor(ord_r, ord_c, end_c, m_r, m_c)
             acc += tl.sum(tl.where(anc, g_c[None, :], 0.0), axis=1)
         tl.store(lp_req + rows * hv, acc, mask=m_r)
