@@ -158,16 +158,18 @@ def test_raw_gates_keep_tiny_and_huge_decays(config, gen, nan_outputs):
     gives 0 below x = -17, the whole decay of head 0 lost; above 20 softplus is the identity)."""
     tree, x = make(SHAPES["ragged"], 2, 4, 32, 32, gen, torch.bfloat16)
     n, hv = x.g.shape
-    a = torch.linspace(-40, 40, n * hv).view(hv, n).T.contiguous()
+    a = torch.linspace(-40, 40, n * hv, device=DEVICE).view(hv, n).T.contiguous()
     gates = (torch.full((hv,), 0.5, device=DEVICE), torch.zeros(hv, device=DEVICE))
-    x.g = -torch.tensor(0.5).exp().double() * torch.nn.functional.softplus(a.double())
-    b = torch.zeros(n, hv, device=DEVICE)
+    x.g = -torch.tensor(0.5).exp().item() * torch.nn.functional.softplus(a.double())
     q, k, v = (t.bfloat16() for t in (x.q, x.k, x.v))
-    out = gdn_tree_verify(q, k, v, a.to(DEVICE), b, x.state.float(), tree, scale=x.scale, config=config,
-                          raw_gates=gates)  # fmt: skip
-    _, _, lp_ref = truth(x, tree)
+    out = gdn_tree_verify(q, k, v, a, torch.zeros_like(a), x.state.float(), tree, scale=x.scale,
+                          config=config, raw_gates=gates)  # fmt: skip
+    x.beta = torch.full_like(x.beta, 0.5)  # sigmoid(0)
+    ref = truth(x, tree)
+    check(out, ref, SERVING)
+    lp_ref = ref[2]
     assert lp_ref[:, 0].abs().max() < 1e-8  # head 0: x <= -20, where written-out softplus gives 0
-    assert ((out[2].double().cpu() - lp_ref.cpu()).abs() <= 4e-6 * lp_ref.abs().cpu()).all()
+    assert ((out[2].double() - lp_ref).abs() <= 4e-6 * lp_ref.abs()).all()
 
 
 def test_depth_one_and_compiled_maximum(gen):
