@@ -491,6 +491,20 @@ MUTANTS = [
         ["tests/kernels/test_tree_conv1d.py"],
     ),
     Mutant(
+        "K13",
+        "trtllm_bole/kernels/gdn_tree_verify.py",
+        "g_c = tl.where(m_c, -a_exp_h * softplus(x), 0.0)",
+        "g_c = tl.where(m_c, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)",
+        ["tests/kernels/test_gdn_tree_verify.py::test_raw_gates_keep_tiny_and_huge_decays"],
+    ),
+    Mutant(
+        "K14",
+        "trtllm_bole/kernels/_inverse_factors.py",
+        "g = tl.where(m, -a_exp_h * softplus(x), 0.0)",
+        "g = tl.where(m, -a_exp_h * tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x), 0.0)",
+        ["tests/kernels/test_gdn_tree_verify.py::test_raw_gates_keep_tiny_and_huge_decays"],
+    ),
+    Mutant(
         "K12",
         "trtllm_bole/kernels/gdn_commit.py",
         "up = tl.load(global_parents + tl.maximum(up, 0), mask=up >= 0, other=-1)",
