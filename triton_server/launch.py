@@ -27,6 +27,13 @@ tritonserver stopped by itself with 0, non-zero when it failed or had to be kill
 
 Metrics: Triton's Prometheus endpoint on ``--metrics-port`` (default 8002; -1: none) serves Triton's own
 ``nv_inference_*`` and the model's ``bole_*`` (:mod:`trtllm_bole.serving.metrics`).
+
+Watching the engine: Triton keeps reporting a Python model ready whatever its own threads do, so the
+launcher reads the model's ``bole_engine_status{state="serving"}`` gauge every ``--engine-watch``
+seconds (default 1; 0, or no metrics endpoint: not watched). Once it reads 0 while the launcher has not
+asked for a drain (the engine thread failed, or the drain file was written by someone else), every
+request is being refused: the launcher stops tritonserver (requests still in flight keep Triton's exit
+timeout) and exits 1, so that whatever supervises it (systemd, Kubernetes) starts a fresh server.
 """
 
 from __future__ import annotations
@@ -199,6 +206,44 @@ def wait_ready(process: subprocess.Popen, http_port: int, timeout: float) -> flo
     raise TimeoutError(f"tritonserver was not ready within {timeout:.0f} s")
 
 
+_SERVING_SAMPLE = re.compile(r'^bole_engine_status\{[^}]*\bstate="serving"[^}]*\} (\S+)$', re.MULTILINE)
+
+
+def serving_gauge(metrics: str) -> bool | None:
+    """Whether the engine takes requests, from Prometheus text holding its ``bole_engine_status{state=
+    "serving"}`` sample; None where there is no such sample (not published yet, or the model unloaded)."""
+    match = _SERVING_SAMPLE.search(metrics)
+    return None if match is None else float(match.group(1)) != 0
+
+
+def engine_serving(metrics_port: int) -> bool | None:
+    """:func:`serving_gauge` of Triton's metrics endpoint; None where it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as response:
+            return serving_gauge(response.read().decode(errors="replace"))
+    except OSError:
+        return None
+
+
+class EngineStopped(Exception):
+    """The model's engine stopped taking requests while the launcher had not asked it to."""
+
+
+def wait_serving(process: subprocess.Popen, metrics_port: int | None, interval: float) -> None:
+    """Until tritonserver exits; raises :class:`EngineStopped` once the engine's gauge reads 0 (every
+    ``interval`` seconds; never with no metrics endpoint or ``interval`` 0)."""
+    if metrics_port is None or interval <= 0:
+        process.wait()
+        return
+    while True:
+        try:
+            process.wait(interval)
+            return
+        except subprocess.TimeoutExpired:
+            if engine_serving(metrics_port) is False:
+                raise EngineStopped from None
+
+
 def stop(process: subprocess.Popen, timeout: float) -> int | None:
     """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code, or None if it had to be killed."""
     if process.poll() is None:
@@ -265,6 +310,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=10.0,
         help="on SIGTERM/SIGINT: seconds in-flight requests may still run (default: 10)",
     )
+    p.add_argument(
+        "--engine-watch",
+        type=float,
+        default=1.0,
+        help="seconds between reads of the engine's serving gauge; once it reads 0 unasked, the server is "
+        "stopped and the launcher exits 1 (default: 1; 0: not watched)",
+    )
     p.add_argument("--log-verbose", type=int, default=0)
     return p.parse_args(argv)
 
@@ -322,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not 0 <= args.drain_grace <= 3600:
         raise SystemExit(f"error: --drain-grace must lie in [0, 3600] seconds, got {args.drain_grace}")
+    if not 0 <= args.engine_watch <= 3600:
+        raise SystemExit(f"error: --engine-watch must lie in [0, 3600] seconds, got {args.engine_watch}")
     root = triton_root()
     server_dir = prepare_server_env(args.server_env or default_server_env_dir(), root)
     if args.prepare_only:
@@ -341,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                              shm_prefix=shm_prefix, exit_timeout=exit_timeout)  # fmt: skip
     try:
         return serve(command, server_env(server_dir, root), ports, repository, args.ready_timeout,
-                     drain=(drain_file, args.drain_grace), stop_timeout=exit_timeout + 20)  # fmt: skip
+                     drain=(drain_file, args.drain_grace), stop_timeout=exit_timeout + 20,
+                     engine_watch=args.engine_watch)  # fmt: skip
     finally:
         for leftover in Path("/dev/shm").glob(f"{shm_prefix}*"):  # left behind when a stub dies
             leftover.unlink(missing_ok=True)
@@ -360,12 +415,13 @@ def serve(
     *,
     drain: tuple[Path | None, float],
     stop_timeout: float,
+    engine_watch: float = 0.0,
 ) -> int:
     """Run the server until it exits or we are told to stop (then drain and stop it); its exit code,
-    1 if it had to be killed."""
+    1 if it had to be killed or its engine stopped unasked (:func:`wait_serving`)."""
     http_port, grpc_port, metrics_port = ports
     process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
-    stopping = False
+    stopping = engine_stopped = False
 
     def on_signal(signum, frame):
         nonlocal stopping
@@ -384,9 +440,17 @@ def serve(
             + ("" if metrics_port is None else f"\n  metrics  http://127.0.0.1:{metrics_port}/metrics"),
             flush=True,
         )
-        process.wait()
+        wait_serving(process, metrics_port, engine_watch)
     except KeyboardInterrupt:
         pass
+    except EngineStopped:
+        engine_stopped = True
+        print(
+            "error: the model's engine stopped taking requests (its thread failed, or it was drained without "
+            "the launcher): stopping tritonserver so that it can be restarted",
+            file=sys.stderr,
+            flush=True,
+        )
     except (RuntimeError, TimeoutError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         stop(process, stop_timeout)
@@ -404,7 +468,7 @@ def serve(
               flush=True)  # fmt: skip
         return 1
     print(f"tritonserver stopped (exit code {code})", flush=True)
-    return code if code >= 0 else 1
+    return 1 if engine_stopped or code < 0 else code
 
 
 if __name__ == "__main__":

@@ -1678,6 +1678,20 @@ MUTANTS = [
         ["tests/serving/test_serving_engine.py", "tests/serving/test_serving_metrics.py"],
     ),
     Mutant(
+        "SV14",
+        "triton_server/launch.py",
+        "if engine_serving(metrics_port) is False:",
+        "if engine_serving(metrics_port) is None:",
+        ["tests/server/test_triton_server.py::test_an_engine_that_stops_serving_unasked_stops_the_server"],
+    ),
+    Mutant(
+        "SV15",
+        "triton_server/launch.py",
+        "return 1 if engine_stopped or code < 0 else code",
+        "return code if code >= 0 else 1",
+        ["tests/server/test_triton_server.py::test_an_engine_that_stops_serving_unasked_stops_the_server"],
+    ),
+    Mutant(
         "SV12",
         "triton_server/model_repository_template/bole/1/model.py",
         "                max_token_bytes=self.llm.tokenizer.max_token_bytes,",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from triton_harness import LAUNCH, ROOT, needs_server, start_server, stop_server
+from triton_harness import LAUNCH, ROOT, free_port, needs_server, start_server, stop_server
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
 
@@ -378,6 +378,31 @@ def test_stopping_the_server_drains_requests_in_flight(tmp_path, repository):
     assert 0 < sum(len(c.token_ids) for c in chunks) < 2000
 
 
+def test_an_engine_that_stops_serving_unasked_stops_the_server(tmp_path):
+    """The engine's gauge drops to 0 without the launcher asking (here: someone else writes the drain
+    file; a failed engine thread reads the same): the launcher stops tritonserver, which Triton would
+    otherwise keep reporting ready while it refuses every request, and exits 1 for its supervisor."""
+    import launch
+    from client import build_inputs
+
+    server = start_server(tmp_path, SERVER_ARGS)
+    try:
+        assert bole_samples(server)["bole_engine_status", "serving"] == 1
+        launch.request_drain(tmp_path / "drain", 0.0)
+        server.process.wait(60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the launcher kept serving a stopped engine:\n{server.log_tail()}")
+    finally:
+        if server.process.poll() is None:
+            stop_server(server)
+    log = server.log.read_text(errors="replace")
+    assert server.process.returncode == 1, server.log_tail()
+    assert "error: the model's engine stopped taking requests" in log and "tritonserver stopped" in log, log
+    pid = int(log.split("(pid ")[1].split(")")[0])
+    assert not Path(f"/proc/{pid}").exists() and not server.ready()
+    assert "no Triton server answers" in error_of(server.grpc_url, build_inputs(PROMPTS[0], max_tokens=1))
+
+
 def test_a_full_queue_refuses_a_request_with_unavailable(tmp_path):
     """``--max-queue-size 1`` with a batch of one: while one request streams and one waits, a third is
     refused with UNAVAILABLE and counted; the waiting one runs once the first is cancelled."""
@@ -469,6 +494,30 @@ def test_a_served_repository_s_drain_file_that_could_not_be_written_is_refused(t
     with pytest.raises(SystemExit, match=words):
         launch.repository_drain_file(served(tmp_path, drain_file.replace("{tmp}", str(tmp_path))))
     assert launch.repository_drain_file(tmp_path / "no-model") is None
+
+
+def test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics():
+    import launch
+
+    text = (
+        "# HELP bole_engine_status 1 while the engine takes requests\n# TYPE bole_engine_status gauge\n"
+        'bole_engine_status{model="bole",state="serving",version="1"} {value}\n'
+        'nv_inference_count{model="bole",version="1"} 3\n'
+    )
+    assert launch.serving_gauge(text.replace("{value}", "1")) is True
+    assert launch.serving_gauge(text.replace("{value}", "0")) is False
+    reordered = 'bole_engine_status{state="serving",model="bole",version="1"} 0\n'
+    assert launch.serving_gauge(reordered) is False
+    for absent in ("", 'nv_inference_count{model="bole",version="1"} 3\n', 'bole_engine_status{state="x"} 0'):
+        assert launch.serving_gauge(absent) is None, absent
+    assert launch.engine_serving(free_port()) is None  # nothing answers there
+
+
+@pytest.mark.parametrize("value", ["-1", "3601"])
+def test_launch_refuses_an_engine_watch_out_of_range(value):
+    command = [sys.executable, str(LAUNCH), "--engine-watch", value]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 1 and "--engine-watch must lie in [0, 3600] seconds" in done.stderr
 
 
 def test_launch_help_runs_without_a_server():
