@@ -240,7 +240,7 @@ def wait_serving(process: subprocess.Popen, metrics_port: int | None, interval: 
             process.wait(interval)
             return
         except subprocess.TimeoutExpired:
-            if engine_serving(metrics_port) is False:
+            if engine_serving(metrics_port) is False and process.poll() is None:  # not Triton's own exit
                 raise EngineStopped from None
 
 

@@ -1680,8 +1680,8 @@ MUTANTS = [
     Mutant(
         "SV14",
         "triton_server/launch.py",
-        "if engine_serving(metrics_port) is False:",
-        "if engine_serving(metrics_port) is None:",
+        "if engine_serving(metrics_port) is False and process.poll() is None:",
+        "if engine_serving(metrics_port) is None and process.poll() is None:",
         ["tests/server/test_triton_server.py::test_an_engine_that_stops_serving_unasked_stops_the_server"],
     ),
     Mutant(
