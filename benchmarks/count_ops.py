@@ -48,9 +48,10 @@ class OpCounter(TorchDispatchMode):
             self.by_line[line] += 1
         return func(*args, **(kwargs or {}))
 
-    def report(self, title: str, per: int, top: int) -> dict:
+    def report(self, title: str, top: int, *, levels: int | None = None) -> dict:
+        """Prints the total (per level where the counted call ran ``levels`` of them) and the top lines."""
         total = sum(self.by_op.values())
-        print(f"== {title}: {total} operators ({total / per:.1f} a {'level' if per > 1 else 'call'})")
+        print(f"== {title}: {total} operators" + (f" ({total / levels:.1f} a level)" if levels else ""))
         for line, n in self.by_line.most_common(top):
             print(f"  {n:5d}  {line}")
         return {"operators": total, "by_op": dict(self.by_op.most_common()), "by_line": dict(self.by_line)}
@@ -78,14 +79,14 @@ def main(argv: list[str] | None = None) -> None:
     settings = DraftSettings.of([0.0] * b, [0] * b, [1.0] * b, device)
     with OpCounter() as counted:
         draft(model.mtp, pending, hidden, slots, tables, zeros, settings, top_k=top_k, depth=depth)
-    results["draft"] = counted.report(f"greedy draft, batch {b}", depth, args.top)
+    results["draft"] = counted.report(f"greedy draft, batch {b}", args.top, levels=depth)
 
     prompt = llm.encode(json.loads(PROMPTS.read_text().splitlines()[0])["prompt"])
     tables = torch.arange(len(prompt) // model.cache.block_size + 1, dtype=torch.int32, device=device)[None]
     ctx = StepContext.chains([len(prompt)], slots[:1], tables, zeros[:1])
     with OpCounter() as counted:
         model.prefill(torch.tensor(prompt, device=device), ctx, check=False)
-    results["prefill"] = counted.report(f"target prefill of one {len(prompt)}-token prompt", 1, args.top)
+    results["prefill"] = counted.report(f"target prefill of one {len(prompt)}-token prompt", args.top)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
 
