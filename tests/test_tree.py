@@ -57,14 +57,17 @@ def test_chains_helper():
     assert tree.max_depth == 3
 
 
+@pytest.mark.parametrize("paths", [True, False])
 @pytest.mark.parametrize("lengths", [[1], [3, 1], [5, 70, 1, 2], [64] * 3])
-def test_chains_closed_form_equals_build(lengths):
-    fast = TreeBatch.chains(lengths)
+def test_chains_closed_form_equals_build(lengths, paths):
+    """Every field as build() derives it, but the paths table where the chains carry none: a prompt's
+    chain deeper than any tree, or chains made without one (the prefill's)."""
+    fast = TreeBatch.chains(lengths, paths=paths)
     parents = torch.cat([torch.arange(n) - 1 for n in lengths])
     built = TreeBatch.build(parents, torch.tensor([0, *lengths]).cumsum(0), max_supported_depth=max(lengths))
     for f in dataclasses.fields(TreeBatch):
         a, b = getattr(fast, f.name), getattr(built, f.name)
-        if f.name == "path_table" and max(lengths) > MAX_TREE_DEPTH:  # a prompt's chain: no table
+        if f.name == "path_table" and (max(lengths) > MAX_TREE_DEPTH or not paths):
             assert a.shape == (b.shape[0], 0) and not fast.has_paths and built.has_paths
             continue
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name

@@ -10,9 +10,10 @@ Everything the kernels and references need is derived once here:
 - ``depth``: 1 for a child of the root, ``depth(parent) + 1`` otherwise;
 - ``paths[i, :depth[i]]``: global indices of the root-to-node path (root child first, ``i`` last).
   A forest deeper than :data:`MAX_TREE_DEPTH` (only a prompt's chain can be: :meth:`TreeBatch.chains`)
-  carries ``paths`` with no columns, since its full table would grow with the prompt's length squared:
-  only the prefill takes such forests, and its operators need a node's few nearest ancestors
-  (``global_parents``) or the interval test below, never a whole path (:attr:`TreeBatch.has_paths`);
+  carries ``paths`` with no columns, since its full table would grow with the prompt's length squared,
+  and so do the GDN prefill's chunks (``chains(..., paths=False)``): only the prefill takes such
+  forests, and its operators need a node's few nearest ancestors (``global_parents``) or the interval
+  test below, never a whole path (:attr:`TreeBatch.has_paths`);
 - ``dfs_order`` / ``subtree_size``: a depth-first pre-order rank and the size of each subtree, so
   "``j`` is an ancestor of ``i`` or ``i`` itself" is the interval test
   ``dfs_order[j] <= dfs_order[i] < dfs_order[j] + subtree_size[j]`` — three 1-D loads per tile in a
@@ -26,7 +27,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from trtllm_bole.transfer import device_tensor, to_device
+from trtllm_bole.transfer import to_device
 
 _ALIGN = 16  # int64 elements: 128 bytes
 
@@ -122,34 +123,41 @@ class TreeBatch:
 
     @classmethod
     def chains(
-        cls, lengths: list[int], device: torch.device | str = "cpu", *, max_depth: int | None = None
+        cls,
+        lengths: list[int],
+        device: torch.device | str = "cpu",
+        *,
+        max_depth: int | None = None,
+        paths: bool = True,
     ) -> TreeBatch:
         """One chain (a tree with a single path) per request: the shape of prefill and chain drafts.
         ``max_depth``: a bound on the lengths to carry instead of the longest (the host ints that pick
         kernels and their tiles; the prefill passes its chunk size, so that a chunk's arithmetic does not
-        depend on the longest chunk beside it).
+        depend on the longest chunk beside it). ``paths=False``: no paths table (:attr:`has_paths`), for
+        callers whose operators never read one (the GDN prefill's chunks).
 
         Its metadata in closed form (what :meth:`build` derives, without the sweeps): node ``i`` of a
         chain has depth ``i + 1``, its path is the chain's first ``i + 1`` nodes, the packed order is
-        already depth-first, and a subtree is the rest of the chain. Computed on ``device`` from the
-        lengths alone. Chains deeper than :data:`MAX_TREE_DEPTH` carry no ``paths`` columns
-        (:attr:`has_paths`): a prompt's would grow with its length squared (8 prompts of 4,096 tokens: 1
-        GiB of int64)."""
+        already depth-first, and a subtree is the rest of the chain. Made on the host from the lengths
+        and moved in one packed copy (:meth:`to`): a prefill step makes a few of these, and built on a
+        GPU each took ~20 launches. Chains deeper than :data:`MAX_TREE_DEPTH` carry no ``paths`` columns
+        either: a prompt's would grow with its length squared (8 prompts of 4,096 tokens: 1 GiB of int64)."""
         if not lengths or any(n <= 0 for n in lengths):
             raise ValueError(f"chains need one positive length per request, got {list(lengths)}")
         if max_depth is not None and max_depth < max(lengths):
             raise ValueError(f"max_depth {max_depth} is below the longest chain, {max(lengths)}")
-        device = torch.device(device)
-        sizes = device_tensor(lengths, device)
-        cu_seqlens = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
-        num_nodes, max_depth = sum(lengths), max_depth or max(lengths)
-        nodes = torch.arange(num_nodes, device=device)
-        request = _owners(sizes, num_nodes)
+        sizes = np.asarray(lengths, dtype=np.int64)
+        cu_seqlens = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(sizes)])
+        max_depth = max_depth or int(sizes.max())
+        request = np.repeat(np.arange(sizes.size), sizes)
+        nodes = np.arange(cu_seqlens[-1])
         local = nodes - cu_seqlens[:-1][request]
-        steps = torch.arange(max_depth if max_depth <= MAX_TREE_DEPTH else 0, device=device)
-        paths = torch.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
-        return cls(local - 1, cu_seqlens, local + 1, request, torch.where(local > 0, nodes - 1, -1), paths,
-                   nodes, sizes[request] - local, max_depth, max_depth)  # fmt: skip
+        steps = np.arange(max_depth if paths and max_depth <= MAX_TREE_DEPTH else 0)
+        path_table = np.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
+        derived = (local - 1, cu_seqlens, local + 1, request, np.where(local > 0, nodes - 1, -1), path_table,
+                   nodes, sizes[request] - local)  # fmt: skip
+        tensors = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in derived)
+        return cls(*tensors, max_depth, max_depth).to(device)
 
     @classmethod
     def on_device(
@@ -222,8 +230,8 @@ class TreeBatch:
     @property
     def has_paths(self) -> bool:
         """Whether the forest carries its root-to-node paths: every forest up to :data:`MAX_TREE_DEPTH`
-        deep does (every one the verify kernels accept); a longer prompt's chain carries an ``[N, 0]``
-        table instead."""
+        deep does (every one the verify kernels accept) unless made by ``chains(..., paths=False)``; a
+        longer prompt's chain carries an ``[N, 0]`` table instead."""
         return self.path_table.shape[1] == self.max_depth
 
     @property
@@ -232,8 +240,8 @@ class TreeBatch:
         forest that carries none (:attr:`has_paths`), rather than read as an empty table."""
         if not self.has_paths:
             raise ValueError(
-                f"this forest ({self.max_depth} deep: a prompt's chain) carries no paths table; its "
-                f"operators take a node's nearest ancestors from global_parents instead"
+                f"this forest ({self.max_depth} deep, a prompt's or a prefill's chains) carries no paths "
+                f"table; its operators take a node's nearest ancestors from global_parents instead"
             )
         return self.path_table
 

@@ -51,7 +51,8 @@ class PrefillChunks:
 def prefill_chunks(lengths: tuple[int, ...], chunk_size: int, device: torch.device) -> PrefillChunks:
     """The chunks of prompts ``lengths`` long, made on the host and copied (no device sync). Cached for
     the GDN layers of one prefill, which all ask for the same; two layouts at most, since a serving
-    prefill rarely meets the same lengths again and the chains' ``paths`` take 512 bytes a token."""
+    prefill rarely meets the same lengths again. The chains carry no ``paths`` table, which the kernel
+    never reads (at 8,192 tokens it would be 4 MiB, and milliseconds of host time to make)."""
     if not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(f"chunk_size must lie in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size}")
     if not lengths or min(lengths) <= 0:
@@ -59,7 +60,7 @@ def prefill_chunks(lengths: tuple[int, ...], chunk_size: int, device: torch.devi
     sizes = [min(chunk_size, n - lo) for n in lengths for lo in range(0, n, chunk_size)]
     counts = [-(-n // chunk_size) for n in lengths]
     first = device_tensor([0, *itertools.accumulate(counts)], device)
-    return PrefillChunks(TreeBatch.chains(sizes, device=device, max_depth=chunk_size), first)
+    return PrefillChunks(TreeBatch.chains(sizes, device=device, max_depth=chunk_size, paths=False), first)
 
 
 def prefill_config(dk: int, dv: int, fp32_exact: bool) -> VerifyConfig:

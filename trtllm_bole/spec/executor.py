@@ -320,7 +320,9 @@ class Executor:
         ids = device_tensor([t for r, (_, start, stop) in zip(owners, pieces, strict=True)
                              for t in r.prompt_ids[start:stop]], device)  # fmt: skip
         starts = device_tensor([start for _, start, _ in pieces], device)
-        ctx = StepContext.chains([stop - start for _, start, stop in pieces], slots, tables, starts)
+        ctx = StepContext.chains(
+            [stop - start for _, start, stop in pieces], slots, tables, starts, paths=False
+        )
         hidden, logits = self.model.prefill(ids, ctx, check=False)
         if self.bole.speculates:
             self._mtp_prefill(owners, pieces, hidden)
@@ -344,7 +346,7 @@ class Executor:
         device = hidden.device
         slots, tables = self._slots_and_tables([r for r, _ in chosen])
         starts = device_tensor([start for _, start in chosen], device)
-        ctx = StepContext.chains([len(p) for p in rows], slots, tables, starts)
+        ctx = StepContext.chains([len(p) for p in rows], slots, tables, starts, paths=False)
         picked = hidden[to_device(torch.cat(rows), device)]
         self.model.mtp.prefill(picked, device_tensor(tokens, device), ctx, check=False)
 
