@@ -7,6 +7,7 @@
     python benchmarks/ab_executor.py step-graphs
     python benchmarks/ab_executor.py gdn-inputs --trials 6 --batches 8,32
     python benchmarks/ab_executor.py prefill-overlap --trials 6 --batches 8,16 --requests 48
+    python benchmarks/ab_executor.py host-chains --trials 6 --batches 8,16 --requests 48
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -32,7 +33,10 @@
   tensors (as ``tree-attention`` does);
 - ``prefill-overlap``: a step queues the running requests' draft, verify and commit before it launches
   the admitted prompts' prefill, and reads its outcome after (2026-12-02), against the prefill first,
-  reproduced by the step of before.
+  reproduced by the step of before;
+- ``host-chains``: a prefill step's chains (the prompts', the MTP head's and the GDN prefill's chunks)
+  made on the host and moved in one packed copy each, with no paths table (2026-12-02), against their
+  derivation on the device, ~20 torch kernels each, paths included, reproduced by that derivation.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request, at batch 8, 16 and 32 (``--batches``), as many requests as the batch holds (all admitted at
@@ -55,10 +59,12 @@ from pathlib import Path
 import torch
 
 from trtllm_bole.config import BoleConfig, SamplingParams
-from trtllm_bole.kernels import forest
+from trtllm_bole.kernels import forest, gdn_prefill
 from trtllm_bole.llm import LLM
 from trtllm_bole.ops import library
 from trtllm_bole.spec import executor as ex
+from trtllm_bole.transfer import device_tensor
+from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
 
 PROMPTS = Path("benchmarks/data/heldout_code_prompts.jsonl")
 QUEUE = ex.StepOutcome.queue
@@ -155,6 +161,33 @@ def prefill_first():
         ex.Executor.step = step
 
 
+def _chains_on_device(cls, lengths, device="cpu", *, max_depth=None, paths=True):
+    """``TreeBatch.chains`` before 2026-12-02, on ``device`` from the lengths (``paths`` ignored: a
+    table up to MAX_TREE_DEPTH deep, always)."""
+    device = torch.device(device)
+    sizes = device_tensor(lengths, device)
+    cu_seqlens = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+    num_nodes, max_depth = sum(lengths), max_depth or max(lengths)
+    nodes = torch.arange(num_nodes, device=device)
+    request = torch.repeat_interleave(torch.arange(len(lengths), device=device), sizes, output_size=num_nodes)
+    local = nodes - cu_seqlens[:-1][request]
+    steps = torch.arange(max_depth if max_depth <= MAX_TREE_DEPTH else 0, device=device)
+    table = torch.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
+    return cls(local - 1, cu_seqlens, local + 1, request, torch.where(local > 0, nodes - 1, -1), table,
+               nodes, sizes[request] - local, max_depth, max_depth)  # fmt: skip
+
+
+@contextmanager
+def chains_on_device():
+    chains, TreeBatch.chains = TreeBatch.chains, classmethod(_chains_on_device)
+    gdn_prefill.prefill_chunks.cache_clear()  # no chunks made by the other side
+    try:
+        yield
+    finally:
+        TreeBatch.chains = chains
+        gdn_prefill.prefill_chunks.cache_clear()
+
+
 OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
@@ -163,6 +196,7 @@ OLD = {
     "step-graphs": step_launched_from_python,
     "gdn-inputs": partial(in_torch, "gdn_inputs", "gated_rms_norm"),
     "prefill-overlap": prefill_first,
+    "host-chains": chains_on_device,
 }
 
 
