@@ -7,9 +7,12 @@ import warnings
 import pytest
 import torch
 
+from trtllm_bole.models import mtp as mtp_module
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.testing import chain_parents, forest, random_parents, star_parents, topk_parents
+
+GROWN_ALIKE = mtp_module._grown_alike
 
 ATOL = 1e-4
 BLOCK = 4
@@ -242,12 +245,17 @@ def test_mtp_tree_equals_sequential_rows_and_commit(tiny_config, clone_cache):
         torch.testing.assert_close(after[b], one_row_at_a_time(b, rows)[1], atol=ATOL, rtol=0)
 
 
-def test_mtp_grows_a_tree_depth_by_depth(tiny_config, clone_cache):
+@pytest.mark.parametrize("alike", [False, True])
+def test_mtp_grows_a_tree_depth_by_depth(tiny_config, clone_cache, monkeypatch, alike):
     """EAGLE-style drafting: one MTP pass per depth over the new nodes only (``past``), equal to one
-    pass over the finished forest, and its final pending commits like the one-pass pending."""
+    pass over the finished forest, and its final pending commits like the one-pass pending. Requests that
+    grow alike (as the drafter's do) take the padding placement, the others the gathers."""
     s = Setup(tiny_config(), mtp=True)
     mtp = s.model.mtp
-    trees = [topk_parents(8, 2, 4), chain_parents(3), star_parents(4)]  # nodes in depth order
+    mixed = [topk_parents(8, 2, 4), chain_parents(3), star_parents(4)]  # nodes in depth order
+    trees = [topk_parents(7, 2, 3)] * 3 if alike else mixed
+    paddings = []
+    monkeypatch.setattr(mtp_module, "_grown_alike", lambda *a: paddings.append(a) or GROWN_ALIKE(*a))
     final = forest(trees)
     hidden = torch.randn(final.num_nodes, s.model.config.hidden_size, generator=s.gen)
     ids = s.tokens(final.num_nodes)
@@ -269,6 +277,7 @@ def test_mtp_grows_a_tree_depth_by_depth(tiny_config, clone_cache):
         torch.testing.assert_close(out_logits, whole_logits[new], atol=1e-5, rtol=0)
         torch.testing.assert_close(out_hidden, whole_hidden[new], atol=1e-5, rtol=0)
         done = counts
+    assert len(paddings) == (final.max_depth - 1 if alike else 0)
 
     committed = []
     for pending in (whole_pending, past):  # each into its own copy of the pre-verify cache

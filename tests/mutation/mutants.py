@@ -1207,6 +1207,20 @@ MUTANTS = [
         ["tests/models/test_tree_verify.py", "tests/spec/test_executor.py", "tests/test_llm.py"],
     ),
     Mutant(
+        "MT6",
+        "trtllm_bole/models/mtp.py",
+        "(0, 0, 0, 0, 0, added)",
+        "(0, 0, 0, 0, added, 0)",
+        ["tests/models/test_tree_verify.py::test_mtp_grows_a_tree_depth_by_depth"],
+    ),
+    Mutant(
+        "MT7",
+        "trtllm_bole/models/mtp.py",
+        "return rows[:, old_nodes:].flatten(), *placed",
+        "return rows[:, :added].flatten(), *placed",
+        ["tests/models/test_tree_verify.py::test_mtp_grows_a_tree_depth_by_depth"],
+    ),
+    Mutant(
         "MT5",
         "trtllm_bole/models/loader.py",
         "load_mtp = mtp and has_mtp and config.mtp_num_hidden_layers > 0",
