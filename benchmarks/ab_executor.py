@@ -8,6 +8,7 @@
     python benchmarks/ab_executor.py gdn-inputs --trials 6 --batches 8,32
     python benchmarks/ab_executor.py prefill-overlap --trials 6 --batches 8,16 --requests 48
     python benchmarks/ab_executor.py host-chains --trials 6 --batches 8,16 --requests 48
+    python benchmarks/ab_executor.py grown-alike --trials 6 --batches 1,8,32
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -36,7 +37,10 @@
   reproduced by the step of before;
 - ``host-chains``: a prefill step's chains (the prompts', the MTP head's and the GDN prefill's chunks)
   made on the host and moved in one packed copy each, with no paths table (2026-12-02), against their
-  derivation on the device, ~20 torch kernels each, paths included, reproduced by that derivation.
+  derivation on the device, ~20 torch kernels each, paths included, reproduced by that derivation;
+- ``grown-alike``: each draft level places the MTP's earlier K/V by padding every request's rows
+  (2026-12-02, the requests of a draft grow alike) against the general placement's gathers and sort,
+  reproduced by making the test that picks the padding fail.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request, at batch 8, 16 and 32 (``--batches``), as many requests as the batch holds (all admitted at
@@ -61,6 +65,7 @@ import torch
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.kernels import forest, gdn_prefill
 from trtllm_bole.llm import LLM
+from trtllm_bole.models import mtp
 from trtllm_bole.ops import library
 from trtllm_bole.spec import executor as ex
 from trtllm_bole.transfer import device_tensor
@@ -188,6 +193,15 @@ def chains_on_device():
         gdn_prefill.prefill_chunks.cache_clear()
 
 
+@contextmanager
+def grown_by_gathers():
+    alike, mtp._alike = mtp._alike, lambda old, tree: False
+    try:
+        yield
+    finally:
+        mtp._alike = alike
+
+
 OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
@@ -197,6 +211,7 @@ OLD = {
     "gdn-inputs": partial(in_torch, "gdn_inputs", "gated_rms_norm"),
     "prefill-overlap": prefill_first,
     "host-chains": chains_on_device,
+    "grown-alike": grown_by_gathers,
 }
 
 

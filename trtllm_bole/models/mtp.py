@@ -163,9 +163,8 @@ def _grown_from(
             "past must come from the same step (slots, context_lens) and ctx.tree must extend its forest: "
             "each request keeps its earlier nodes first, with the same parents, and appends new ones"
         )
-    b = tree.num_requests
-    if old.num_nodes == b * old.max_nodes and tree.num_nodes == b * tree.max_nodes:
-        return _grown_alike(past, b, old.max_nodes, tree.max_nodes)
+    if _alike(old, tree):
+        return _grown_alike(past, tree.num_requests, old.max_nodes, tree.max_nodes)
     earlier, source = _earlier_nodes(old, tree)
     keep = earlier[None, :, None, None]
     placed = [torch.where(keep, kv[:, source], 0) for kv in (past.new_k, past.new_v)]
@@ -193,6 +192,12 @@ def _extends(past: PendingCommit, ctx: StepContext) -> bool:
         | (past.ctx.context_lens != ctx.context_lens).any()
         | (past.ctx.slots != ctx.slots).any()
     )
+
+
+def _alike(old: TreeBatch, tree: TreeBatch) -> bool:
+    """Whether every request has as many nodes as the largest, before and after (host ints)."""
+    b = tree.num_requests
+    return old.num_nodes == b * old.max_nodes and tree.num_nodes == b * tree.max_nodes
 
 
 def _grown_alike(
