@@ -170,8 +170,15 @@ MUTANTS = [
     Mutant(
         "D2",
         "trtllm_bole/spec/drafter.py",
-        "frontier, frontier_hidden = beam, hidden[row_of[pool.parents[beam]]]",
-        "frontier, frontier_hidden = beam, hidden[row_of[pool.parents[beam]] - 1]",
+        "frontier_hidden = hidden[(requests[:, None] * width + beam_parent).flatten()]",
+        "frontier_hidden = hidden[(requests[:, None] * width + beam_parent).flatten() - 1]",
+        ["tests/spec/test_executor.py::test_drafts_follow_the_committed_sequence"],
+    ),
+    Mutant(
+        "D4",
+        "trtllm_bole/spec/drafter.py",
+        "parents = torch.cat([parents, parents.shape[1] - width + beam_parent], dim=1)",
+        "parents = torch.cat([parents, parents.shape[1] - width + 0 * beam_parent], dim=1)",
         ["tests/spec/test_executor.py::test_drafts_follow_the_committed_sequence"],
     ),
     Mutant(

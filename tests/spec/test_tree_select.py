@@ -179,6 +179,8 @@ def test_beam_keeps_the_best_of_each_request_grouped_and_best_first():
     parents, depth = torch.tensor([-1, -1] + [0, 1] * 6), torch.tensor([1, 1] + [2] * 12)
     pool = CandidatePool(torch.arange(14), parents, request, depth, log_rho)
     children = torch.tensor([2, 4, 6, 8, 10, 12, 3, 5, 7, 9, 11, 13])
-    assert _best_per_request(pool, children, 2, 3).tolist() == [6, 4, 2, 3, 7, 9]
+    best = _best_per_request(pool, children, 2, 3)  # columns of each request's children
+    assert best.tolist() == [[2, 1, 0], [0, 2, 3]]
+    assert children.view(2, -1).gather(1, best).tolist() == [[6, 4, 2], [3, 7, 9]]
     with pytest.raises(ValueError, match="do not give 2 requests 7 each"):
         _best_per_request(pool, children, 2, 7)

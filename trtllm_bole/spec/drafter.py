@@ -124,9 +124,16 @@ def draft(
         torch.zeros(b, device=device),
     )
     frontier = requests  # pool indices, grouped by request; their MTP rows run next
-    frontier_hidden, mtp_nodes, past = last_hidden, frontier.new_empty(0), None
+    frontier_hidden, past = last_hidden, None
+    # The MTP forest, request by request ([B, nodes so far]): each request's earlier rows, then its
+    # frontier's, all requests alike, so it grows by concatenation. Local parents and depths.
+    parents, depths = torch.full((b, 1), -1, device=device), torch.ones(b, 1, dtype=torch.long, device=device)
     for level in range(depth):
-        mtp_nodes, tree = _grow(mtp_nodes, frontier, pool, b, level + 1)
+        width = frontier.numel() // b  # frontier nodes per request: the last columns of the forest
+        tree = ops.forest(
+            parents.flatten(), torch.arange(0, parents.numel() + 1, parents.shape[1], device=device),
+            depths.flatten(), max_depth=level + 1, max_nodes=parents.shape[1],
+        )  # fmt: skip
         ctx = StepContext(slots, block_tables, mtp_context_lens, tree)
         # New rows come back in packed order, which is frontier order (grouped by request). The forest
         # grows from past's own forest here, so the MTP's check of that (a device sync) is skipped.
@@ -142,10 +149,12 @@ def draft(
             level + 2,  # the frontier is at level + 1
             log_rho.flatten(),
         )
-        beam = _best_per_request(pool, children, b, top_k)
-        row_of = torch.full_like(pool.tokens, -1)
-        row_of[frontier] = torch.arange(frontier.numel(), device=device)
-        frontier, frontier_hidden = beam, hidden[row_of[pool.parents[beam]]]
+        best = _best_per_request(pool, children, b, top_k)  # [B, beam] of each request's children
+        beam_parent = best // top_k  # the frontier node (of the request's) each is a child of
+        frontier = children.view(b, -1).gather(1, best).flatten()
+        frontier_hidden = hidden[(requests[:, None] * width + beam_parent).flatten()]
+        parents = torch.cat([parents, parents.shape[1] - width + beam_parent], dim=1)
+        depths = torch.cat([depths, torch.full_like(beam_parent, level + 2)], dim=1)
     return pool
 
 
@@ -155,38 +164,17 @@ def pool_size(top_k: int, depth: int) -> int:
     return 1 + top_k + (depth - 1) * top_k * top_k
 
 
-def _grow(
-    mtp_nodes: torch.Tensor, frontier: torch.Tensor, pool: CandidatePool, num_requests: int, depth: int
-) -> tuple[torch.Tensor, TreeBatch]:
-    """The MTP forest after adding ``frontier`` (its nodes at ``depth``): each request's earlier rows
-    first, then its new ones. Both lists are grouped by request with as many nodes per request (one per
-    level, then ``beam`` per level), so merging them is a reshape, and the offsets and depths are known
-    on the host: the forest is derived on the device, no sync."""
-    if mtp_nodes.numel() % num_requests or frontier.numel() % num_requests:
-        raise ValueError(f"MTP rows do not split evenly over {num_requests} requests")
-    grown = torch.cat([mtp_nodes.view(num_requests, -1), frontier.view(num_requests, -1)], dim=1).flatten()
-    per_request = grown.numel() // num_requests
-    local_of = torch.full_like(pool.tokens, -1)
-    local_of[grown] = torch.arange(grown.numel(), device=grown.device) % per_request
-    parents = pool.parents[grown]
-    local_parents = torch.where(parents >= 0, local_of[parents.clamp(min=0)], -1)
-    cu = torch.arange(0, grown.numel() + 1, per_request, device=grown.device)
-    tree = ops.forest(local_parents, cu, pool.depth[grown], max_depth=depth, max_nodes=per_request)
-    return grown, tree
-
-
 def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, num_requests: int, beam: int) -> torch.Tensor:
-    """The ``beam`` best of ``nodes`` by ρ in each request, grouped by request (best first).
+    """The ``beam`` best of ``nodes`` by ρ in each request (best first), as columns ``[B, beam]`` of
+    their ``[B, children]`` grid.
 
     ``nodes`` come grouped by request, each request's in creation order, as many per request (its
-    frontier, 1 or ``beam`` nodes, times ``top_k >= beam`` children): a ``[B, children]`` grid, ranked
-    row by row (small sorts along the rows instead of sorts over the batch; a boolean mask would wait for
-    the device)."""
+    frontier, 1 or ``beam`` nodes, times ``top_k >= beam`` children): a grid ranked row by row (small
+    sorts along the rows instead of sorts over the batch; a boolean mask would wait for the device)."""
     if nodes.numel() % num_requests or nodes.numel() // num_requests < beam:
         raise ValueError(f"{nodes.numel()} candidates do not give {num_requests} requests {beam} each")
     grid = nodes.view(num_requests, -1)
-    best = rank_order(pool.log_rho[grid], pool.depth[grid])[:, :beam]
-    return grid.gather(1, best).flatten()
+    return rank_order(pool.log_rho[grid], pool.depth[grid])[:, :beam]
 
 
 def selection_size(pool_size: int, num_requests: int, per_request: int, total: int | None) -> tuple[int, int]:
