@@ -9,6 +9,7 @@
     python benchmarks/ab_executor.py prefill-overlap --trials 6 --batches 8,16 --requests 48
     python benchmarks/ab_executor.py host-chains --trials 6 --batches 8,16 --requests 48
     python benchmarks/ab_executor.py grown-alike --trials 6 --batches 1,8,32
+    python benchmarks/ab_executor.py draft-forest --trials 6 --batches 1,8,32
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -40,7 +41,11 @@
   derivation on the device, ~20 torch kernels each, paths included, reproduced by that derivation;
 - ``grown-alike``: each draft level places the MTP's earlier K/V by padding every request's rows
   (2026-12-02, the requests of a draft grow alike) against the general placement's gathers and sort,
-  reproduced by making the test that picks the padding fail.
+  reproduced by making the test that picks the padding fail;
+- ``draft-forest``: drafting carries its MTP forest's local parents and depths from level to level,
+  grown by concatenation, and takes each beam node's parent row from its column in the children's grid
+  (2026-12-02), against deriving both from the pool at every level (a map from pool indices to local
+  ones, gathers of the pool's parents and depths), reproduced by the draft of before.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request, at batch 8, 16 and 32 (``--batches``), as many requests as the batch holds (all admitted at
@@ -62,11 +67,14 @@ from pathlib import Path
 
 import torch
 
+from trtllm_bole import ops
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.kernels import forest, gdn_prefill
 from trtllm_bole.llm import LLM
 from trtllm_bole.models import mtp
+from trtllm_bole.models.cache import StepContext
 from trtllm_bole.ops import library
+from trtllm_bole.spec import draft_graphs, drafter
 from trtllm_bole.spec import executor as ex
 from trtllm_bole.transfer import device_tensor
 from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
@@ -202,6 +210,53 @@ def grown_by_gathers():
         mtp._alike = alike
 
 
+def _draft_before(mtp_head, pending, last_hidden, slots, block_tables, mtp_context_lens, settings, *,
+                  top_k, depth):  # fmt: skip
+    """``drafter.draft`` before 2026-12-02's carried forest: the MTP forest and the frontier's rows
+    derived from the pool's indices at every level."""
+    device, b = pending.device, pending.numel()
+    requests = torch.arange(b, device=device)
+    pool = drafter.CandidatePool(pending.long(), torch.full((b,), -1, dtype=torch.long, device=device),
+                                 requests, torch.ones(b, dtype=torch.long, device=device),
+                                 torch.zeros(b, device=device))  # fmt: skip
+    frontier, frontier_hidden, mtp_nodes, past = requests, last_hidden, requests.new_empty(0), None
+    for level in range(depth):
+        grown = torch.cat([mtp_nodes.view(b, -1), frontier.view(b, -1)], dim=1).flatten()
+        per_request = grown.numel() // b
+        local_of = torch.full_like(pool.tokens, -1)
+        local_of[grown] = torch.arange(grown.numel(), device=device) % per_request
+        parents = pool.parents[grown]
+        local_parents = torch.where(parents >= 0, local_of[parents.clamp(min=0)], -1)
+        cu = torch.arange(0, grown.numel() + 1, per_request, device=device)
+        tree = ops.forest(local_parents, cu, pool.depth[grown], max_depth=level + 1, max_nodes=per_request)
+        mtp_nodes = grown
+        ctx = StepContext(slots, block_tables, mtp_context_lens, tree)
+        hidden, logits, past = mtp_head.verify(
+            frontier_hidden, pool.tokens[frontier], ctx, past=past, check_growth=False
+        )
+        log_q = settings.log_probs(logits, pool.request[frontier])
+        tokens, log_rho = drafter.topk_children(pool.log_rho[frontier], log_q, top_k)
+        owners = pool.request[frontier].repeat_interleave(top_k)
+        children = pool.extend(
+            tokens.flatten(), frontier.repeat_interleave(top_k), owners, level + 2, log_rho.flatten()
+        )
+        beam = children.view(b, -1).gather(1, drafter._best_per_request(pool, children, b, top_k)).flatten()
+        row_of = torch.full_like(pool.tokens, -1)
+        row_of[frontier] = torch.arange(frontier.numel(), device=device)
+        frontier, frontier_hidden = beam, hidden[row_of[pool.parents[beam]]]
+    return pool
+
+
+@contextmanager
+def draft_before():
+    draft = ex.draft
+    ex.draft = draft_graphs.draft = _draft_before
+    try:
+        yield
+    finally:
+        ex.draft = draft_graphs.draft = draft
+
+
 OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
@@ -212,6 +267,7 @@ OLD = {
     "prefill-overlap": prefill_first,
     "host-chains": chains_on_device,
     "grown-alike": grown_by_gathers,
+    "draft-forest": draft_before,
 }
 
 
