@@ -150,7 +150,7 @@ def draft(
             log_rho.flatten(),
         )
         best = _best_per_request(pool, children, b, top_k)  # [B, beam] of each request's children
-        beam_parent = best // top_k  # the frontier node (of the request's) each is a child of
+        beam_parent = best // top_k  # each one's parent: its column of the request's frontier
         frontier = children.view(b, -1).gather(1, best).flatten()
         frontier_hidden = hidden[(requests[:, None] * width + beam_parent).flatten()]
         parents = torch.cat([parents, parents.shape[1] - width + beam_parent], dim=1)
