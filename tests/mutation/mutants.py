@@ -407,8 +407,8 @@ MUTANTS = [
     Mutant(
         "TR5",
         "trtllm_bole/tree.py",
-        "nodes, sizes[request] - local, max_depth, max_depth)",
-        "nodes, sizes[request] - local - 1, max_depth, max_depth)",
+        "nodes, sizes[request] - local)  # fmt: skip",
+        "nodes, sizes[request] - local - 1)  # fmt: skip",
         [
             "tests/test_tree.py",
             "tests/kernels/test_forest.py",
@@ -614,8 +614,15 @@ MUTANTS = [
     Mutant(
         "TP1",
         "trtllm_bole/tree.py",
-        "steps = torch.arange(max_depth if max_depth <= MAX_TREE_DEPTH else 0, device=device)",
-        "steps = torch.arange(max_depth, device=device)",
+        "steps = np.arange(max_depth if paths and max_depth <= MAX_TREE_DEPTH else 0)",
+        "steps = np.arange(max_depth if paths else 0)",
+        ["tests/test_tree.py"],
+    ),
+    Mutant(
+        "TP2",
+        "trtllm_bole/tree.py",
+        "steps = np.arange(max_depth if paths and max_depth <= MAX_TREE_DEPTH else 0)",
+        "steps = np.arange(max_depth if max_depth <= MAX_TREE_DEPTH else 0)",
         ["tests/test_tree.py"],
     ),
     Mutant(
