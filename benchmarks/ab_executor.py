@@ -77,7 +77,7 @@ from trtllm_bole.ops import library
 from trtllm_bole.spec import draft_graphs, drafter
 from trtllm_bole.spec import executor as ex
 from trtllm_bole.transfer import device_tensor
-from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
+from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch, _owners
 
 PROMPTS = Path("benchmarks/data/heldout_code_prompts.jsonl")
 QUEUE = ex.StepOutcome.queue
@@ -182,7 +182,7 @@ def _chains_on_device(cls, lengths, device="cpu", *, max_depth=None, paths=True)
     cu_seqlens = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
     num_nodes, max_depth = sum(lengths), max_depth or max(lengths)
     nodes = torch.arange(num_nodes, device=device)
-    request = torch.repeat_interleave(torch.arange(len(lengths), device=device), sizes, output_size=num_nodes)
+    request = _owners(sizes, num_nodes)
     local = nodes - cu_seqlens[:-1][request]
     steps = torch.arange(max_depth if max_depth <= MAX_TREE_DEPTH else 0, device=device)
     table = torch.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)

@@ -98,8 +98,7 @@ class TreeBatch:
         subtree_size = np.bincount(paths[paths >= 0], minlength=num_nodes)
         dfs_order = _preorder(paths)
         derived = (parents, cu_seqlens, depth, request, global_parents, paths, dfs_order, subtree_size)
-        tensors = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in derived)
-        return cls(*tensors, max_depth, int(lengths.max())).to(device)
+        return cls._from_host(derived, max_depth, int(lengths.max()), device)
 
     def to(self, device: torch.device | str) -> TreeBatch:
         """The same forest with its tensors on ``device``: one packed copy, split there into views that
@@ -149,15 +148,21 @@ class TreeBatch:
         sizes = np.asarray(lengths, dtype=np.int64)
         cu_seqlens = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(sizes)])
         max_depth = max_depth or int(sizes.max())
-        request = np.repeat(np.arange(sizes.size), sizes)
+        request, local = _owners_on_host(cu_seqlens)
         nodes = np.arange(cu_seqlens[-1])
-        local = nodes - cu_seqlens[:-1][request]
         steps = np.arange(max_depth if paths and max_depth <= MAX_TREE_DEPTH else 0)
         path_table = np.where(steps <= local[:, None], (nodes - local)[:, None] + steps, -1)
         derived = (local - 1, cu_seqlens, local + 1, request, np.where(local > 0, nodes - 1, -1), path_table,
                    nodes, sizes[request] - local)  # fmt: skip
+        return cls._from_host(derived, max_depth, max_depth, device)
+
+    @classmethod
+    def _from_host(
+        cls, derived: tuple[np.ndarray, ...], max_depth: int, max_nodes: int, device: torch.device | str
+    ) -> TreeBatch:
+        """The forest of host arrays ``derived`` (the tensor fields in order) on ``device``, in one copy."""
         tensors = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)) for a in derived)
-        return cls(*tensors, max_depth, max_depth).to(device)
+        return cls(*tensors, max_depth, max_nodes).to(device)
 
     @classmethod
     def on_device(
@@ -295,6 +300,13 @@ def _owners(lengths: torch.Tensor, num_nodes: int) -> torch.Tensor:
     )
 
 
+def _owners_on_host(cu_seqlens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each packed node's request and its index within it, from the offsets (host arrays, int64)."""
+    lengths = np.diff(cu_seqlens)
+    request = np.repeat(np.arange(lengths.size), lengths)
+    return request, np.arange(cu_seqlens[-1]) - cu_seqlens[:-1][request]
+
+
 def _check_tensors(parents: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
     """The checks that need no values (and so no copy from a GPU)."""
     if not isinstance(parents, torch.Tensor) or not isinstance(cu_seqlens, torch.Tensor):
@@ -327,8 +339,7 @@ def _validate(parents: np.ndarray, cu_seqlens: np.ndarray) -> tuple[np.ndarray, 
         )
     if int(cu_seqlens[-1]) != parents.size:
         raise ValueError(f"cu_seqlens ends at {int(cu_seqlens[-1])} but parents holds {parents.size} nodes")
-    request = np.repeat(np.arange(lengths.size), lengths)
-    local = np.arange(parents.size) - cu_seqlens[:-1][request]
+    request, local = _owners_on_host(cu_seqlens)
     bad = (parents < -1) | (parents >= local)
     if bad.any():
         node = int(np.flatnonzero(bad)[0])
