@@ -10,6 +10,7 @@
     python benchmarks/ab_executor.py host-chains --trials 6 --batches 8,16 --requests 48
     python benchmarks/ab_executor.py grown-alike --trials 6 --batches 1,8,32
     python benchmarks/ab_executor.py draft-forest --trials 6 --batches 1,8,32
+    python benchmarks/ab_executor.py prefill-graphs --trials 6 --batches 1,8,16 --requests 48
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -64,12 +65,13 @@ import time
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from trtllm_bole import ops
 from trtllm_bole.config import BoleConfig, SamplingParams
-from trtllm_bole.kernels import forest, gdn_prefill
+from trtllm_bole.kernels import forest
 from trtllm_bole.llm import LLM
 from trtllm_bole.models import mtp
 from trtllm_bole.models.cache import StepContext
@@ -193,12 +195,10 @@ def _chains_on_device(cls, lengths, device="cpu", *, max_depth=None, paths=True)
 @contextmanager
 def chains_on_device():
     chains, TreeBatch.chains = TreeBatch.chains, classmethod(_chains_on_device)
-    gdn_prefill.prefill_chunks.cache_clear()  # no chunks made by the other side
     try:
         yield
     finally:
         TreeBatch.chains = chains
-        gdn_prefill.prefill_chunks.cache_clear()
 
 
 @contextmanager
@@ -257,6 +257,16 @@ def draft_before():
         ex.draft = draft_graphs.draft = draft
 
 
+@contextmanager
+def prefill_launched():
+    classes = ex.TargetPrefillGraphs, ex.MTPPrefillGraphs
+    ex.TargetPrefillGraphs = ex.MTPPrefillGraphs = SimpleNamespace(of=lambda owner, **settings: None)
+    try:
+        yield
+    finally:
+        ex.TargetPrefillGraphs, ex.MTPPrefillGraphs = classes
+
+
 OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
@@ -268,6 +278,7 @@ OLD = {
     "host-chains": chains_on_device,
     "grown-alike": grown_by_gathers,
     "draft-forest": draft_before,
+    "prefill-graphs": prefill_launched,
 }
 
 

@@ -22,6 +22,7 @@
 #   bash benchmarks/h200.sh long      # long prompts: the whole prefill's memory and time, the executor's bounded prefill
 #   bash benchmarks/h200.sh prefill-tests # the GPU tests of the prefill's path, then its operators on CUDA (~2 min)
 #   bash benchmarks/h200.sh gdn-inputs # the GDN layer's fused q/k norms + gates and gated output norm: their tests, then their A/B
+#   bash benchmarks/h200.sh prefill-graphs # the prefill's GPU tests, then the A/B of its CUDA graphs with requests arriving
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -133,6 +134,16 @@ gdn-inputs)
     timeout 300 python benchmarks/ab_executor.py gdn-inputs --trials 6 --batches 8,32 --out "$OUT" \
         > "$OUT/ab_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
     ;;
+prefill-graphs)
+    python -m pytest -q -m gpu tests/models tests/spec tests/kernels/test_gdn_prefill.py \
+        tests/kernels/test_tree_conv1d.py tests/kernels/test_kv_commit.py -p no:cacheprovider \
+        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    python -m pytest -q tests/kernels/test_gdn_prefill.py tests/models/test_cache.py tests/ops/test_validation.py \
+        tests/test_llm.py -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
+    echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+    timeout 300 python benchmarks/ab_executor.py prefill-graphs --trials "${TRIALS:-6}" --batches 1,8,16 \
+        --requests 48 --out "$OUT" > "$OUT/ab_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
+    ;;
 prefill)
     timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; echo "prefill rc=$?"
     tail -1 "$OUT/prefill_log.txt"
@@ -172,6 +183,6 @@ probe)
     done
     ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|attention|depth|ops|tests|steps|prefill|long|prefill-tests|gdn-inputs" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|attention|depth|ops|tests|steps|prefill|long|prefill-tests|gdn-inputs|prefill-graphs" >&2
     exit 2 ;;
 esac

@@ -22,10 +22,13 @@ Everything the kernels and references need is derived once here:
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from trtllm_bole.transfer import to_device
 
@@ -298,6 +301,54 @@ def _owners(lengths: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return torch.repeat_interleave(
         torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=num_nodes
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunks:
+    """A batch of prompts cut into chunks for the GDN prefill: one chain per chunk, prompt after prompt
+    (so the packed rows are the prompts' own), and where each prompt's chunks start."""
+
+    tree: TreeBatch  # one chain per chunk, at most the chunk size deep (its max_depth)
+    first: torch.Tensor  # int64 [B + 1]: prompt b has the tree's chains first[b] to first[b + 1] - 1
+
+    @classmethod
+    def of(
+        cls,
+        lengths: Sequence[int],
+        chunk_size: int,
+        device: torch.device | str,
+        *,
+        capacity: int | None = None,
+    ) -> PrefillChunks:
+        """The chunks of prompts ``lengths`` long, made on the host and moved in two copies (no device
+        sync). The chains carry no ``paths`` table, which the kernels never read (at 8,192 tokens it would
+        be 4 MiB, and milliseconds of host time to make). ``capacity``: as many chains in the tree, the
+        ones past the prompts' empty (``cu_seqlens`` repeats the node count, and no prompt's range reaches
+        them), so that the tensors' shapes depend on ``capacity`` and the node count alone: a CUDA graph's
+        (:func:`chunk_capacity` bounds the count)."""
+        if not 1 <= chunk_size <= MAX_TREE_DEPTH:
+            raise ValueError(
+                f"chunk_size must lie in [1, {MAX_TREE_DEPTH}] (the kernels' depth), got {chunk_size}"
+            )
+        if not lengths or min(lengths) <= 0:
+            raise ValueError(f"prompt lengths must be positive, got {list(lengths)}")
+        sizes = [min(chunk_size, n - lo) for n in lengths for lo in range(0, n, chunk_size)]
+        counts = [-(-n // chunk_size) for n in lengths]
+        if capacity is not None and capacity < len(sizes):
+            raise ValueError(f"{len(sizes)} chunks of {list(lengths)} exceed the capacity {capacity}")
+        tree = TreeBatch.chains(sizes, max_depth=chunk_size, paths=False)
+        if capacity is not None:
+            tree = replace(
+                tree, cu_seqlens=F.pad(tree.cu_seqlens, (0, capacity - len(sizes)), value=sum(sizes))
+            )
+        first = torch.tensor([0, *itertools.accumulate(counts)])
+        return cls(tree.to(device), to_device(first, device))
+
+
+def chunk_capacity(num_prompts: int, num_tokens: int, chunk_size: int) -> int:
+    """The most chunks that ``num_prompts`` prompts of ``num_tokens`` tokens in all can make: each prompt
+    rounds its chunks up once."""
+    return (num_tokens + (chunk_size - 1) * num_prompts) // chunk_size
 
 
 def _owners_on_host(cu_seqlens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -139,7 +139,7 @@ def test_profile_host_ranks_the_executor_step(tmp_path, checkpoint):
     assert "===== ar batch 2" in report and "===== bole batch 2" in report
     assert "executor.py" in report and "(step)" in report and "(draft)" in report
     callees = report.split("restriction <'_prefill_round'>")
-    assert len(callees) == 3 and all("(_slots_and_tables)" in c for c in callees[1:])  # per run, its callees
+    assert len(callees) == 3 and all("(_prefill_batch)" in c for c in callees[1:])  # per run, its callees
 
 
 def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):

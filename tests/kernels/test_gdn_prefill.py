@@ -10,7 +10,7 @@ from trtllm_bole.kernels import gdn_prefill as kernel
 from trtllm_bole.kernels.gdn_tree_verify import VerifyConfig, exact_config
 from trtllm_bole.reference import gdn_tree
 from trtllm_bole.testing import random_gdn_inputs
-from trtllm_bole.tree import TreeBatch
+from trtllm_bole.tree import PrefillChunks, TreeBatch, chunk_capacity
 
 EXACT, SERVING = 1e-4, 1e-2  # fp32 inputs with IEEE dots; bf16 q/k/v with tensor-core dots
 
@@ -116,15 +116,30 @@ def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(first, dtype, ge
 
 
 def test_chunks_lie_prompt_after_prompt():
-    chunks = kernel.prefill_chunks((5, 40, 17), 16, torch.device("cpu"))
+    chunks = PrefillChunks.of((5, 40, 17), 16, "cpu")
     assert chunks.first.tolist() == [0, 1, 4, 6]
     assert chunks.tree.cu_seqlens.tolist() == [0, 5, 21, 37, 45, 61, 62]  # the prompts' own rows
     assert chunks.tree.max_depth == 16  # the chunk size, whatever the chunks
     assert chunks.tree.depth.tolist()[21:24] == [1, 2, 3]  # prompt 1's second chunk starts a chain
     with pytest.raises(ValueError, match="chunk_size"):
-        kernel.prefill_chunks((5,), 65, torch.device("cpu"))
+        PrefillChunks.of((5,), 65, "cpu")
     with pytest.raises(ValueError, match="positive"):
-        kernel.prefill_chunks((5, 0), 16, torch.device("cpu"))
+        PrefillChunks.of((5, 0), 16, "cpu")
+
+
+def test_chunks_at_a_capacity_end_in_empty_chains():
+    """A CUDA graph's chunks: as many chains whatever the lengths, the extra ones empty and past every
+    prompt's range; the capacity bound is reached and never exceeded."""
+    chunks = PrefillChunks.of((5, 40, 17), 16, "cpu", capacity=chunk_capacity(3, 62, 16))
+    assert chunk_capacity(3, 62, 16) == 6  # (62 + 3 * 15) // 16: these lengths need all of it
+    assert chunks.tree.cu_seqlens.tolist() == [0, 5, 21, 37, 45, 61, 62]
+    wide = PrefillChunks.of((32, 30), 16, "cpu", capacity=chunk_capacity(2, 62, 16))
+    assert wide.tree.cu_seqlens.tolist() == [0, 16, 32, 48, 62, 62]  # four chunks, one empty
+    assert wide.first.tolist() == [0, 2, 4]
+    for lengths in [(1, 61), (16, 46), (17, 45), (31, 31), (47, 15)]:  # the capacity holds every split
+        assert len(PrefillChunks.of(lengths, 16, "cpu").tree.cu_seqlens) - 1 <= chunk_capacity(2, 62, 16)
+    with pytest.raises(ValueError, match="capacity"):
+        PrefillChunks.of((5, 40, 17), 16, "cpu", capacity=5)
 
 
 def test_prefill_checks_its_inputs_as_the_verify_does(gen):

@@ -528,15 +528,15 @@ MUTANTS = [
     Mutant(
         "PF1",
         "trtllm_bole/spec/executor.py",
-        "starts = device_tensor([start for _, start in chosen], device)",
-        "starts = device_tensor([0 for _ in chosen], device)",
+        "spans.append((start, top))",
+        "spans.append((0, top - start))",
         ["tests/spec/test_executor.py::test_prompts_prefilled_in_pieces_decode_as_prompts_prefilled_whole"],
     ),
     Mutant(
         "PF2",
         "trtllm_bole/spec/executor.py",
-        "starts = device_tensor([start for _, start, _ in pieces], device)",
-        "starts = torch.zeros(len(pieces), dtype=torch.long, device=device)",
+        "batch = self._prefill_batch(owners, [(start, stop) for _, start, stop in pieces])",
+        "batch = self._prefill_batch(owners, [(0, stop - start) for _, start, stop in pieces])",
         ["tests/spec/test_executor.py::test_prompts_prefilled_in_pieces_decode_as_prompts_prefilled_whole"],
     ),
     Mutant(
@@ -558,15 +558,15 @@ MUTANTS = [
     Mutant(
         "PF5",
         "trtllm_bole/spec/executor.py",
-        "hidden, logits = self.model.prefill(ids, ctx, check=False)",
-        "hidden, logits = self.model.prefill(ids, ctx)",
+        "hidden, logits = self.model.prefill(ids, batch.context(device), check=False)",
+        "hidden, logits = self.model.prefill(ids, batch.context(device))",
         ["tests/spec/test_executor.py::test_the_prefill_forwards_read_no_value_of_a_tensor"],
     ),
     Mutant(
         "PF6",
         "trtllm_bole/spec/executor.py",
-        "self.model.mtp.prefill(picked, device_tensor(tokens, device), ctx, check=False)",
-        "self.model.mtp.prefill(picked, device_tensor(tokens, device), ctx)",
+        "self.model.mtp.prefill(*inputs, batch.context(device), check=False)",
+        "self.model.mtp.prefill(*inputs, batch.context(device))",
         ["tests/spec/test_executor.py::test_the_prefill_forwards_read_no_value_of_a_tensor"],
     ),
     Mutant(
@@ -600,8 +600,8 @@ MUTANTS = [
     Mutant(
         "PF11",
         "trtllm_bole/models/cache.py",
-        "leaves = device_tensor([n - 1 for n in self.chain_lengths], self.slots.device)",
-        "leaves = device_tensor([n for n in self.chain_lengths], self.slots.device)",
+        "return cls(device_tensor([n - 1 for n in lengths], device), chunks)",
+        "return cls(device_tensor([n for n in lengths], device), chunks)",
         ["tests/models/test_tree_verify.py", "tests/spec/test_executor.py"],
     ),
     Mutant(
@@ -610,6 +610,41 @@ MUTANTS = [
         "        if check and self.config.attn_layer_ids:",
         "        if self.config.attn_layer_ids:",
         ["tests/models/test_tree_verify.py"],
+    ),
+    Mutant(
+        "PG1",
+        "trtllm_bole/models/cache.py",
+        "        tables[:-1, : self.tables.shape[1]] = self.tables\n",
+        "",
+        ["tests/spec/test_prefill_graphs.py"],
+    ),
+    Mutant(
+        "PG2",
+        "trtllm_bole/models/cache.py",
+        "return PrefillBatch((*self.lengths, pad), (*self.slots, slot), tables, (*self.starts, 0))",
+        "return PrefillBatch((*self.lengths, pad), (*self.slots, self.slots[0]), tables, (*self.starts, 0))",
+        ["tests/spec/test_prefill_graphs.py"],
+    ),
+    Mutant(
+        "PG3",
+        "trtllm_bole/tree.py",
+        "return (num_tokens + (chunk_size - 1) * num_prompts) // chunk_size",
+        "return (num_tokens + (chunk_size - 1) * (num_prompts - 1)) // chunk_size",
+        ["tests/kernels/test_gdn_prefill.py", "tests/spec/test_prefill_graphs.py"],
+    ),
+    Mutant(
+        "PG4",
+        "trtllm_bole/spec/prefill_graphs.py",
+        "return max(MIN_TOKENS, 1 << num_tokens.bit_length())",
+        "return max(MIN_TOKENS, 1 << (num_tokens - 1).bit_length())",
+        ["tests/spec/test_prefill_graphs.py"],
+    ),
+    Mutant(
+        "PG5",
+        "trtllm_bole/tree.py",
+        "(0, capacity - len(sizes)), value=sum(sizes))",
+        "(0, capacity - len(sizes)), value=0)",
+        ["tests/kernels/test_gdn_prefill.py", "tests/spec/test_prefill_graphs.py"],
     ),
     Mutant(
         "TP1",
@@ -775,7 +810,7 @@ MUTANTS = [
     ),
     Mutant(
         "P2",
-        "trtllm_bole/kernels/gdn_prefill.py",
+        "trtllm_bole/tree.py",
         "counts = [-(-n // chunk_size) for n in lengths]",
         "counts = [n // chunk_size for n in lengths]",
         ["tests/kernels/test_gdn_prefill.py"],

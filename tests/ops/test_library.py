@@ -11,6 +11,7 @@ from trtllm_bole.ops import library
 from trtllm_bole.ops.library import tree_args
 from trtllm_bole.reference import rope
 from trtllm_bole.testing import forest, random_gdn_inputs, topk_parents
+from trtllm_bole.tree import PrefillChunks, chunk_capacity
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -39,6 +40,7 @@ def _samples(tree, x):
     tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE)
     lengths = torch.tensor([2, 3], dtype=torch.int32, device=DEVICE)
     cu = torch.tensor([0, 5, n], device=DEVICE)
+    chunks = PrefillChunks.of([5, n - 5], 4, DEVICE, capacity=chunk_capacity(2, n, 4) + 1)  # one chunk empty
     queries = torch.randn(n, 2, 8, device=DEVICE)
     freqs = rope.inv_freq(10000.0, 8, torch.device(DEVICE))
     attention = (*(kv[0] for kv in new_kv), *(c[0] for c in caches))  # k, v, k_cache, v_cache of layer 0
@@ -89,8 +91,8 @@ def _samples(tree, x):
         ),
         (
             library.gdn_prefill,
-            (x.q, x.k, x.v, x.g, x.beta, pool, cu),
-            {"state_indices": slots, "chunk_size": 4},
+            (x.q, x.k, x.v, x.g, x.beta, pool, *tree_args(chunks.tree), chunks.first),
+            {"state_indices": slots},
         ),
         (
             library.tree_conv1d,

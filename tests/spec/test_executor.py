@@ -461,6 +461,8 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
         outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
     assert outputs[0] == outputs[1]
     assert spec.greedy_graphs.captured and not spec.verify_graphs.captured  # greedy: verify, accept, commit
+    assert spec.prefill_graphs.captured
+    assert spec.mtp_prefill_graphs is None if mode == "ar" else spec.mtp_prefill_graphs.captured
     assert (spec.draft_graphs is None) == (mode == "ar") and (mode == "ar" or spec.select_graphs.captured)
 
 
@@ -539,12 +541,14 @@ def test_greedy_on_the_kernels_is_token_for_token_autoregressive(gpu_config, mod
 
 @pytest.mark.gpu
 def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
-    """After ``capture_graphs`` a greedy run of full trees meets no new selection or verify shape."""
+    """After ``capture_graphs`` a greedy run of full trees meets no new selection or verify shape (the
+    prefills' graphs are captured as prompts arrive)."""
     model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
     spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
     assert spec.capture_graphs() == 12  # per batch size: draft, selection, greedy verify step, MTP
     assert spec.capture_graphs() == 0
-    graphs = [g for g in spec.graph_sets if g is not spec.draft_graphs]
+    excluded = (spec.draft_graphs, spec.prefill_graphs, spec.mtp_prefill_graphs)
+    graphs = [g for g in spec.graph_sets if all(g is not e for e in excluded)]
     shapes = [list(g.captured) for g in graphs]
     run(spec, PROMPTS[:3], SamplingParams(max_tokens=12))
     assert [g.captured for g in graphs] == shapes

@@ -18,10 +18,7 @@ output, would depend on how the scheduler grouped the prompts).
 
 from __future__ import annotations
 
-import functools
-import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -31,36 +28,10 @@ from trtllm_bole.kernels import gdn_tree_verify as verify_kernel
 from trtllm_bole.kernels._common import MAX_DEPTH, pow2_at_least, tile_dividing
 from trtllm_bole.kernels.gdn_commit import _commit_path
 from trtllm_bole.kernels.gdn_tree_verify import VerifyConfig, _verify_request
-from trtllm_bole.transfer import device_tensor
-from trtllm_bole.tree import TreeBatch
+from trtllm_bole.tree import PrefillChunks
 
 COMMIT_BK = 16
 """dk rows of the state a chunk's commit updates at a time (the chain's U tile stays on chip beside them)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillChunks:
-    """A batch of prompts cut into chunks: one chain per chunk, prompt after prompt (so the packed rows are
-    the prompts' own), and where each prompt's chunks start."""
-
-    tree: TreeBatch  # one chain per chunk, at most the chunk size deep
-    first: torch.Tensor  # int64 [B + 1]: prompt b has the tree's requests first[b] to first[b + 1] - 1
-
-
-@functools.lru_cache(maxsize=2)
-def prefill_chunks(lengths: tuple[int, ...], chunk_size: int, device: torch.device) -> PrefillChunks:
-    """The chunks of prompts ``lengths`` long, made on the host and copied (no device sync). Cached for
-    the GDN layers of one prefill, which all ask for the same; two layouts at most, since a serving
-    prefill rarely meets the same lengths again. The chains carry no ``paths`` table, which the kernel
-    never reads (at 8,192 tokens it would be 4 MiB, and milliseconds of host time to make)."""
-    if not 1 <= chunk_size <= MAX_DEPTH:
-        raise ValueError(f"chunk_size must lie in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size}")
-    if not lengths or min(lengths) <= 0:
-        raise ValueError(f"prompt lengths must be positive, got {list(lengths)}")
-    sizes = [min(chunk_size, n - lo) for n in lengths for lo in range(0, n, chunk_size)]
-    counts = [-(-n // chunk_size) for n in lengths]
-    first = device_tensor([0, *itertools.accumulate(counts)], device)
-    return PrefillChunks(TreeBatch.chains(sizes, device=device, max_depth=chunk_size, paths=False), first)
 
 
 def prefill_config(dk: int, dv: int, fp32_exact: bool) -> VerifyConfig:
@@ -112,30 +83,36 @@ def gdn_prefill(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-    lengths: Sequence[int],
+    prompts: Sequence[int] | PrefillChunks,
     *,
     scale: float | None = None,
     state_indices: torch.Tensor | None = None,
     chunk_size: int = MAX_DEPTH,
 ) -> torch.Tensor:
-    """Packed prompts (rows ``[N, ...]``, prompt ``b`` of ``lengths[b]`` rows) through the recurrence;
-    ``state`` (``[S, HV, dk, dv]`` fp32; prompt b's slot ``state_indices[b]``, or b) updated in place.
-    Returns ``o [N, HV, dv]``. Shapes and dtypes as :func:`.gdn_tree_verify.gdn_tree_verify`'s, and its
-    checks; the slots' values are not checked here (no device sync): distinct slots are the caller's
-    contract, since two prompts on one slot would write it at once (:func:`trtllm_bole.ops.gdn_prefill`
-    checks them). One launch; the lengths are host ints."""
-    if sum(lengths) != v.shape[0] or min(lengths, default=0) <= 0:
-        raise ValueError(f"lengths {list(lengths)} must be positive and cover the {v.shape[0]} rows")
-    chunks = prefill_chunks(tuple(lengths), chunk_size, state.device)
+    """Packed prompts (rows ``[N, ...]``) through the recurrence; ``state`` (``[S, HV, dk, dv]`` fp32;
+    prompt b's slot ``state_indices[b]``, or b) updated in place. ``prompts``: their lengths (host ints,
+    cut into chunks of ``chunk_size`` here) or their chunks made already (:class:`PrefillChunks`, on
+    ``state``'s device: a CUDA graph's, whose values change between replays). Returns ``o [N, HV, dv]``.
+    Shapes and dtypes as :func:`.gdn_tree_verify.gdn_tree_verify`'s, and its checks; the slots' values
+    are not checked here (no device sync): distinct slots are the caller's contract, since two prompts on
+    one slot would write it at once (:func:`trtllm_bole.ops.gdn_prefill` checks them). One launch."""
+    if isinstance(prompts, PrefillChunks):
+        chunks = prompts
+    else:
+        if sum(prompts) != v.shape[0] or min(prompts, default=0) <= 0:
+            raise ValueError(f"lengths {list(prompts)} must be positive and cover the {v.shape[0]} rows")
+        chunks = PrefillChunks.of(prompts, chunk_size, state.device)
+    num_prompts = chunks.first.numel() - 1
     config = prefill_config(q.shape[-1], v.shape[-1], fp32_exact=q.dtype == v.dtype == torch.float32)
     call, cfg = verify_kernel.checked_call(
-        (q, k, v, g, beta), state, chunks.tree, len(lengths),
+        (q, k, v, g, beta), state, chunks.tree, num_prompts,
         scale=scale, state_indices=state_indices, precision=None, config=config,
     )  # fmt: skip
     (o, _, _), args, consts = verify_kernel.blocked_launch(call, cfg)
-    grid = (v.shape[2] // cfg.bv, v.shape[1], len(lengths))
-    _gdn_prefill_kernel[grid](*args, chunks.first, **consts, DP=pow2_at_least(chunk_size, 16), CK=COMMIT_BK)
+    grid = (v.shape[2] // cfg.bv, v.shape[1], num_prompts)
+    depth = chunks.tree.max_depth
+    _gdn_prefill_kernel[grid](*args, chunks.first, **consts, DP=pow2_at_least(depth, 16), CK=COMMIT_BK)
     return o
 
 
-__all__ = ["COMMIT_BK", "PrefillChunks", "gdn_prefill", "prefill_chunks", "prefill_config"]
+__all__ = ["COMMIT_BK", "gdn_prefill", "prefill_config"]

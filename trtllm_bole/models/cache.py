@@ -12,7 +12,6 @@ Ownership: the executor owns slot and block allocation and advances ``context_le
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,8 +19,11 @@ import torch
 
 from trtllm_bole import ops
 from trtllm_bole.models.config import Qwen35Config
-from trtllm_bole.transfer import device_tensor
-from trtllm_bole.tree import TreeBatch
+from trtllm_bole.transfer import device_tensor, to_device
+from trtllm_bole.tree import MAX_TREE_DEPTH, PrefillChunks, TreeBatch
+
+PREFILL_CHUNK = MAX_TREE_DEPTH
+"""Tokens a prompt's GDN prefill takes at a time: chains as long as the kernels take."""
 
 NO_BLOCK = -1
 """A block table's entry past a request's own blocks (tables are as wide as the batch's widest): reads
@@ -44,6 +46,60 @@ def load_block_table(static: torch.Tensor, table: torch.Tensor) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillPlan:
+    """What a prefill's layers read beyond its forest of chains: each chain's last node (the leaf its
+    layers commit their caches to as they run) and the GDN layers' chunks."""
+
+    ends: torch.Tensor  # int64 [B]: local index of each chain's last node
+    chunks: PrefillChunks
+
+    @classmethod
+    def of(
+        cls, lengths: Sequence[int], device: torch.device | str, *, chunk_capacity: int | None = None
+    ) -> PrefillPlan:
+        """The plan of chains ``lengths`` long, made on the host (``chunk_capacity``: see
+        :meth:`PrefillChunks.of`)."""
+        chunks = PrefillChunks.of(lengths, PREFILL_CHUNK, device, capacity=chunk_capacity)
+        return cls(device_tensor([n - 1 for n in lengths], device), chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillBatch:
+    """A prefill's chains on the host, as the executor makes them: each one's length, state slot, block
+    table row (int32 ``[B, widest]``, :data:`NO_BLOCK` past its blocks) and committed tokens."""
+
+    lengths: tuple[int, ...]
+    slots: tuple[int, ...]
+    tables: torch.Tensor
+    starts: tuple[int, ...]
+
+    def context(
+        self, device: torch.device | str, *, max_depth: int | None = None, chunk_capacity: int | None = None
+    ) -> StepContext:
+        """The chains' step context on ``device`` with its :class:`PrefillPlan` (each part moved in one
+        copy, nothing waits for the device); ``max_depth`` and ``chunk_capacity``: bounds to declare
+        instead of the chains' own (:meth:`TreeBatch.chains`, :meth:`PrefillChunks.of`)."""
+        tree = TreeBatch.chains(list(self.lengths), device, max_depth=max_depth, paths=False)
+        plan = PrefillPlan.of(self.lengths, device, chunk_capacity=chunk_capacity)
+        slots, starts = device_tensor(self.slots, device), device_tensor(self.starts, device)
+        return StepContext(slots, to_device(self.tables, device), starts, tree, self.lengths, plan)
+
+    def padded(self, tokens: int, slot: int, table_width: int) -> PrefillBatch:
+        """One more chain after these, filling the tokens up to ``tokens``: on ``slot``, with no blocks
+        (its K/V writes are dropped) and no committed tokens, so that it reads and writes nothing of the
+        others'; the tables widened to ``table_width`` blocks."""
+        pad = tokens - sum(self.lengths)
+        if pad <= 0 or self.tables.shape[1] > table_width:
+            raise ValueError(
+                f"{sum(self.lengths)} tokens and tables {self.tables.shape[1]} blocks wide do not pad to "
+                f"{tokens} tokens (one or more for the padding chain) and {table_width} blocks"
+            )
+        tables = torch.full((len(self.lengths) + 1, table_width), NO_BLOCK, dtype=torch.int32)
+        tables[:-1, : self.tables.shape[1]] = self.tables
+        return PrefillBatch((*self.lengths, pad), (*self.slots, slot), tables, (*self.starts, 0))
+
+
+@dataclass(frozen=True, slots=True)
 class StepContext:
     """What one model step works on (built by the executor).
 
@@ -51,8 +107,9 @@ class StepContext:
     (:data:`NO_BLOCK` past a request's own blocks);
     ``context_lens`` int ``[B]``: tokens already committed to the caches; ``tree``: the new tokens as
     a packed forest (prefill = one chain per request, decode = one node per request);
-    ``chain_lengths``: the chains' lengths on the host, set by :meth:`chains` (a prefill reads its prompt
-    bounds from them instead of from the device).
+    ``chain_lengths``: the chains' lengths on the host, set by :meth:`chains` (a prefill makes its
+    :class:`PrefillPlan` from them instead of from the device); ``plan``: a prefill's plan made already
+    (a CUDA graph's, whose tensors keep their addresses).
     """
 
     slots: torch.Tensor
@@ -60,6 +117,7 @@ class StepContext:
     context_lens: torch.Tensor
     tree: TreeBatch
     chain_lengths: tuple[int, ...] | None = None
+    plan: PrefillPlan | None = None
 
     def __post_init__(self) -> None:
         b = self.tree.num_requests
@@ -81,13 +139,14 @@ class StepContext:
             if t.device != self.tree.parents.device:
                 raise ValueError(f"{name} is on {t.device} but the tree is on {self.tree.parents.device}")
 
-    def chain_bounds(self) -> tuple[tuple[int, ...], torch.Tensor]:
-        """A prefill's chains: their bounds (``cu_seqlens``, host ints) and each one's last node (local
-        index, on the device), both from :attr:`chain_lengths`, so nothing waits for the device."""
+    def prefill_plan(self) -> PrefillPlan:
+        """A prefill's plan: the context's own, else made from :attr:`chain_lengths` (nothing waits for the
+        device)."""
+        if self.plan is not None:
+            return self.plan
         if self.chain_lengths is None:
             raise ValueError("prefill takes one chain per request: build its context with StepContext.chains")
-        leaves = device_tensor([n - 1 for n in self.chain_lengths], self.slots.device)
-        return (0, *itertools.accumulate(self.chain_lengths)), leaves
+        return PrefillPlan.of(self.chain_lengths, self.slots.device)
 
     @classmethod
     def chains(

@@ -22,7 +22,7 @@ from torch import nn
 
 from trtllm_bole import ops
 from trtllm_bole.models.attention import causal_attention, tree_attention
-from trtllm_bole.models.cache import PendingCommit, StepContext
+from trtllm_bole.models.cache import PendingCommit, PrefillPlan, StepContext
 from trtllm_bole.models.config import LINEAR_ATTENTION, Qwen35Config
 from trtllm_bole.reference import rope
 
@@ -83,12 +83,9 @@ class ForwardState:
     rows: torch.Tensor | None = None
     past_k: torch.Tensor | None = None
     past_v: torch.Tensor | None = None
-    # A prefill's prompt bounds (``cu_seqlens``) on the host, which each GDN layer's ``ops.gdn_prefill``
-    # would otherwise copy from the device (and wait for it); and each prompt's last token (local index,
-    # on the device), the leaf its layers commit their caches to as they run. Both from the host lengths
-    # of :meth:`StepContext.chains`.
-    prompt_bounds: tuple[int, ...] | None = None
-    prompt_ends: torch.Tensor | None = None
+    # A prefill's plan (:meth:`StepContext.prefill_plan`): each prompt's last token, the leaf its layers
+    # commit their caches to as they run, and the GDN layers' chunks, made once for every layer.
+    plan: PrefillPlan | None = None
     # False: the caller built the slots, block tables and lengths (the executor), so the operators leave
     # their values unchecked and a prefill never waits for the device.
     check: bool = True
@@ -121,9 +118,9 @@ class ForwardState:
         positions = ctx.context_lens.long()[tree.request] + tree.depth - 1
         if rows is not None:
             positions = positions[rows]
-        bounds, ends = ctx.chain_bounds() if gdn_mode == "prefill" else (None, None)
+        plan = ctx.prefill_plan() if gdn_mode == "prefill" else None
         return cls(ctx, *rope_cos_sin(positions, config, dtype), k_cache, v_cache, gdn_state, conv_state,
-                   gdn_mode, rows, past_k, past_v, bounds, ends, check)  # fmt: skip
+                   gdn_mode, rows, past_k, past_v, plan, check)  # fmt: skip
 
     @property
     def is_prefill(self) -> bool:
@@ -233,14 +230,14 @@ class GatedDeltaNet(_Mixer):
                                 state_indices=ctx.slots, check=fs.check)  # fmt: skip
         if fs.is_prefill:  # the conv has read the old state: each prompt's last inputs replace it
             ops.conv_state_commit(
-                fs.conv_state[self.index], qkv, ctx.tree, fs.prompt_ends, state_indices=ctx.slots, check=False
+                fs.conv_state[self.index], qkv, ctx.tree, fs.plan.ends, state_indices=ctx.slots, check=False
             )
         else:
             fs.conv_inputs.append(qkv)
         q, k, v, g, beta = self._recurrence_inputs(mixed, b, a)
         state = fs.gdn_state[self.index]
         if fs.is_prefill:
-            o = ops.gdn_prefill(q, k, v, g, beta, state, fs.prompt_bounds, scale=self.scale,
+            o = ops.gdn_prefill(q, k, v, g, beta, state, fs.plan.chunks, scale=self.scale,
                                 state_indices=ctx.slots, check=fs.check)  # fmt: skip
         elif fs.gdn_mode == "serial":
             o, snapshots = ops.gdn_tree_verify_serial(
@@ -305,7 +302,7 @@ class Attention(_Mixer):
                            ctx.context_lens, ctx.tree, fs.rows)  # fmt: skip
         if fs.is_prefill:  # the prompts' K/V into the layer's cache (their room was checked up front)
             layer = slice(self.index, self.index + 1)
-            ops.kv_commit(fs.k_cache[layer], fs.v_cache[layer], k[None], v[None], ctx.tree, fs.prompt_ends,
+            ops.kv_commit(fs.k_cache[layer], fs.v_cache[layer], k[None], v[None], ctx.tree, fs.plan.ends,
                           ctx.block_tables, ctx.context_lens, check=False)  # fmt: skip
         else:
             fs.new_k.append(k)

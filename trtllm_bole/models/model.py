@@ -136,7 +136,7 @@ class Qwen35Model(EmptyInitModule):
         """
         fs = self._forward_state(input_ids, ctx, "prefill", check)
         if check and self.config.attn_layer_ids:  # before the GDN layers update their state
-            ops.check_kv_room(fs.k_cache, ctx.tree, fs.prompt_ends, ctx.block_tables, ctx.context_lens)
+            ops.check_kv_room(fs.k_cache, ctx.tree, fs.plan.ends, ctx.block_tables, ctx.context_lens)
         hidden = self._forward(input_ids, fs)  # its layers wrote every cache: no commit
         return hidden, self.logits(hidden[ctx.tree.cu_seqlens[1:] - 1])
 

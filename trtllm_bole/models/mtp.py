@@ -126,7 +126,7 @@ class MTPHead(EmptyInitModule):
 
         Returns ``(mtp_hidden [N, h], logits [B, V])`` at each chain's last row.
         """
-        _, leaves = ctx.chain_bounds()
+        leaves = ctx.prefill_plan().ends
         mtp_hidden, pending = self._forward_tree(hidden, token_ids, ctx)
         pending.commit(leaves, check=check)
         return mtp_hidden, F.linear(mtp_hidden[ctx.tree.cu_seqlens[1:] - 1], self.lm_head)

@@ -45,7 +45,7 @@ from trtllm_bole.kernels._common import (
 from trtllm_bole.ops import library
 from trtllm_bole.ops.library import tree_args
 from trtllm_bole.reference import gdn_tree, kv_cache, norms, rope
-from trtllm_bole.tree import TreeBatch
+from trtllm_bole.tree import PrefillChunks, TreeBatch
 
 __all__ = [
     "GDNTreeFactors",
@@ -327,7 +327,7 @@ def gdn_prefill(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-    cu_seqlens: torch.Tensor | Sequence[int],
+    cu_seqlens: torch.Tensor | Sequence[int] | PrefillChunks,
     *,
     scale: float | None = None,
     state_indices: torch.Tensor | None = None,
@@ -339,22 +339,43 @@ def gdn_prefill(
     Chunks of ``chunk_size`` tokens (1 to 64, the kernels' depth, on every device): each is a chain,
     verified in closed form and committed whole (on CUDA in one launch: each program walks its prompt's
     chunks, :mod:`trtllm_bole.kernels.gdn_prefill`). ``cu_seqlens``: the prompts' bounds ``[B + 1]``, a
-    tensor (copied to the host: the kernels chunk by them) or host ints. ``check=False``: the slot indices'
-    values go unchecked, so with host bounds nothing waits for the device."""
+    tensor (copied to the host: the chunks are made there) or host ints; or the chunks made already
+    (:class:`~trtllm_bole.tree.PrefillChunks`, on the tensors' device: a model's prefill makes them once
+    for all its GDN layers, and a CUDA graph replays them with new values; ``chunk_size`` is theirs).
+    ``check=False``: the slot indices' values go unchecked, so with host bounds nothing waits for the
+    device."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_DEPTH:
         raise ValueError(
             f"chunk_size must be an integer in [1, {MAX_DEPTH}] (the kernels' depth), got {chunk_size!r}"
         )
-    bounds = _host_bounds(cu_seqlens)
-    if len(bounds) < 2:
-        raise ValueError(f"gdn_prefill needs at least one prompt (cu_seqlens [B + 1], B >= 1), got {bounds}")
-    if bounds[0] != 0 or any(b <= a for a, b in itertools.pairwise(bounds)):
-        raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {bounds}")
-    _check_gdn(q, k, v, g, beta, state, bounds[-1], len(bounds) - 1, state_indices, values=check)
+    if isinstance(cu_seqlens, PrefillChunks):
+        chunks = cu_seqlens
+        check_device(chunks.tree, v.device, first=chunks.first)
+        num_nodes, num_prompts = chunks.tree.num_nodes, chunks.first.numel() - 1
+    else:
+        bounds = _host_bounds(cu_seqlens)
+        if len(bounds) < 2:
+            raise ValueError(
+                f"gdn_prefill needs at least one prompt (cu_seqlens [B + 1], B >= 1), got {bounds}"
+            )
+        if bounds[0] != 0 or any(b <= a for a, b in itertools.pairwise(bounds)):
+            raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {bounds}")
+        num_nodes, num_prompts = bounds[-1], len(bounds) - 1
+        lengths = [b - a for a, b in itertools.pairwise(bounds)]
+        chunks = PrefillChunks.of(lengths, chunk_size, v.device)
+    _check_gdn(q, k, v, g, beta, state, num_nodes, num_prompts, state_indices, values=check)
     return library.gdn_prefill(
-        q, k, v, g, beta, state, torch.tensor(bounds), scale=scale, state_indices=state_indices,
-        chunk_size=chunk_size,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        *tree_args(chunks.tree),
+        chunks.first,
+        scale=scale,
+        state_indices=state_indices,
+    )
 
 
 def _host_bounds(cu_seqlens: torch.Tensor | Sequence[int]) -> list[int]:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from trtllm_bole.kernels._common import GDNTreeFactors
 from trtllm_bole.reference import attention_tree, conv_tree, gdn_tree, kv_cache, norms, rope
-from trtllm_bole.tree import TreeBatch
+from trtllm_bole.tree import PrefillChunks, TreeBatch
 
 _LIB = torch.library.Library("bole", "DEF")
 
@@ -281,22 +281,28 @@ gdn_snapshot_commit = _define(
 )
 
 
-def _prefill_cuda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, cu_seqlens: Tensor,
-                  **kwargs: Any) -> Tensor:  # fmt: skip
-    """The kernels take the prompts' lengths as host ints (a device sync, unless ``cu_seqlens`` is on the
-    host, as :func:`trtllm_bole.ops.gdn_prefill` passes it)."""
+def _prefill_reference(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                       chunks: TreeBatch, first: Tensor, **kwargs: Any) -> Tensor:  # fmt: skip
+    """The prompts' bounds from their chunks (the first node of each prompt's first chunk), each prompt
+    chunked again by the reference, into chunks of the same size."""
+    bounds = chunks.cu_seqlens[first]
+    return gdn_tree.chunked_prefill(q, k, v, g, beta, state, bounds, chunk_size=chunks.max_depth, **kwargs)
+
+
+def _prefill_cuda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                  chunks: TreeBatch, first: Tensor, **kwargs: Any) -> Tensor:  # fmt: skip
     from trtllm_bole.kernels import gdn_prefill as kernel
 
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-    return kernel.gdn_prefill(q, k, v, g, beta, state, lengths, **kwargs)
+    return kernel.gdn_prefill(q, k, v, g, beta, state, PrefillChunks(chunks, first), **kwargs)
 
 
 gdn_prefill = _define(
-    f"gdn_prefill({_QKV}, Tensor(a!) state, Tensor cu_seqlens, *, float? scale=None, "
-    "Tensor? state_indices=None, int chunk_size=64) -> Tensor",
-    cpu=gdn_tree.chunked_prefill,
+    f"gdn_prefill({_QKV}, Tensor(a!) state, {_TREE}, Tensor first, *, float? scale=None, "
+    "Tensor? state_indices=None) -> Tensor",
+    cpu=_prefill_reference,
     cuda=_prefill_cuda,
     fake=lambda q, k, v, *args, **kwargs: v.new_empty(v.shape),
+    tree_at=6,
 )
 
 # ----------------------------------------------------------------------------------------- #

@@ -18,11 +18,12 @@ Drafting and the target's verify queue no device sync: on a GPU a greedy batch r
 CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`), every batch its tree selection as a
 graph per pool shape (:class:`~trtllm_bole.spec.draft_graphs.SelectGraphs`) and its verify as a graph
 per forest shape (:mod:`trtllm_bole.spec.verify_graphs`; a greedy batch's graph holds its acceptance and
-commit too, ``GreedyStepGraphs``); ``cuda_graphs=False`` launches them all from Python. A step waits
-for the device once, for the copy of what it accepted; the MTP follow-up is queued behind that copy
-first, so the GPU runs it while the host books the step. The running requests' work (2) is queued
-before the prefill (1) is launched, so that the GPU works through it while the host launches the
-prefill, an eager forward whose launches are a small model's main host cost; the step's outcome is
+commit too, ``GreedyStepGraphs``), and the prefills of the target and the MTP head as graphs of padded
+shapes (:mod:`trtllm_bole.spec.prefill_graphs`, whose padding chain takes one more state slot than
+``max_batch_size``); ``cuda_graphs=False`` launches them all from Python. A step waits for the device
+once, for the copy of what it accepted; the MTP follow-up is queued behind that copy first, so the GPU
+runs it while the host books the step. The running requests' work (2) is queued before the prefill (1),
+so that the GPU works through it while the host prepares and queues the prefill; the step's outcome is
 read after the prefill. Each phase of a step is a profiler range
 (``bole.prefill``, ``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``), free when
 no profiler runs.
@@ -39,12 +40,13 @@ from typing import Any
 import torch
 
 from trtllm_bole.config import BoleConfig, SamplingParams
-from trtllm_bole.models.cache import StepContext, block_table
+from trtllm_bole.models.cache import PrefillBatch, StepContext, block_table
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.spec.acceptance import greedy_accept, sample_accept
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.draft_graphs import DraftGraphs, SelectGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, pool_size, select_tree
+from trtllm_bole.spec.prefill_graphs import MTPPrefillGraphs, TargetPrefillGraphs
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import (
     MAX_PREFILL_TOKENS,
@@ -181,7 +183,9 @@ class Executor:
         request_blocks = -(-kv_tokens(max_seq_len, tree_tokens) // block_size)
         if num_blocks is None:
             num_blocks = max_batch_size * request_blocks
-        self.cache = model.allocate_cache(max_batch_size, num_blocks, block_size)
+        graphs = cuda_graphs and model.device.type == "cuda"
+        # With graphs, one more state slot than requests: a prefill graph's padding chain (prefill_graphs).
+        self.cache = model.allocate_cache(max_batch_size + graphs, num_blocks, block_size)
         self.scheduler = Scheduler(
             BlockManager(num_blocks, block_size),
             SlotPool(max_batch_size),
@@ -196,8 +200,8 @@ class Executor:
             )
         self._next_id = 0
         # CUDA graphs (cuda_graphs=False: everything launched from Python): greedy drafts, every tree
-        # selection, a greedy batch's verify with its acceptance and commit, a sampled batch's verify.
-        graphs = cuda_graphs and model.device.type == "cuda"
+        # selection, a greedy batch's verify with its acceptance and commit, a sampled batch's verify,
+        # the prefills of the target and of the MTP head.
         table_width = request_blocks
         self.draft_graphs = (
             DraftGraphs.of(model.mtp, top_k=bole.branching, depth=bole.max_depth, table_width=table_width)
@@ -216,6 +220,11 @@ class Executor:
             MTPGraphs.of(model.mtp, max_depth=tree_tokens, table_width=table_width)
             if graphs and bole.speculates
             else None
+        )
+        prefill = {"table_width": table_width, "scratch_slot": max_batch_size}
+        self.prefill_graphs = TargetPrefillGraphs.of(model, **prefill) if graphs else None
+        self.mtp_prefill_graphs = (
+            MTPPrefillGraphs.of(model.mtp, **prefill) if graphs and bole.speculates else None
         )
         self._chains: dict[int, TreeBatch] = {}  # the MTP follow-up's forest per batch size
 
@@ -296,7 +305,8 @@ class Executor:
             seed = r.params.seed
             generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
             room = self.scheduler.context_limit - len(r.prompt_ids)
-            r.runtime = RequestRuntime(-1, hidden[end - 1], generator, min(r.params.max_tokens, room))
+            last = hidden[end - 1].clone()  # a copy: a replayed prefill's hidden is reused
+            r.runtime = RequestRuntime(-1, last, generator, min(r.params.max_tokens, room))
             whole.append(r)
             last_logits.append(logits[k])
         if not whole:
@@ -316,14 +326,13 @@ class Executor:
         states ``[tokens, h]`` and its logits at each piece's last token."""
         device = self.model.device
         owners = [requests[i] for i, _, _ in pieces]
-        slots, tables = self._slots_and_tables(owners)
         ids = device_tensor([t for r, (_, start, stop) in zip(owners, pieces, strict=True)
                              for t in r.prompt_ids[start:stop]], device)  # fmt: skip
-        starts = device_tensor([start for _, start, _ in pieces], device)
-        ctx = StepContext.chains(
-            [stop - start for _, start, stop in pieces], slots, tables, starts, paths=False
-        )
-        hidden, logits = self.model.prefill(ids, ctx, check=False)
+        batch = self._prefill_batch(owners, [(start, stop) for _, start, stop in pieces])
+        if self.prefill_graphs is not None:
+            hidden, logits = self.prefill_graphs((ids,), batch)
+        else:
+            hidden, logits = self.model.prefill(ids, batch.context(device), check=False)
         if self.bole.speculates:
             self._mtp_prefill(owners, pieces, hidden)
         return hidden, logits
@@ -333,22 +342,34 @@ class Executor:
     ) -> None:
         """MTP rows ``(hidden_p, token_{p+1})`` for the positions ``p`` of each piece below its prompt's
         last (none for a prompt of one token), on top of the rows of its earlier pieces."""
-        rows, tokens, chosen, offset = [], [], [], 0
+        rows, tokens, chosen, spans, offset = [], [], [], [], 0
         for r, (_, start, stop) in zip(owners, pieces, strict=True):
             top = min(stop, len(r.prompt_ids) - 1)
             if top > start:
                 rows.append(torch.arange(offset, offset + top - start))
                 tokens += r.prompt_ids[start + 1 : top + 1]
-                chosen.append((r, start))
+                chosen.append(r)
+                spans.append((start, top))
             offset += stop - start
         if not rows:
             return
         device = hidden.device
-        slots, tables = self._slots_and_tables([r for r, _ in chosen])
-        starts = device_tensor([start for _, start in chosen], device)
-        ctx = StepContext.chains([len(p) for p in rows], slots, tables, starts, paths=False)
-        picked = hidden[to_device(torch.cat(rows), device)]
-        self.model.mtp.prefill(picked, device_tensor(tokens, device), ctx, check=False)
+        inputs = (hidden[to_device(torch.cat(rows), device)], device_tensor(tokens, device))
+        batch = self._prefill_batch(chosen, spans)
+        if self.mtp_prefill_graphs is not None:
+            self.mtp_prefill_graphs(inputs, batch)
+        else:
+            self.model.mtp.prefill(*inputs, batch.context(device), check=False)
+
+    @staticmethod
+    def _prefill_batch(requests: list[Request], spans: list[tuple[int, int]]) -> PrefillBatch:
+        """Chains of the positions ``start .. stop - 1`` of each request, on the host."""
+        return PrefillBatch(
+            tuple(stop - start for start, stop in spans),
+            tuple(r.slot for r in requests),
+            block_table([r.blocks for r in requests]),
+            tuple(start for start, _ in spans),
+        )
 
     def _speculate(self, requests: list[Request]) -> Launched:
         """Queue the running requests' step on the device, up to the copy of its outcome; nothing waits."""
@@ -464,7 +485,8 @@ class Executor:
     @property
     def graph_sets(self) -> tuple:
         """The executor's sets of CUDA graphs (None where a set is not used)."""
-        return self.draft_graphs, self.select_graphs, self.verify_graphs, self.greedy_graphs, self.mtp_graphs
+        return (self.draft_graphs, self.select_graphs, self.verify_graphs, self.greedy_graphs,
+                self.mtp_graphs, self.prefill_graphs, self.mtp_prefill_graphs)  # fmt: skip
 
     def _gdn_scheme(self) -> str:
         return "serial" if self.bole.mode in ("chain", "tree-serial") else "bole"
