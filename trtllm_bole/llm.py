@@ -71,7 +71,8 @@ class LLM:
     ``cuda_graphs``: on a GPU, greedy drafting replays a CUDA graph per batch size
     (:mod:`trtllm_bole.spec.draft_graphs`), the tree selection one per pool shape, and the target's
     verify one per forest shape (a greedy batch's with its acceptance and commit;
-    :mod:`trtllm_bole.spec.verify_graphs`), captured by :meth:`warm_up`;
+    :mod:`trtllm_bole.spec.verify_graphs`), captured by :meth:`warm_up`, and the prefills one per number
+    of prompts and padded token count (:mod:`trtllm_bole.spec.prefill_graphs`), captured when first met;
     ``False`` launches every kernel from Python. An engine supplies its own dtype, limits, draft settings
     and budget table, and refuses requests beyond its build.
 
