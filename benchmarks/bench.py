@@ -67,6 +67,9 @@ def profiling_parser(doc: str, *, modes: str, batch_sizes: str) -> argparse.Argu
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--modes", default=modes)
     parser.add_argument("--batch-sizes", default=batch_sizes)
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="> 0: sampled requests, request i seeded with i"
+    )
     parser.add_argument("--out", type=Path, required=True)
     return parser
 
@@ -179,11 +182,20 @@ def executor_for(llm: LLM, mode: str, bole_args: dict, max_batch: int, max_seq_l
 
 
 def run(
-    llm: LLM, mode: str, bole_args: dict, dataset, max_batch: int, *, sequential: bool, max_seq_len: int = 0
+    llm: LLM,
+    mode: str,
+    bole_args: dict,
+    dataset,
+    max_batch: int,
+    *,
+    sequential: bool,
+    max_seq_len: int = 0,
+    temperature: float = 0.0,
 ) -> dict:
     """Serve the dataset once; returns metrics and every request's output tokens. ``max_seq_len``:
     default :func:`max_seq_len_for` of the dataset (a warm-up passes the timed dataset's: the same cache
-    sizes and draft graphs as the timed runs)."""
+    sizes and draft graphs as the timed runs). ``temperature > 0``: sampled, request ``i`` seeded with
+    ``i`` (so that two runs of one mode draw the same tokens)."""
     executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or max_seq_len_for(dataset))
     graphs = [g for g in executor.graph_sets if g is not None]
     captured_before = sum(g.captures for g in graphs)
@@ -199,7 +211,9 @@ def run(
         while pending or executor.has_unfinished:
             while pending and (not sequential or not executor.has_unfinished):
                 prompt, n = pending.pop(0)
-                r = executor.submit(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+                seed = len(requests) if temperature > 0 else None
+                params = SamplingParams(max_tokens=n, ignore_eos=True, temperature=temperature, seed=seed)
+                r = executor.submit(prompt, params)
                 submitted[r.request_id] = time.perf_counter()
                 requests.append(r)
             for event in executor.step():
@@ -248,7 +262,9 @@ def run(
     }
 
 
-def warm_up(llm: LLM, mode: str, bole_args: dict, dataset, batch: int, tokens: int) -> None:
+def warm_up(
+    llm: LLM, mode: str, bole_args: dict, dataset, batch: int, tokens: int, temperature: float = 0.0
+) -> None:
     """Serve ``batch`` requests of ``tokens`` tokens each, untimed, at this batch size: Triton compiles
     a kernel variant the first time it meets its shape class (a batch's node count, a tree depth), a
     second or more that must not land inside a timed run; then capture the CUDA graphs (greedy drafting's,
@@ -257,7 +273,8 @@ def warm_up(llm: LLM, mode: str, bole_args: dict, dataset, batch: int, tokens: i
     limit = max_seq_len_for(dataset)
     if tokens > 0:
         prompts = [prompt for prompt, _ in itertools.islice(itertools.cycle(dataset), batch)]
-        run(llm, mode, bole_args, [(p, tokens) for p in prompts], batch, sequential=False, max_seq_len=limit)
+        warm = [(p, tokens) for p in prompts]
+        run(llm, mode, bole_args, warm, batch, sequential=False, max_seq_len=limit, temperature=temperature)
     executor_for(llm, mode, bole_args, batch, limit).capture_graphs()
 
 

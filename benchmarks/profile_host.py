@@ -24,11 +24,13 @@ from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, ru
 from trtllm_bole import LLM
 
 
-def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, top: int, callees: list[str]) -> str:
-    warm_up(llm, mode, bole_args, data, batch, tokens=16)
+def profile(
+    llm: LLM, mode: str, bole_args: dict, data, batch: int, top: int, callees: list[str], temperature: float
+) -> str:
+    warm_up(llm, mode, bole_args, data, batch, tokens=16, temperature=temperature)
     profiler = cProfile.Profile()
     profiler.enable()
-    result = run(llm, mode, bole_args, data, batch, sequential=False)
+    result = run(llm, mode, bole_args, data, batch, sequential=False, temperature=temperature)
     profiler.disable()
     text = io.StringIO()
     stats = pstats.Stats(profiler, stream=text)
@@ -54,10 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     llm, data = open_profiling_run(args)
     bole_args = PROFILED_SPECULATION
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    report = [f"host profile on {device}, torch {torch.__version__}, {args.dtype}\n"]
+    report = [
+        f"host profile on {device}, torch {torch.__version__}, {args.dtype}, temperature {args.temperature}\n"
+    ]
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         for mode in args.modes.split(","):
-            report.append(profile(llm, mode, bole_args, data, batch, args.top, args.callees))
+            report.append(
+                profile(llm, mode, bole_args, data, batch, args.top, args.callees, args.temperature)
+            )
             print(report[-1].splitlines()[1])
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"profile_host_{'h200' if 'H200' in device else 'cpu'}.txt"

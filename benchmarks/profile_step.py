@@ -8,6 +8,7 @@ that no phase holds (the serving loop, the scheduler's admission).
 
     python benchmarks/profile_step.py --dataset data.jsonl --device cuda --dtype float32 \\
         --modes tree-serial,bole --batch-sizes 8,32 --out /tmp/out
+    python benchmarks/profile_step.py ... --temperature 0.8   # sampled: profile_step_<device>_sampled.json
 
 Each (mode, batch) is warmed up as in ``bench.py``, then serves the whole dataset once as it runs there
 (that run's time is reported as ``free``), then once more with the device
@@ -57,13 +58,13 @@ class PhaseClock:
             self.calls[name] += 1
 
 
-def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int) -> dict:
-    warm_up(llm, mode, bole_args, data, batch, tokens=16)
-    free = run(llm, mode, bole_args, data, batch, sequential=False)
+def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, temperature: float = 0.0) -> dict:
+    warm_up(llm, mode, bole_args, data, batch, tokens=16, temperature=temperature)
+    free = run(llm, mode, bole_args, data, batch, sequential=False, temperature=temperature)
     clock = PhaseClock(llm.model.device)
     original, executor_module.phase = executor_module.phase, clock
     try:
-        timed = run(llm, mode, bole_args, data, batch, sequential=False)
+        timed = run(llm, mode, bole_args, data, batch, sequential=False, temperature=temperature)
     finally:
         executor_module.phase = original
     if timed["_outputs"] != free["_outputs"]:
@@ -94,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     bole_args = PROFILED_SPECULATION
     runs = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        rows = [profile(llm, mode, bole_args, data, batch) for mode in args.modes.split(",")]
-        ar = next((r["_outputs"] for r in rows if r["mode"] == "ar"), None)
-        for r in rows:  # greedy speculation must decode what plain decoding does (None: ar not profiled)
+        rows = [
+            profile(llm, mode, bole_args, data, batch, args.temperature) for mode in args.modes.split(",")
+        ]
+        ar = next((r["_outputs"] for r in rows if r["mode"] == "ar" and args.temperature <= 0), None)
+        for r in (
+            rows
+        ):  # greedy speculation must decode what plain decoding does (None: ar not profiled, or sampled)
             r["identical_to_ar"] = None if ar is None else r.pop("_outputs") == ar
             r.pop("_outputs", None)
             phases = " ".join(f"{k} {v:.1f}" for k, v in r["ms_per_step"].items())
@@ -114,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dtype": args.dtype,
+        "temperature": args.temperature,
         "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"profile_step_{'h200' if 'H200' in device else 'cpu'}.json"
+    sampled = "_sampled" if args.temperature > 0 else ""
+    path = args.out / f"profile_step_{'h200' if 'H200' in device else 'cpu'}{sampled}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     return 0

@@ -159,6 +159,20 @@ def test_profile_step_times_every_phase_of_a_step(tmp_path, checkpoint):
         assert all(ms > 0 for ms in r["ms_per_step"].values()) and r["outside_phases_s"] >= 0
 
 
+def test_profile_step_samples_seeded_requests(tmp_path, checkpoint):
+    """``--temperature``: sampled requests, seeded by their index, so that the synchronised run draws
+    what the free one drew (the profile refuses differing tokens); no comparison with ``ar``'s."""
+    data = tiny_dataset(tmp_path)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "profile_step.py"), "--dataset", str(data),
+           "--engine", str(checkpoint), "--modes", "ar,bole", "--batch-sizes", "2", "--temperature", "0.8",
+           "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True)
+    result = json.loads((tmp_path / "profile_step_cpu_sampled.json").read_text())
+    assert result["temperature"] == 0.8 and [r["mode"] for r in result["runs"]] == ["ar", "bole"]
+    assert all(r["identical_to_ar"] is None for r in result["runs"])
+    assert result["runs"][1]["calls"]["accept"] == result["runs"][1]["steps"] > 0
+
+
 def test_copy_ceiling_is_never_graph_timed(monkeypatch):
     """A copy captured in a CUDA graph runs on the copy engine (H200: 2.76 against 4.25 TB/s): the
     roofline's ceiling is timed eagerly whatever timer the kernels use."""
