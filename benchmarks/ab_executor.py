@@ -11,6 +11,7 @@
     python benchmarks/ab_executor.py grown-alike --trials 6 --batches 1,8,32
     python benchmarks/ab_executor.py draft-forest --trials 6 --batches 1,8,32
     python benchmarks/ab_executor.py prefill-graphs --trials 6 --batches 1,8,16 --requests 48
+    python benchmarks/ab_executor.py sampled-draft-graphs --temperature 0.8 --trials 4 --batches 8
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -46,15 +47,22 @@
 - ``draft-forest``: drafting carries its MTP forest's local parents and depths from level to level,
   grown by concatenation, and takes each beam node's parent row from its column in the children's grid
   (2026-12-02), against deriving both from the pool at every level (a map from pool indices to local
-  ones, gathers of the pool's parents and depths), reproduced by the draft of before.
+  ones, gathers of the pool's parents and depths), reproduced by the draft of before;
+- ``prefill-graphs``: the target's and the MTP head's prefills replayed from CUDA graphs of padded shapes
+  (2026-12-03, :mod:`trtllm_bole.spec.prefill_graphs`) against launched from Python, reproduced by
+  making the executor's two prefill graph sets None;
+- ``sampled-draft-graphs``: a batch with sampled requests replays its draft from a CUDA graph keyed
+  ``(batch, sampled)`` with its settings copied in (2026-12-03) against drafting it eagerly (greedy
+  batches only had graphs), reproduced by a draft graph set that drafts sampled batches with
+  :func:`~trtllm_bole.spec.drafter.draft`. Run it with ``--temperature``.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
-request, at batch 8, 16 and 32 (``--batches``), as many requests as the batch holds (all admitted at
-once) or ``--requests`` (then admitted as others end, a prefill in most steps), a model for each side
-(warmed up and its graphs captured under its variant), ``--trials`` interleaved pairs (order
-alternating); every run's tokens must equal the first run's, else it stops without a result. Writes
-the tokens/s of every run and the medians as JSON. ``--device cpu`` smoke-runs it (on the CPU both
-forest variants are the torch derivation).
+request (greedy, or sampled at ``--temperature``, request ``i`` seeded with ``i``), at batch 8, 16 and
+32 (``--batches``), as many requests as the batch holds (all admitted at once) or ``--requests`` (then
+admitted as others end, a prefill in most steps), a model for each side (warmed up and its graphs
+captured under its variant), ``--trials`` interleaved pairs (order alternating); every run's tokens must
+equal the first run's, else it stops without a result. Writes the tokens/s of every run and the medians
+as JSON. ``--device cpu`` smoke-runs it (on the CPU both forest variants are the torch derivation).
 """
 
 import argparse
@@ -267,6 +275,22 @@ def prefill_launched():
         ex.TargetPrefillGraphs, ex.MTPPrefillGraphs = classes
 
 
+@contextmanager
+def sampled_drafts_launched():
+    call = draft_graphs.DraftGraphs.__call__
+
+    def greedy_only(graphs, *inputs):
+        if inputs[-1].all_greedy:
+            return call(graphs, *inputs)
+        return drafter.draft(graphs.mtp, *inputs, top_k=graphs.top_k, depth=graphs.depth)
+
+    draft_graphs.DraftGraphs.__call__ = greedy_only
+    try:
+        yield
+    finally:
+        draft_graphs.DraftGraphs.__call__ = call
+
+
 OLD = {
     "outcome-queue": outcome_waited_first,
     "forest-kernel": forest_in_torch,
@@ -279,7 +303,14 @@ OLD = {
     "grown-alike": grown_by_gathers,
     "draft-forest": draft_before,
     "prefill-graphs": prefill_launched,
+    "sampled-draft-graphs": sampled_drafts_launched,
 }
+
+
+def sampling(index: int, temperature: float) -> SamplingParams:
+    """96 tokens; sampled requests seeded by their index, so that every run draws the same tokens."""
+    seed = index if temperature > 0 else None
+    return SamplingParams(max_tokens=96, temperature=temperature, seed=seed)
 
 
 def _batches(text: str) -> list[int]:
@@ -302,6 +333,9 @@ def main() -> None:
         "--batches", type=_batches, default=[8, 16, 32], metavar="B,B,...", help="batch sizes"
     )
     parser.add_argument("--requests", type=int, default=0, help="requests a run (default: the batch size)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="> 0: sampled requests, request i seeded with i"
+    )
     parser.add_argument("--device", default="cuda", help="cuda or cpu (a smoke run)")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent / "results", help="folder of the JSON"
@@ -319,13 +353,14 @@ def main() -> None:
                     speculative_config=BoleConfig(), device=dev, dtype="float32", max_batch_size=batch
                 )
                 llms[name].warm_up(use_tqdm=False)
-        params, res, ref = SamplingParams(max_tokens=96), {"old": [], "new": []}, None
+        res, ref = {"old": [], "new": []}, None
         for trial in range(args.trials):
             for name in ("old", "new") if trial % 2 == 0 else ("new", "old"):
                 with variants[name]():
                     sync()
                     t0 = time.perf_counter()
                     requests = (prompts * 8)[: args.requests or batch]
+                    params = [sampling(i, args.temperature) for i in range(len(requests))]
                     outs = llms[name].generate(requests, params, use_tqdm=False)
                     sync()
                     dt = time.perf_counter() - t0

@@ -23,6 +23,7 @@
 #   bash benchmarks/h200.sh prefill-tests # the GPU tests of the prefill's path, then its operators on CUDA (~2 min)
 #   bash benchmarks/h200.sh gdn-inputs # the GDN layer's fused q/k norms + gates and gated output norm: their tests, then their A/B
 #   bash benchmarks/h200.sh prefill-graphs # the prefill's GPU tests, then the A/B of its CUDA graphs with requests arriving
+#   bash benchmarks/h200.sh sampled   # the draft graphs' and the executor's GPU tests, then the sampled draft graphs' A/B
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -144,6 +145,13 @@ prefill-graphs)
     timeout 300 python benchmarks/ab_executor.py prefill-graphs --trials "${TRIALS:-6}" --batches 1,8,16 \
         --requests 48 --out "$OUT" > "$OUT/ab_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
     ;;
+sampled)
+    python -m pytest -q -m gpu tests/models/test_tree_verify.py tests/spec/test_executor.py -p no:cacheprovider \
+        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    timeout 200 python benchmarks/ab_executor.py sampled-draft-graphs --temperature 0.8 --trials "${TRIALS:-3}" \
+        --batches "${BATCHES:-8}" --out "$OUT" > "$OUT/ab_log.txt" 2>&1; echo "ab rc=$?"
+    grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
+    ;;
 prefill)
     timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; echo "prefill rc=$?"
     tail -1 "$OUT/prefill_log.txt"
@@ -183,6 +191,6 @@ probe)
     done
     ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|attention|depth|ops|tests|steps|prefill|long|prefill-tests|gdn-inputs|prefill-graphs" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|attention|depth|ops|tests|steps|prefill|long|prefill-tests|gdn-inputs|prefill-graphs|sampled" >&2
     exit 2 ;;
 esac

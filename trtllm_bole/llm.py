@@ -68,7 +68,7 @@ class LLM:
     ``max_seq_len - 1`` tokens and one draft tree past them). ``max_prefill_tokens``: prompt tokens a
     step prefills at most, in one forward (default 8,192); prompts beyond it, a longer one included, go
     on over the next steps, each piece on top of the last, while the running requests decode in between.
-    ``cuda_graphs``: on a GPU, greedy drafting replays a CUDA graph per batch size
+    ``cuda_graphs``: on a GPU, drafting replays a CUDA graph per batch size, greedy or sampled
     (:mod:`trtllm_bole.spec.draft_graphs`), the tree selection one per pool shape, and the target's
     verify one per forest shape (a greedy batch's with its acceptance and commit;
     :mod:`trtllm_bole.spec.verify_graphs`), captured by :meth:`warm_up`, and the prefills one per number

@@ -468,9 +468,9 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
 
 @pytest.mark.gpu
 def test_cuda_graphs_serve_sampled_batches_as_launches_do(gpu_config):
-    """A sampled batch drafts eagerly (its draft distribution filters per request), then selects and
-    verifies on graphs, the verify alone (its acceptance reads the logits): seeded, the same tokens and
-    acceptance as launches."""
+    """A sampled batch drafts, selects and verifies on graphs (its drafts ranked by each request's
+    filtered distribution, the settings copied in; the verify alone, since its acceptance reads the
+    logits): seeded, the same tokens and acceptance as launches."""
     params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=7)
     bole = BoleConfig(max_depth=4, max_nodes=10, top_k=3)
     outputs = []
@@ -480,6 +480,7 @@ def test_cuda_graphs_serve_sampled_batches_as_launches_do(gpu_config):
         outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
     assert outputs[0] == outputs[1] and sum(accepted for _, accepted in outputs[1]) > 0
     assert spec.verify_graphs.captured and spec.select_graphs.captured
+    assert any(sampled for _, sampled in spec.draft_graphs.captured)
 
 
 @pytest.mark.gpu

@@ -11,10 +11,12 @@ the captured shape (the block tables padded with ``NO_BLOCK`` to the widest a re
 cache must be the one captured: graphs are kept per MTP head and configuration
 (:meth:`DraftGraphs.of`) and dropped when the model's cache is reallocated (a model zeroes and keeps
 a cache that covers the sizes asked, so executors that follow one another reuse them). A graph is
-captured on its batch size's first greedy draft, or ahead of traffic by :meth:`DraftGraphs.capture`
-(``LLM.warm_up`` and the benchmarks' warm-ups capture every batch size they may serve). The graphs
-share one memory pool (:mod:`.graphs`): each keeps its candidate pool, the temporaries are shared.
-Sampled requests draft eagerly: their draft distribution filters per request.
+kept per ``(batch size, sampled)``: a batch with a sampled request ranks its drafts by each request's
+filtered distribution (temperature, top-k, top-p: a vocabulary sort per row, no randomness), whose
+settings are copied in as inputs; an all-greedy batch skips the filters. Each is captured on its first
+draft, or, greedy, ahead of traffic by :meth:`DraftGraphs.capture` (``LLM.warm_up`` and the benchmarks'
+warm-ups capture every batch size they may serve). The graphs share one memory pool (:mod:`.graphs`):
+each keeps its candidate pool, the temporaries are shared.
 
 The tree selection that follows (:func:`~trtllm_bole.spec.drafter.select_tree`: ~70 small kernels,
 ~2 ms of host time a step launched one by one) replays from :class:`SelectGraphs`, for every batch,
@@ -39,12 +41,13 @@ from trtllm_bole.tree import TreeBatch
 class _Captured:
     graph: torch.cuda.CUDAGraph
     inputs: tuple[torch.Tensor, ...]  # pending, last_hidden, slots, tables, mtp_context_lens
-    settings: DraftSettings
+    settings: DraftSettings  # static too: a sampled batch's are copied in
     pool: CandidatePool  # the captured outputs, refilled by every replay
 
 
 class DraftGraphs(CacheGraphs[MTPHead]):
-    """Greedy drafts of ``mtp`` (``top_k``, ``depth``) replayed from one CUDA graph per batch size."""
+    """Drafts of ``mtp`` (``top_k``, ``depth``) replayed from one CUDA graph per batch size, greedy or
+    sampled (keys ``(batch, sampled)``)."""
 
     def __init__(self, mtp: MTPHead, *, top_k: int, depth: int, table_width: int) -> None:
         super().__init__(mtp)
@@ -65,18 +68,19 @@ class DraftGraphs(CacheGraphs[MTPHead]):
     ) -> CandidatePool:
         """:func:`draft` of these inputs. The pool's tensors are the graph's: read them before the next
         call at this batch size."""
-        if not settings.all_greedy:
-            raise ValueError("draft graphs serve all-greedy batches; draft sampled ones with draft()")
         if block_tables.shape[1] > self.table_width:
             raise ValueError(
                 f"block tables of {block_tables.shape[1]} blocks exceed the captured {self.table_width}"
             )
         self._follow_cache()
-        b = pending.numel()
-        captured = self._graphs.get(b) or self._capture_batch(
+        key = (pending.numel(), not settings.all_greedy)
+        captured = self._graphs.get(key) or self._capture_batch(
             pending, last_hidden, slots, mtp_context_lens, settings
         )
         static_pending, static_hidden, static_slots, static_tables, static_lens = captured.inputs
+        if key[1]:
+            for name in ("temperature", "top_k", "top_p"):
+                getattr(captured.settings, name).copy_(getattr(settings, name))
         static_pending.copy_(pending)
         static_hidden.copy_(last_hidden)
         static_slots.copy_(slots)
@@ -86,10 +90,10 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         return captured.pool
 
     def capture(self, batch_sizes: Iterable[int]) -> list[int]:
-        """Capture the graphs of these batch sizes now (on placeholder inputs: a capture records kernels,
-        not values), so that traffic meets none; returns the batch sizes captured by this call."""
+        """Capture the greedy graphs of these batch sizes now (on placeholder inputs: a capture records
+        kernels, not values), so that traffic meets none; returns the batch sizes captured by this call."""
         self._follow_cache()
-        new = [b for b in batch_sizes if b not in self._graphs]
+        new = [b for b in batch_sizes if (b, False) not in self._graphs]
         device, dtype = self.mtp.fc.device, self.mtp.fc.dtype
         for b in new:
             zeros = torch.zeros(b, dtype=torch.long, device=device)
@@ -111,14 +115,15 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         tables = torch.full((b, self.table_width), NO_BLOCK, dtype=torch.int32, device=pending.device)
         inputs = (pending.clone(), last_hidden.clone(), slots.clone(), tables, mtp_context_lens.clone())
         settings = DraftSettings(
-            *(t.clone() for t in (settings.temperature, settings.top_k, settings.top_p)), True
+            *(t.clone() for t in (settings.temperature, settings.top_k, settings.top_p)), settings.all_greedy
         )
 
         graph, pool = self._capture(
             lambda: draft(self.mtp, *inputs, settings, top_k=self.top_k, depth=self.depth)
         )
-        self._graphs[b] = _Captured(graph, inputs, settings, pool)
-        return self._graphs[b]
+        key = (b, not settings.all_greedy)
+        self._graphs[key] = _Captured(graph, inputs, settings, pool)
+        return self._graphs[key]
 
 
 _POOL_FIELDS = ("tokens", "parents", "request", "depth", "log_rho")

@@ -14,8 +14,8 @@ One :meth:`Executor.step`:
    commit the accepted path (GDN, conv, KV), re-run the MTP over the accepted path so its cache
    follows the target's, and emit the accepted drafts plus the bonus token.
 
-Drafting and the target's verify queue no device sync: on a GPU a greedy batch replays its draft as a
-CUDA graph per batch size (:mod:`trtllm_bole.spec.draft_graphs`), every batch its tree selection as a
+Drafting and the target's verify queue no device sync: on a GPU a batch replays its draft as a CUDA
+graph per batch size, greedy or sampled (:mod:`trtllm_bole.spec.draft_graphs`), its tree selection as a
 graph per pool shape (:class:`~trtllm_bole.spec.draft_graphs.SelectGraphs`) and its verify as a graph
 per forest shape (:mod:`trtllm_bole.spec.verify_graphs`; a greedy batch's graph holds its acceptance and
 commit too, ``GreedyStepGraphs``), and the prefills of the target and the MTP head as graphs of padded
@@ -507,9 +507,9 @@ class Executor:
         mtp_context_lens: torch.Tensor,
         settings: DraftSettings,
     ) -> Any:
-        """The step's candidate pool: replayed from a graph for a greedy batch on a GPU, else drafted."""
+        """The step's candidate pool: replayed from a graph on a GPU, else drafted."""
         inputs = (pending, last_hidden, slots, tables, mtp_context_lens, settings)
-        if self.draft_graphs is not None and settings.all_greedy:
+        if self.draft_graphs is not None:
             return self.draft_graphs(*inputs)
         return draft(self.model.mtp, *inputs, top_k=self.bole.branching, depth=self.bole.max_depth)
 
