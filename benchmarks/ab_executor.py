@@ -12,6 +12,7 @@
     python benchmarks/ab_executor.py draft-forest --trials 6 --batches 1,8,32
     python benchmarks/ab_executor.py prefill-graphs --trials 6 --batches 1,8,16 --requests 48
     python benchmarks/ab_executor.py sampled-draft-graphs --temperature 0.8 --trials 4 --batches 8
+    python benchmarks/ab_executor.py sampled-acceptance --temperature 0.8 --trials 4 --batches 1,8,32
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -30,7 +31,8 @@
   torch, on the GPU's tensors;
 - ``step-graphs``: the tree selection, and a greedy batch's verify with its acceptance and commit,
   replayed from CUDA graphs (2026-12-02) against the selection, acceptance and commit launched kernel by
-  kernel from Python around a replayed verify, reproduced by making their graph sets None;
+  kernel from Python around a replayed verify, reproduced by no selection graphs and step graphs that
+  replay only the verify;
 - ``gdn-inputs``: every GDN layer's q/k L2 norms with its decay and beta, and its gated output norm, one
   Triton launch each (2026-12-02) against the torch reference's small kernels, reproduced by running
   ``bole::gdn_inputs`` and ``bole::gated_rms_norm``'s CPU implementations, plain torch, on the GPU's
@@ -54,7 +56,12 @@
 - ``sampled-draft-graphs``: a batch with sampled requests replays its draft from a CUDA graph keyed
   ``(batch, sampled)`` with its settings copied in (2026-12-03) against drafting it eagerly (greedy
   batches only had graphs), reproduced by a draft graph set that drafts sampled batches with
-  :func:`~trtllm_bole.spec.drafter.draft`. Run it with ``--temperature``.
+  :func:`~trtllm_bole.spec.drafter.draft`. Run it with ``--temperature``;
+- ``sampled-acceptance``: a sampled batch's acceptance on the device, every node's test at once on coins
+  drawn ahead from each request's generator, replayed with its verify and commit from one CUDA graph
+  (2026-12-03), against the walk of each tree on the host with a device sync for every candidate, its
+  commit launched from Python after a replayed verify, reproduced by step graphs that do that (on the
+  same coins, so both sides emit the same tokens). Run it with ``--temperature``.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request (greedy, or sampled at ``--temperature``, request ``i`` seeded with ``i``), at batch 8, 16 and
@@ -86,6 +93,9 @@ from trtllm_bole.models.cache import StepContext
 from trtllm_bole.ops import library
 from trtllm_bole.spec import draft_graphs, drafter
 from trtllm_bole.spec import executor as ex
+from trtllm_bole.spec.acceptance import Sampling, accept
+from trtllm_bole.spec.sampling import process_logits
+from trtllm_bole.spec.verify_graphs import VerifyGraphs
 from trtllm_bole.transfer import device_tensor
 from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch, _owners
 
@@ -154,14 +164,79 @@ class _NoGraphs:
     of = staticmethod(lambda *args, **kwargs: None)
 
 
+class _VerifyReplayed(VerifyGraphs):
+    """A step's graphs before 2026-12-02: the verify replayed, its acceptance (``accept``) and commit
+    launched from Python (StepGraphs' interface)."""
+
+    accept = staticmethod(accept)
+
+    def __init__(self, owner, *, coins, **settings):
+        super().__init__(owner, **settings)
+
+    def __call__(self, inputs, ctx, variant):
+        (tokens, _armed, *sampling), (scheme, sampled) = inputs, variant
+        logits, hidden, pending = super().__call__((tokens,), ctx, scheme)
+        leaf, bonus = self.accept(ctx.tree, tokens, logits, Sampling(*sampling) if sampled else None)
+        self.owner.commit(pending, leaf, check=False)
+        return hidden, leaf, bonus
+
+
+def _walk_on_host(tree, tokens, logits, sampling):
+    """Sampled acceptance before 2026-12-03: each request's tree walked on the host, the target's
+    distribution processed at each node the walk reaches, a device sync for every candidate tested (it
+    drew each coin from the request's generator as it went; here the coins are the step's, read one at a
+    time, so that both sides emit the same tokens)."""
+    if sampling is None:
+        return accept(tree, tokens, logits, None)
+    children = [[] for _ in range(tree.num_nodes)]
+    for node, parent in enumerate(tree.global_parents.tolist()):
+        if parent >= 0:
+            children[parent].append(node)
+    leaves, bonus = [], []
+    for b in range(tree.num_requests):
+        node = first = int(tree.cu_seqlens[b])
+        settings = [t[b : b + 1] for t in sampling[:3]]
+        while True:
+            residual = process_logits(logits[node : node + 1], *settings)[0]
+            for child, token in zip(children[node], tokens[children[node]].tolist(), strict=True):
+                if sampling.coins[b, child - first] < residual[token]:
+                    node = child
+                    break
+                rest = residual.clone()
+                rest[token] = 0.0
+                residual = rest / rest.sum() if rest.sum() > 0 else residual
+            else:
+                cdf = residual.double().cumsum(0)
+                bonus.append(
+                    int(torch.searchsorted(cdf, sampling.coins[b, -1].double() * cdf[-1], right=True))
+                )
+                break
+        leaves.append(node - first)
+    return torch.tensor(leaves, device=tokens.device), torch.tensor(bonus, device=tokens.device)
+
+
+class _WalkedOnHost(_VerifyReplayed):
+    accept = staticmethod(_walk_on_host)
+
+
 @contextmanager
 def step_launched_from_python():
-    graphs = ex.SelectGraphs, ex.GreedyStepGraphs
-    ex.SelectGraphs = ex.GreedyStepGraphs = _NoGraphs
+    graphs = ex.SelectGraphs, ex.StepGraphs
+    ex.SelectGraphs, ex.StepGraphs = _NoGraphs, _VerifyReplayed
     try:
         yield
     finally:
-        ex.SelectGraphs, ex.GreedyStepGraphs = graphs
+        ex.SelectGraphs, ex.StepGraphs = graphs
+
+
+@contextmanager
+def sampled_walk_on_host():
+    graphs = ex.StepGraphs
+    ex.StepGraphs = _WalkedOnHost
+    try:
+        yield
+    finally:
+        ex.StepGraphs = graphs
 
 
 def _prefill_first(self):
@@ -304,6 +379,7 @@ OLD = {
     "draft-forest": draft_before,
     "prefill-graphs": prefill_launched,
     "sampled-draft-graphs": sampled_drafts_launched,
+    "sampled-acceptance": sampled_walk_on_host,
 }
 
 

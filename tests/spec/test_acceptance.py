@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trtllm_bole.spec.acceptance import greedy_accept, residual_after_rejecting, sample_accept
+from trtllm_bole.spec.acceptance import draw_coins, greedy_accept, sample_accept
 from trtllm_bole.testing import forest
 
 # Request 0:            Request 1:
@@ -36,27 +36,106 @@ def test_greedy_duplicate_sibling_tokens_take_the_first():
     assert leaf.tolist() == [1] and bonus.tolist() == [7]
 
 
-def test_residual_removes_the_rejected_token():
-    p = torch.tensor([0.5, 0.3, 0.2])
-    assert torch.allclose(residual_after_rejecting(p, 0), torch.tensor([0.0, 0.6, 0.4]))
+def walk(parents: list[int], tokens: list[int], probs: torch.Tensor, coins: torch.Tensor) -> tuple[int, int]:
+    """The textbook walk of one request, node by node in float64 (the oracle): from node 0, try each
+    node's children in index order, child x passing when its coin is below the residual at x, which
+    then loses x's mass; after the last rejected child, the bonus token by inverse CDF at the last coin."""
+    node = 0
+    while True:
+        residual = probs[node].double().clone()
+        for child in [c for c, parent in enumerate(parents) if parent == node]:
+            if coins[child] < residual[tokens[child]]:
+                node = child
+                break
+            residual[tokens[child]] = 0.0
+            residual = residual / residual.sum() if residual.sum() > 0 else probs[node].double()
+        else:
+            cdf = residual.cumsum(0)
+            return node, int((cdf > coins[-1] * cdf[-1]).nonzero()[0])
+
+
+def random_forest(gen: torch.Generator, requests: int, vocab: int) -> tuple[list[list[int]], torch.Tensor]:
+    trees, tokens = [], []
+    for _ in range(requests):
+        size = int(torch.randint(1, 12, (), generator=gen))
+        trees.append([-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, size)])
+        tokens += torch.randint(0, vocab, (size,), generator=gen).tolist()  # repeats among siblings too
+    return trees, torch.tensor(tokens)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_sampled_acceptance_is_the_node_by_node_walk(device):
+    """Random forests, distributions with zeros, coins and tokens that repeat among siblings: every
+    request's leaf and bonus are those of the serial walk on the same coins."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, cases = 5, 0
+    for _ in range(40):
+        trees, tokens = random_forest(gen, 6, vocab)
+        tree = forest(trees)
+        logits = torch.randn(tree.num_nodes, vocab, generator=gen) * 2
+        probs = torch.where(torch.rand(logits.shape, generator=gen) < 0.2, 0.0, logits.softmax(-1))
+        probs[:, 0] += 1e-3  # no row without mass
+        probs = probs / probs.sum(-1, keepdim=True)
+        coins = torch.rand(tree.num_requests, tree.max_nodes + 1, generator=gen)
+        on_device = forest(trees, device=device), tokens.to(device), probs.to(device), coins.to(device)
+        leaf, bonus = (t.cpu() for t in sample_accept(*on_device))
+        for b, parents in enumerate(trees):
+            lo = int(tree.cu_seqlens[b])
+            size = len(parents)
+            expected = walk(parents, tokens[lo : lo + size].tolist(), probs[lo : lo + size],
+                            torch.cat([coins[b, :size], coins[b, -1:]]))  # fmt: skip
+            assert (int(leaf[b]), int(bonus[b])) == expected
+            cases += expected[0] > 0
+    assert cases > 40  # drafts were accepted, not only rejected
+
+
+def test_a_token_repeated_among_siblings_is_tried_once():
+    """Children x, x, y of p(x) = 0.4, p(y) = 0.3: x rejected once is gone; y's residual is 0.3 / 0.6."""
+    tree = forest([[-1, 0, 0, 0]] * 2)
+    tokens = torch.tensor([0, 1, 1, 2] * 2)
+    probs = torch.tensor([0.3, 0.4, 0.3]).repeat(8, 1)
+    coins = torch.tensor([[0.0, 0.9, 0.0, 0.49, 0.0], [0.0, 0.9, 0.0, 0.51, 0.0]])
+    leaf, bonus = sample_accept(tree, tokens, probs, coins)
+    assert leaf.tolist() == [3, 0] and bonus.tolist()[1] == 0  # the second: only token 0 is left
 
 
 def test_sampling_with_one_hot_targets_equals_greedy():
     tree = forest(TREES)
     argmax = torch.tensor([8, 0, 6, 0, 1, 4, 0])
     probs = torch.nn.functional.one_hot(argmax, 12).float()
-    leaf, bonus = sample_accept(tree, TOKENS, probs.__getitem__, [torch.Generator().manual_seed(1)] * 2)
+    coins = torch.rand(2, 6, generator=torch.Generator().manual_seed(1))
+    leaf, bonus = sample_accept(tree, TOKENS, probs, coins)
     assert leaf.tolist() == [4, 0] and bonus.tolist() == [1, 4]
 
 
+def test_sampled_acceptance_refuses_too_few_coins():
+    with pytest.raises(ValueError, match=r"coins must be \[2, > 5\]"):
+        sample_accept(forest(TREES), TOKENS, torch.full((7, 12), 1 / 12), torch.zeros(2, 5))
+
+
+def test_a_request_s_coins_come_from_its_own_generator():
+    def gens(*seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    alone = draw_coins(gens(7), 4, "cpu")
+    batched = draw_coins(gens(1, 7, 2), 4, "cpu")
+    assert torch.equal(batched[1], alone[0]) and not torch.equal(batched[0], batched[1])
+    assert ((batched >= 0) & (batched < 1)).all()
+
+
+def chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
 def exact_first_token_distribution(p: torch.Tensor, candidates: list[int]) -> torch.Tensor:
-    """What one step of sample_accept emits as the first new token, computed in closed form."""
+    """What one step of the walk emits as the first new token, computed in closed form."""
     out = torch.zeros_like(p)
     residual, survive = p.clone(), 1.0
     for c in candidates:
         out[c] += survive * residual[c]
         survive *= 1 - residual[c]
-        residual = residual_after_rejecting(residual, c)
+        residual[c] = 0.0
+        residual = residual / residual.sum()
     return out + survive * residual
 
 
@@ -65,27 +144,22 @@ def test_first_emitted_token_follows_target_for_any_candidates(candidates):
     p = torch.tensor([0.1, 0.4, 0.2, 0.3])
     # Closed form: the emitted token is distributed exactly as p, whatever the candidates are.
     assert torch.allclose(exact_first_token_distribution(p, candidates), p, atol=1e-6)
-    # And the implementation draws from it: chi-square over 4000 draws, false alarm ~1e-4.
-    parents = [-1] + [0] * len(candidates)
-    tree = forest([parents])
-    tokens = torch.tensor([0, *candidates])
-    probs = torch.cat([p[None], torch.full((len(candidates), 4), 0.25)])
-    gen = torch.Generator().manual_seed(7)
-    counts = torch.zeros(4)
+    # And the implementation draws from it: 4000 requests of one tree, chi-square, false alarm ~1e-4.
     draws = 4000
-    for _ in range(draws):
-        leaf, bonus = sample_accept(tree, tokens, probs.__getitem__, [gen])
-        counts[int(tokens[int(leaf)]) if int(leaf) > 0 else int(bonus)] += 1
-    expected = p * draws
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert chi2 < 21.1  # chi-square, 3 degrees of freedom, p = 1e-4
+    tree = forest([[-1] + [0] * len(candidates)] * draws)
+    tokens = torch.tensor([0, *candidates]).repeat(draws)
+    probs = torch.cat([p[None], torch.full((len(candidates), 4), 0.25)]).repeat(draws, 1)
+    coins = torch.rand(draws, len(candidates) + 2, generator=torch.Generator().manual_seed(7))
+    leaf, bonus = sample_accept(tree, tokens, probs, coins)
+    first = torch.where(leaf > 0, tokens[leaf + tree.cu_seqlens[:-1]], bonus)
+    assert chi_square(torch.bincount(first, minlength=4).float(), p * draws) < 21.1  # 3 dof, p = 1e-4
 
 
 def test_three_emitted_tokens_follow_the_target_through_a_deep_tree():
     """Whole steps of sample_accept on a depth-4 tree (the pending token, then three levels of two
     candidates: the target's two most likely tokens, so deep drafts are accepted often), repeated
-    until three tokens are out: the three follow the target's joint distribution (chi-square over
-    the 27 sequences of a 3-token vocabulary)."""
+    until three tokens are out, for 6000 sequences at once: the three follow the target's joint
+    distribution (chi-square over the 27 sequences of a 3-token vocabulary)."""
     vocab, draws = 3, 6000
     gen = torch.Generator().manual_seed(11)
     logits = torch.randn(vocab**4, vocab, generator=gen) * 0.6
@@ -95,26 +169,29 @@ def test_three_emitted_tokens_follow_the_target_through_a_deep_tree():
         return torch.softmax(logits[key], 0)
 
     parents = [-1, 0, 0, 1, 1, 2, 2, *[3, 3, 4, 4, 5, 5, 6, 6]]
-    tree = forest([parents])
     exact = torch.zeros(vocab, vocab, vocab)
     for a in range(vocab):
         for b in range(vocab):
             exact[a, b] = p(())[a] * p((a,))[b] * p((a, b))
-    counts = torch.zeros(vocab, vocab, vocab)
-    for _ in range(draws):
-        out: list[int] = []
-        while len(out) < 3:
-            tokens, paths = [0], [tuple(out)]  # node 0: the pending token, its prefix the output so far
+    outs: list[list[int]] = [[] for _ in range(draws)]
+    while unfinished := [out for out in outs if len(out) < 3]:
+        tokens, probs, paths = [], [], []
+        for out in unfinished:  # node 0: the pending token, its prefix the output so far
+            request = [tuple(out)]
             for node in range(1, len(parents)):
-                parent = paths[parents[node]]
+                parent = request[parents[node]]
                 rank = (node - 1) % 2  # first or second child: the most or second most likely token
-                tokens.append(int(p(parent).argsort(descending=True)[rank]))
-                paths.append((*parent, tokens[-1]))
-            leaf, bonus = sample_accept(
-                tree, torch.tensor(tokens), lambda node, paths=paths: p(paths[node]), [gen]
-            )
-            out += [*paths[int(leaf)][len(out) :], int(bonus)]
+                request.append((*parent, int(p(parent).argsort(descending=True)[rank])))
+            tokens += [0] + [path[-1] for path in request[1:]]
+            probs += [p(path) for path in request]
+            paths.append(request)
+        tree = forest([parents] * len(unfinished))
+        coins = torch.rand(len(unfinished), len(parents) + 1, generator=gen)
+        leaf, bonus = sample_accept(tree, torch.tensor(tokens), torch.stack(probs), coins)
+        for out, request, node, token in zip(unfinished, paths, leaf.tolist(), bonus.tolist(), strict=True):
+            out += [*request[node][len(out) :], token]
+    counts = torch.zeros(vocab, vocab, vocab)
+    for out in outs:
         counts[tuple(out[:3])] += 1
     expected = exact * draws
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    assert expected.min() > 5 and chi2 < 61.9  # chi-square, 26 degrees of freedom, p = 1e-4
+    assert expected.min() > 5 and chi_square(counts, expected) < 61.9  # 26 dof, p = 1e-4

@@ -338,7 +338,7 @@ def test_sampling_keeps_the_target_distribution(config, gpu_config, device, dtyp
     while spec.has_unfinished:
         spec.step()
     assert sum(r.stats.accepted for r in requests) > 500  # speculation really produced tokens
-    assert device == "cpu" or (spec.verify_graphs.captured and spec.mtp_graphs.captured)
+    assert device == "cpu" or (spec.step_graphs.captured and spec.mtp_graphs.captured)
     counts: dict[tuple[int, int], int] = {}
     for r in requests:
         key = tuple(r.output_ids[1:3])
@@ -460,7 +460,7 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
                         cuda_graphs=graphs)  # fmt: skip
         outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
     assert outputs[0] == outputs[1]
-    assert spec.greedy_graphs.captured and not spec.verify_graphs.captured  # greedy: verify, accept, commit
+    assert spec.step_graphs.captured  # verify, accept, commit
     assert spec.prefill_graphs.captured
     assert spec.mtp_prefill_graphs is None if mode == "ar" else spec.mtp_prefill_graphs.captured
     assert (spec.draft_graphs is None) == (mode == "ar") and (mode == "ar" or spec.select_graphs.captured)
@@ -468,9 +468,9 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
 
 @pytest.mark.gpu
 def test_cuda_graphs_serve_sampled_batches_as_launches_do(gpu_config):
-    """A sampled batch drafts, selects and verifies on graphs (its drafts ranked by each request's
-    filtered distribution, the settings copied in; the verify alone, since its acceptance reads the
-    logits): seeded, the same tokens and acceptance as launches."""
+    """A sampled batch drafts, selects, verifies, accepts and commits on graphs (its drafts ranked by each
+    request's filtered distribution, the settings copied in; its acceptance on coins drawn from each
+    request's generator before the replay): seeded, the same tokens and acceptance as launches."""
     params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=7)
     bole = BoleConfig(max_depth=4, max_nodes=10, top_k=3)
     outputs = []
@@ -479,7 +479,7 @@ def test_cuda_graphs_serve_sampled_batches_as_launches_do(gpu_config):
         spec = Executor(model, bole, max_batch_size=3, cuda_graphs=graphs)
         outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
     assert outputs[0] == outputs[1] and sum(accepted for _, accepted in outputs[1]) > 0
-    assert spec.verify_graphs.captured and spec.select_graphs.captured
+    assert any(sampled for (_, sampled), *_ in spec.step_graphs.captured) and spec.select_graphs.captured
     assert any(sampled for _, sampled in spec.draft_graphs.captured)
 
 
@@ -496,7 +496,7 @@ def test_a_greedy_step_capture_commits_nothing_and_its_eager_fallback_commits(gp
     spec.step()  # the three prefills: live state in slots 0-2
     cache = model.cache
     live = [t.clone() for t in (cache.gdn_state, cache.conv_state, cache.k_cache, cache.v_cache)]
-    assert spec.greedy_graphs.capture([(3, 7, 3)], "bole")  # this model's own set: captured now
+    assert spec.step_graphs.capture([(3, 7, 3)], ("bole", False))  # this model's own set: captured now
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(live, (cache.gdn_state, cache.conv_state, cache.k_cache,
                                                        cache.v_cache), strict=True))  # fmt: skip
@@ -505,9 +505,9 @@ def test_a_greedy_step_capture_commits_nothing_and_its_eager_fallback_commits(gp
         model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
         spec = Executor(model, bole, max_batch_size=3, cuda_graphs=graphs)
         if graphs:
-            spec.greedy_graphs.max_graphs = 0  # this model's own set: every greedy step runs the fallback
+            spec.step_graphs.max_graphs = 0  # this model's own set: every step runs the fallback
         outputs.append([r.output_ids for r in run(spec, PROMPTS, params)])
-    assert outputs[0] == outputs[1] and not spec.greedy_graphs.captured
+    assert outputs[0] == outputs[1] and not spec.step_graphs.captured
 
 
 @pytest.mark.gpu
@@ -590,7 +590,7 @@ def test_a_step_whose_capture_fails_fails_alone(gpu_config, monkeypatch):
         spec.scheduler.finish(request, "error", "the step failed")
     served, launched = run(spec, PROMPTS, params), run(executor(False), PROMPTS, params)
     assert [r.output_ids for r in served] == [r.output_ids for r in launched]
-    assert spec.greedy_graphs.captured
+    assert spec.step_graphs.captured
 
 
 def test_mtp_follow_up_writes_each_accepted_path_as_a_prefill_would(config):

@@ -15,15 +15,44 @@ node ``i`` is its prediction for the token after ``i``.
   rejected child the bonus token is drawn from the residual. For any candidate set chosen before
   the coins are tossed, the emitted token is distributed exactly as ``p``, so pruning the tree by
   draft probability (the budget) never biases the output.
+
+Both run on the tensors' device without a sync (every node's choice is computed at once, the walk
+read off them), so that a step's acceptance queues behind its verify, or replays with it from a CUDA
+graph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
+from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.tree import TreeBatch
+
+
+class Sampling(NamedTuple):
+    """A sampled batch's acceptance inputs, per request ``[B]``: its settings (those of
+    :func:`~trtllm_bole.spec.sampling.process_logits`; temperature 0 accepts greedily) and its coins
+    ``[B, C]`` (:func:`draw_coins`)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    coins: torch.Tensor
+
+
+def accept(
+    tree: TreeBatch, tokens: torch.Tensor, logits: torch.Tensor, sampling: Sampling | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A verify's acceptance from the target's logits ``[N, V]``: greedy when ``sampling`` is None, else
+    sampled with each request's settings. Returns ``accepted_leaf [B]`` (local) and ``bonus [B]``."""
+    if sampling is None:
+        return greedy_accept(tree, tokens, logits.argmax(-1))
+    rows = tree.request
+    probs = process_logits(logits, sampling.temperature[rows], sampling.top_k[rows], sampling.top_p[rows])
+    return sample_accept(tree, tokens, probs, sampling.coins)
 
 
 def greedy_accept(
@@ -58,66 +87,99 @@ def deepest_per_request(tree: TreeBatch, eligible: torch.Tensor) -> torch.Tensor
 
 
 def sample_accept(
-    tree: TreeBatch,
-    tokens: torch.Tensor,
-    target_probs: Callable[[int], torch.Tensor],
-    generators: list[torch.Generator | None],
+    tree: TreeBatch, tokens: torch.Tensor, probs: torch.Tensor, coins: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lossless recursive rejection sampling. Returns ``accepted_leaf [B]`` (local) and ``bonus [B]``.
+    """Lossless recursive rejection sampling, on the tensors' device with no sync. Returns
+    ``accepted_leaf [B]`` (local) and ``bonus [B]``.
 
-    ``target_probs(node)``: the processed target distribution ``[V]`` at a packed node (see
-    :func:`trtllm_bole.spec.sampling.process_logits`), asked only along the walked path; one
-    generator per request (None = the global RNG).
+    probs: float ``[N, V]``, the processed target distribution at every node (see
+    :func:`trtllm_bole.spec.sampling.process_logits`). coins: ``[B, C]`` uniforms in ``[0, 1)`` with
+    ``C > tree.max_nodes`` (:func:`draw_coins`): a draft's test uses its request's coin at its local
+    index, the bonus token the last one. The walk tests each node at most once, so coins by node are as
+    good as coins drawn in turn.
+
+    The walk, vectorised: a parent's children are tried in index order; child ``x`` passes when its coin
+    is below the residual at ``x``, ``p(x) / (1 - mass of the tokens of the siblings tried before)``
+    (zero for a token an earlier sibling already carried); the walk takes a parent's first passing child,
+    so a node is on it when every node of its path is its parent's first passing child. The bonus token
+    is drawn, by inverse CDF, from the leaf's distribution with its children's tokens removed.
     """
-    children = _children_lists(tree)
-    leaves, bonus = [], []
-    for b in range(tree.num_requests):
-        node = int(tree.cu_seqlens[b])
-        while True:
-            accepted_child, residual = rejection_step(
-                target_probs(node), tokens[children[node]], generators[b]
-            )
-            if accepted_child is None:
-                break
-            node = children[node][accepted_child]
-        leaves.append(node - int(tree.cu_seqlens[b]))
-        bonus.append(int(torch.multinomial(residual, 1, generator=generators[b])))
-    device = tokens.device
-    return torch.tensor(leaves, device=device), torch.tensor(bonus, device=device)
+    if coins.shape != (tree.num_requests, coins.shape[1]) or coins.shape[1] <= tree.max_nodes:
+        raise ValueError(
+            f"coins must be [{tree.num_requests}, > {tree.max_nodes}] (a request's nodes and its bonus), "
+            f"got {tuple(coins.shape)}"
+        )
+    parent = tree.global_parents.clamp(min=0)
+    local = torch.arange(tree.num_nodes, device=tokens.device) - tree.cu_seqlens[tree.request]
+    is_draft = tree.global_parents >= 0
+    siblings = _Siblings.of(tree, tokens, probs.shape[1])
+    p = probs[parent, tokens].double()
+    tried = torch.where(is_draft & ~siblings.repeated, p, 0.0)
+    left = probs.sum(-1).double()[parent] - siblings.before(tried)
+    residual = torch.where(siblings.repeated, 0.0, torch.where(left > 0, p / left, p))
+    passes = is_draft & (coins[tree.request, local] < residual)
+    first_pass = passes & (siblings.before(passes.long()) == 0)
+    taken = torch.where(is_draft, first_pass, local == 0)
+    on_walk = torch.where(tree.paths >= 0, taken[tree.paths.clamp(min=0)], True).all(dim=1)
+    leaf = deepest_per_request(tree, on_walk)
+    return leaf - tree.cu_seqlens[:-1], _bonus(tree, tokens, probs, leaf, coins[:, -1])
 
 
-def rejection_step(
-    p: torch.Tensor, candidates: torch.Tensor, generator: torch.Generator | None
-) -> tuple[int | None, torch.Tensor]:
-    """Try deterministic candidates in order against target distribution ``p`` ``[V]``.
-
-    Returns the index of the accepted candidate and the residual it was tested against, or None and the
-    residual after rejecting every candidate: then the distribution the bonus token is drawn from
-    (``p`` itself when there are no candidates).
-    """
-    residual = p.float()
-    for i, token in enumerate(candidates.tolist()):
-        coin = torch.rand((), generator=generator, device=residual.device)
-        if coin < residual[token]:
-            return i, residual
-        residual = residual_after_rejecting(residual, token)
-    return None, residual
-
-
-def residual_after_rejecting(p: torch.Tensor, token: int) -> torch.Tensor:
-    """``norm(max(p - q, 0))`` with the point-mass proposal ``q = one_hot(token)``."""
-    q = torch.zeros_like(p)
-    q[token] = 1.0
-    residual = (p - q).clamp(min=0)
-    total = residual.sum()
-    # total == 0 means p was the point mass on the rejected token, which a coin < p(token) = 1
-    # cannot reject; keep p to stay well defined under rounding.
-    return residual / total if total > 0 else p
+def _bonus(
+    tree: TreeBatch, tokens: torch.Tensor, probs: torch.Tensor, leaf: torch.Tensor, coin: torch.Tensor
+) -> torch.Tensor:
+    """A token from each leaf's residual (its distribution without its children's tokens, all rejected)
+    by inverse CDF at ``coin``. A residual of no mass (rounding: a coin below 1 rejected a token of
+    probability 1) falls back to the leaf's distribution."""
+    at_leaf = probs[leaf].double()
+    child = (tree.global_parents >= 0) & (tree.global_parents == leaf[tree.request])
+    vocab = probs.shape[1]
+    removed = (
+        torch.zeros_like(at_leaf).view(-1).scatter_add_(0, tree.request * vocab + tokens, child.double())
+    )
+    residual = at_leaf.masked_fill(removed.view_as(at_leaf) > 0, 0.0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, at_leaf)
+    cdf = residual.cumsum(-1)
+    token = torch.searchsorted(cdf, (coin.double() * cdf[:, -1])[:, None], right=True)[:, 0]
+    return token.clamp(max=vocab - 1)
 
 
-def _children_lists(tree: TreeBatch) -> list[list[int]]:
-    children: list[list[int]] = [[] for _ in range(tree.num_nodes)]
-    for node, parent in enumerate(tree.global_parents.tolist()):
-        if parent >= 0:
-            children[parent].append(node)
-    return children
+def draw_coins(
+    generators: list[torch.Generator | None], count: int, device: torch.device | str
+) -> torch.Tensor:
+    """``[B, count]`` uniforms in ``[0, 1)`` for :func:`sample_accept`, row ``b`` from request ``b``'s own
+    generator (None: the global RNG). A fixed count a step keeps a seeded request's draws its own,
+    whatever its batch or its tree."""
+    return torch.stack([torch.rand(count, generator=g, device=device) for g in generators])
+
+
+@dataclass(frozen=True, slots=True)
+class _Siblings:
+    """Each node's place among its parent's children, in index order (the order the walk tries them)."""
+
+    order: torch.Tensor  # nodes sorted by (parent, index)
+    start: torch.Tensor  # for each sorted position, where its parent's run of children starts
+    repeated: torch.Tensor  # bool [N]: an earlier sibling carries the same token
+
+    @classmethod
+    def of(cls, tree: TreeBatch, tokens: torch.Tensor, vocab: int) -> _Siblings:
+        n = tree.num_nodes
+        index = torch.arange(n, device=tokens.device)
+        parent = tree.global_parents + 1  # roots share run 0, which the walk never tries
+        order = (parent * n + index).argsort()
+        # Stable on index within equal (parent, token): a repeat follows its first occurrence.
+        by_token = ((parent * vocab + tokens) * n + index).argsort()
+        same = torch.zeros(n, dtype=torch.bool, device=tokens.device)
+        key = parent * vocab + tokens
+        same[1:] = key[by_token[1:]] == key[by_token[:-1]]
+        repeated = torch.zeros_like(same).scatter_(0, by_token, same)
+        new_run = torch.ones(n, dtype=torch.bool, device=tokens.device)
+        new_run[1:] = parent[order[1:]] != parent[order[:-1]]
+        start = torch.where(new_run, index, 0).cummax(0).values
+        return cls(order, start, repeated)
+
+    def before(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum of ``values`` over each node's earlier siblings."""
+        sorted_values = values[self.order]
+        exclusive = sorted_values.cumsum(0) - sorted_values
+        return torch.empty_like(values).scatter_(0, self.order, exclusive - exclusive[self.start])

@@ -14,17 +14,17 @@ One :meth:`Executor.step`:
    commit the accepted path (GDN, conv, KV), re-run the MTP over the accepted path so its cache
    follows the target's, and emit the accepted drafts plus the bonus token.
 
-Drafting and the target's verify queue no device sync: on a GPU a batch replays its draft as a CUDA
-graph per batch size, greedy or sampled (:mod:`trtllm_bole.spec.draft_graphs`), its tree selection as a
-graph per pool shape (:class:`~trtllm_bole.spec.draft_graphs.SelectGraphs`) and its verify as a graph
-per forest shape (:mod:`trtllm_bole.spec.verify_graphs`; a greedy batch's graph holds its acceptance and
-commit too, ``GreedyStepGraphs``), and the prefills of the target and the MTP head as graphs of padded
-shapes (:mod:`trtllm_bole.spec.prefill_graphs`, whose padding chain takes one more state slot than
-``max_batch_size``); ``cuda_graphs=False`` launches them all from Python. A step waits for the device
-once, for the copy of what it accepted; the MTP follow-up is queued behind that copy first, so the GPU
-runs it while the host books the step. The running requests' work (2) is queued before the prefill (1),
-so that the GPU works through it while the host prepares and queues the prefill; the step's outcome is
-read after the prefill. Each phase of a step is a profiler range
+Drafting, the target's verify and the acceptance queue no device sync: on a GPU a batch replays its
+draft as a CUDA graph per batch size, greedy or sampled (:mod:`trtllm_bole.spec.draft_graphs`), its tree
+selection as a graph per pool shape (:class:`~trtllm_bole.spec.draft_graphs.SelectGraphs`), its verify,
+acceptance (greedy, or sampled on coins drawn from each request's generator) and commit as a graph per
+forest shape (:class:`~trtllm_bole.spec.verify_graphs.StepGraphs`), and the prefills of the target and
+the MTP head as graphs of padded shapes (:mod:`trtllm_bole.spec.prefill_graphs`, whose padding chain
+takes one more state slot than ``max_batch_size``); ``cuda_graphs=False`` launches them all from Python.
+A step waits for the device once, for the copy of what it accepted; the MTP follow-up is queued behind
+that copy first, so the GPU runs it while the host books the step. The running requests' work (2) is
+queued before the prefill (1), so that the GPU works through it while the host prepares and queues the
+prefill; the step's outcome is read after the prefill. Each phase of a step is a profiler range
 (``bole.prefill``, ``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``), free when
 no profiler runs.
 """
@@ -42,12 +42,11 @@ import torch
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.models.cache import PrefillBatch, StepContext, block_table
 from trtllm_bole.models.model import Qwen35Model
-from trtllm_bole.spec.acceptance import greedy_accept, sample_accept
+from trtllm_bole.spec.acceptance import Sampling, accept, draw_coins
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.draft_graphs import DraftGraphs, SelectGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, pool_size, select_tree
 from trtllm_bole.spec.prefill_graphs import MTPPrefillGraphs, TargetPrefillGraphs
-from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.scheduler import (
     MAX_PREFILL_TOKENS,
     MIN_SEQ_LEN,
@@ -59,7 +58,7 @@ from trtllm_bole.spec.scheduler import (
     kv_tokens,
     prefill_rounds,
 )
-from trtllm_bole.spec.verify_graphs import GreedyStepGraphs, MTPGraphs, VerifyGraphs
+from trtllm_bole.spec.verify_graphs import MTPGraphs, StepGraphs
 from trtllm_bole.transfer import HostCopy, device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
 
@@ -199,9 +198,8 @@ class Executor:
                 f"{-(-(2 + tree_tokens) // block_size) * block_size} tokens"
             )
         self._next_id = 0
-        # CUDA graphs (cuda_graphs=False: everything launched from Python): greedy drafts, every tree
-        # selection, a greedy batch's verify with its acceptance and commit, a sampled batch's verify,
-        # the prefills of the target and of the MTP head.
+        # CUDA graphs (cuda_graphs=False: everything launched from Python): drafts, tree selections, a
+        # batch's verify with its acceptance and commit, the prefills of the target and of the MTP head.
         table_width = request_blocks
         self.draft_graphs = (
             DraftGraphs.of(model.mtp, top_k=bole.branching, depth=bole.max_depth, table_width=table_width)
@@ -209,13 +207,15 @@ class Executor:
             else None
         )
         self.select_graphs = SelectGraphs.of(model.mtp) if graphs and bole.speculates else None
-        self.verify_graphs = (
-            VerifyGraphs.of(model, max_depth=tree_tokens, table_width=table_width) if graphs else None
+        # A sampled step's coins a request: one a node of the largest tree (its drafts and pending token)
+        # and the bonus token's, the same count every step (a seeded request's draws are its own).
+        self._coins_per_step = (bole.draft_tokens + 1 if bole.speculates else 1) + 1
+        self.step_graphs = (
+            StepGraphs.of(model, max_depth=tree_tokens, table_width=table_width, coins=self._coins_per_step)
+            if graphs
+            else None
         )
-        self.greedy_graphs = (
-            GreedyStepGraphs.of(model, max_depth=tree_tokens, table_width=table_width) if graphs else None
-        )
-        self._armed = torch.ones((), dtype=torch.bool, device=model.device)  # greedy_graphs commit
+        self._armed = torch.ones((), dtype=torch.bool, device=model.device)  # step_graphs commit
         self.mtp_graphs = (
             MTPGraphs.of(model.mtp, max_depth=tree_tokens, table_width=table_width)
             if graphs and bole.speculates
@@ -391,15 +391,16 @@ class Executor:
             tokens = pending
             tree = StepContext.single_tokens(slots, tables, context_lens).tree
         ctx = StepContext(slots, tables, context_lens, tree)
-        scheme = self._gdn_scheme()
-        if self.greedy_graphs is not None and _all_greedy(requests):
+        scheme, sampling = self._gdn_scheme(), self._sampling(requests, settings)
+        if self.step_graphs is not None:
             with phase("verify_accept_commit"):
-                hidden, leaf, bonus = self.greedy_graphs((tokens, self._armed), ctx, scheme)
+                inputs, variant = (tokens, self._armed, *(sampling or ())), (scheme, sampling is not None)
+                hidden, leaf, bonus = self.step_graphs(inputs, ctx, variant)
         else:
             with phase("verify"):
-                logits, hidden, verify_pending = self._verify(tokens, ctx, scheme)
+                logits, hidden, verify_pending = model.verify(tokens, ctx, gdn_scheme=scheme)
             with phase("accept"):
-                leaf, bonus = self._accept(requests, tree, tokens, logits, settings)
+                leaf, bonus = accept(tree, tokens, logits, sampling)
             with phase("commit"):  # the executor built the leaves, slots and tables: nothing to wait for
                 model.commit(verify_pending, leaf, check=False)
         leaf_global = leaf + tree.cu_seqlens[:-1]
@@ -465,18 +466,18 @@ class Executor:
         """Capture, ahead of traffic, the CUDA graphs of these batch sizes (default: 1 .. max_batch_size):
         the greedy draft's, and the selection's and the greedy verify-accept-commit's of full trees (every
         request with its ``draft_tokens`` drafts and its pending token); returns how many were newly
-        captured (none without graphs). A sampled batch's verify graph is captured when first met: each
-        keeps its logits ``[N, V]`` as outputs, which greedy traffic would never read."""
+        captured (none without graphs). A sampled batch's draft and step graphs are captured when first
+        met, so that greedy traffic holds none."""
         sizes = list(batch_sizes or range(1, self.max_batch_size + 1))
         new = self.draft_graphs.capture(sizes) if self.draft_graphs is not None else []
         if self.select_graphs is not None:
             pool, depth = pool_size(self.bole.branching, self.bole.max_depth), self.bole.max_depth + 1
             shapes = [(b, b * pool, depth, self.bole.draft_tokens) for b in sizes]
             new += self.select_graphs.capture(shapes)
-        if self.greedy_graphs is not None:
+        if self.step_graphs is not None:
             per_request = self.bole.draft_tokens + 1
             shapes = [(b, b * per_request, per_request) for b in sizes]
-            new += self.greedy_graphs.capture(shapes, self._gdn_scheme())
+            new += self.step_graphs.capture(shapes, (self._gdn_scheme(), False))
         if self.mtp_graphs is not None:
             width = self.bole.max_depth + 1
             new += self.mtp_graphs.capture([(b, b * width, width) for b in sizes], "follow")
@@ -485,18 +486,11 @@ class Executor:
     @property
     def graph_sets(self) -> tuple:
         """The executor's sets of CUDA graphs (None where a set is not used)."""
-        return (self.draft_graphs, self.select_graphs, self.verify_graphs, self.greedy_graphs,
-                self.mtp_graphs, self.prefill_graphs, self.mtp_prefill_graphs)  # fmt: skip
+        return (self.draft_graphs, self.select_graphs, self.step_graphs, self.mtp_graphs,
+                self.prefill_graphs, self.mtp_prefill_graphs)  # fmt: skip
 
     def _gdn_scheme(self) -> str:
         return "serial" if self.bole.mode in ("chain", "tree-serial") else "bole"
-
-    def _verify(self, tokens: torch.Tensor, ctx: StepContext, scheme: str) -> Any:
-        """The target's verify of the step's forest: replayed from a graph on a GPU, else launched (a
-        greedy batch on graphs replays its verify, acceptance and commit together instead)."""
-        if self.verify_graphs is not None:
-            return self.verify_graphs((tokens,), ctx, scheme)
-        return self.model.verify(tokens, ctx, gdn_scheme=scheme)
 
     def _draft(
         self,
@@ -513,42 +507,23 @@ class Executor:
             return self.draft_graphs(*inputs)
         return draft(self.model.mtp, *inputs, top_k=self.bole.branching, depth=self.bole.max_depth)
 
-    def _accept(
-        self,
-        requests: list[Request],
-        tree: TreeBatch,
-        tokens: torch.Tensor,
-        logits: torch.Tensor,
-        settings: DraftSettings | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``settings``: the step's, when drafting made them (else made here, for sampled requests)."""
+    def _sampling(self, requests: list[Request], settings: DraftSettings | None) -> Sampling | None:
+        """A batch's sampled acceptance inputs (None when every request is greedy), with the step's coins;
+        ``settings``: the step's, when drafting made them."""
         if _all_greedy(requests):
-            return greedy_accept(tree, tokens, logits.argmax(-1))
-        settings = self._settings(requests) if settings is None else settings
-
-        def probs_at(node: int) -> torch.Tensor:
-            b = int(tree.request[node])
-            return process_logits(
-                logits[node : node + 1],
-                settings.temperature[b : b + 1],
-                settings.top_k[b : b + 1],
-                settings.top_p[b : b + 1],
-            )[0]
-
-        return sample_accept(tree, tokens, probs_at, [r.runtime.generator for r in requests])
+            return None
+        s = self._settings(requests) if settings is None else settings
+        coins = draw_coins([r.runtime.generator for r in requests], self._coins_per_step, self.model.device)
+        return Sampling(s.temperature, s.top_k, s.top_p, coins)
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """The first token of each request, from its prefill logits."""
-        s = self._settings(requests)
-        if s.all_greedy:
-            return logits.argmax(-1).tolist()
-        probs = process_logits(logits, s.temperature, s.top_k, s.top_p)
-        return [
-            int(probs[i].argmax())
-            if r.params.temperature <= 0
-            else int(torch.multinomial(probs[i], 1, generator=r.runtime.generator))
-            for i, r in enumerate(requests)
-        ]
+        """The first token of each request, from its prefill logits: the bonus token of a tree of no drafts
+        (sampled ones on the request's own coins)."""
+        batch, device = len(requests), logits.device
+        roots = TreeBatch.chains([1] * batch, device=device)
+        pending = torch.zeros(batch, dtype=torch.long, device=device)  # never read: a root is never tried
+        _, first = accept(roots, pending, logits, self._sampling(requests, None))
+        return first.tolist()
 
     def _settings(self, requests: list[Request]) -> DraftSettings:
         params = [r.params for r in requests]

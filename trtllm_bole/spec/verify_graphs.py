@@ -5,24 +5,25 @@ the step's verify phase is the host's time (benchmarks/results/profile_step_h200
 work for the embedded model at batch 8 and 32), replayed as a graph it costs the GPU's. The forwards
 queue no device sync: the only value check on their path, the slot indices' range, is skipped while a
 graph captures (:func:`trtllm_bole.ops`), and the executor builds the slots itself.
-:class:`VerifyGraphs` replays :meth:`Qwen35Model.verify`; :class:`GreedyStepGraphs` a greedy batch's
-verify with its acceptance and commit; :class:`MTPGraphs` the MTP head's verify over the accepted
-paths, which the executor pads to chains of one length so that its shape is the batch's.
+:class:`VerifyGraphs` replays :meth:`Qwen35Model.verify` (the budget's calibration times it);
+:class:`StepGraphs` a batch's verify with its acceptance, greedy or sampled, and commit;
+:class:`MTPGraphs` the MTP head's verify over the accepted paths, which the executor pads to chains of
+one length so that its shape is the batch's.
 
 A graph is kept per ``(variant, requests, nodes, largest request)`` (the variant: the target's GDN
-scheme): the shapes of every tensor of the forward. Everything else is copied into the graph's static
-inputs before a replay: the per-node inputs (tokens, and the MTP's hidden rows),
-the slots, the context lengths, the block tables (padded with ``NO_BLOCK`` to ``table_width`` blocks,
-the widest a request can need: reads there are masked by the context lengths, writes dropped)
-and the forest's metadata, its paths padded to ``max_depth`` columns (``-1``, as for any path shorter
-than the deepest). A deeper ``max_depth`` than the forest's own changes no value: the kernels read a
-node's path up to its depth, and the closed form's extra squarings multiply by ``I + G^(2^j)`` with
-``G^(2^j)`` exactly zero (Lemma 3). Forests are captured on first sight, at most ``max_graphs`` of them
-(later shapes run eagerly), or ahead of traffic by :meth:`ForestGraphs.capture` (the executor's
-``capture_graphs``: every batch size with full trees and full chains). The outputs are the graph's,
-valid until its next replay: a verify's logits, hidden states and pending commit, which the executor
-reads and commits before then; a greedy step's hidden states, accepted leaves and bonus tokens (its
-commit is inside the graph).
+scheme, and for a step whether it samples): the shapes of every tensor of the forward. Everything else
+is copied into the graph's static inputs before a replay: the per-node inputs (tokens, and the MTP's
+hidden rows), a sampled step's settings and coins, the slots, the context lengths, the block tables
+(padded with ``NO_BLOCK`` to ``table_width`` blocks, the widest a request can need: reads there are
+masked by the context lengths, writes dropped) and the forest's metadata, its paths padded to
+``max_depth`` columns (``-1``, as for any path shorter than the deepest). A deeper ``max_depth`` than
+the forest's own changes no value: the kernels read a node's path up to its depth, and the closed form's
+extra squarings multiply by ``I + G^(2^j)`` with ``G^(2^j)`` exactly zero (Lemma 3). Forests are
+captured on first sight, at most ``max_graphs`` of them (later shapes run eagerly), or ahead of traffic
+by :meth:`ForestGraphs.capture` (the executor's ``capture_graphs``: every batch size with full trees and
+full chains). The outputs are the graph's, valid until its next replay: a verify's logits, hidden states
+and pending commit, which the executor reads and commits before then; a step's hidden states, accepted
+leaves and bonus tokens (its commit is inside the graph).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 from trtllm_bole.models.cache import NO_BLOCK, StepContext, load_block_table
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.models.mtp import MTPHead
-from trtllm_bole.spec.acceptance import greedy_accept
+from trtllm_bole.spec.acceptance import Sampling, accept
 from trtllm_bole.spec.graphs import CacheGraphs
 from trtllm_bole.tree import TreeBatch
 
@@ -89,8 +90,8 @@ class ForestGraphs(CacheGraphs[Owner]):
     def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
         raise NotImplementedError
 
-    def _placeholders(self, num_nodes: int) -> tuple[torch.Tensor, ...]:
-        """Per-node inputs of the captured shape (their values do not matter)."""
+    def _placeholders(self, batch: int, num_nodes: int, variant: Hashable) -> tuple[torch.Tensor, ...]:
+        """Inputs of the captured shape (their values do not matter)."""
         raise NotImplementedError
 
     def __call__(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
@@ -129,7 +130,7 @@ class ForestGraphs(CacheGraphs[Owner]):
         slots = torch.arange(batch, device=device)  # distinct slots: the warm-up run checks them
         tables = torch.full((batch, self.table_width), NO_BLOCK, dtype=torch.int32, device=device)
         ctx = StepContext(slots, tables, torch.zeros(batch, dtype=torch.long, device=device), tree)
-        inputs = self._placeholders(num_nodes)
+        inputs = self._placeholders(batch, num_nodes, variant)
         graph, outputs = self._capture(lambda: self._forward(inputs, ctx, variant))
         self._graphs[key] = _Captured(graph, inputs, ctx, outputs)
         return self._graphs[key]
@@ -142,33 +143,48 @@ class VerifyGraphs(ForestGraphs[Qwen35Model]):
     def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
         return self.owner.verify(*inputs, ctx, gdn_scheme=variant)
 
-    def _placeholders(self, num_nodes: int) -> tuple[torch.Tensor, ...]:
+    def _placeholders(self, batch: int, num_nodes: int, variant: Hashable) -> tuple[torch.Tensor, ...]:
         return (torch.zeros(num_nodes, dtype=torch.long, device=self.owner.device),)
 
 
-class GreedyStepGraphs(ForestGraphs[Qwen35Model]):
-    """A greedy batch's verify, acceptance and commit in one graph: ``verify(tokens, ctx, gdn_scheme=...)``,
-    :func:`~trtllm_bole.spec.acceptance.greedy_accept` on its argmax, and the commit of each request's
-    accepted path, which are ~100 more small kernels a step to launch from the host. Inputs ``(tokens,
-    armed)``, the variant is the GDN scheme; returns ``(hidden, leaf, bonus)``.
+class StepGraphs(ForestGraphs[Qwen35Model]):
+    """A batch's verify, acceptance and commit in one graph: ``verify(tokens, ctx, gdn_scheme=...)``,
+    :func:`~trtllm_bole.spec.acceptance.accept` on its logits, and the commit of each request's accepted
+    path, which are ~100 more small kernels a step to launch from the host (~150 sampled). The variant is
+    ``(gdn_scheme, sampled)``; inputs ``(tokens, armed)``, sampled ``(tokens, armed, *sampling)`` with a
+    :class:`~trtllm_bole.spec.acceptance.Sampling` of ``coins`` coins a request; returns ``(hidden, leaf,
+    bonus)``.
 
     A capture runs the forward twice before it records it, on placeholder inputs whose slots
     (``0 .. B-1``) may be live requests': there ``armed`` is false and every leaf becomes -1, which
     commits nothing (the placeholder tables hold no blocks, so no K/V is written either); callers pass
     it true."""
 
+    def __init__(
+        self, owner: Qwen35Model, *, max_depth: int, table_width: int, coins: int, max_graphs: int = 96
+    ) -> None:
+        super().__init__(owner, max_depth=max_depth, table_width=table_width, max_graphs=max_graphs)
+        self.coins = coins
+
     def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
-        tokens, armed = inputs
-        logits, hidden, pending = self.owner.verify(tokens, ctx, gdn_scheme=variant)
-        leaf, bonus = greedy_accept(ctx.tree, tokens, logits.argmax(-1))
+        (tokens, armed, *sampling), (scheme, sampled) = inputs, variant
+        logits, hidden, pending = self.owner.verify(tokens, ctx, gdn_scheme=scheme)
+        leaf, bonus = accept(ctx.tree, tokens, logits, Sampling(*sampling) if sampled else None)
         pending.commit(torch.where(armed, leaf, -1), check=False)
         return hidden, leaf, bonus
 
-    def _placeholders(self, num_nodes: int) -> tuple[torch.Tensor, ...]:
+    def _placeholders(self, batch: int, num_nodes: int, variant: Hashable) -> tuple[torch.Tensor, ...]:
         device = self.owner.device
-        return torch.zeros(num_nodes, dtype=torch.long, device=device), torch.zeros(
-            (), dtype=torch.bool, device=device
+        tokens = torch.zeros(num_nodes, dtype=torch.long, device=device)
+        armed = torch.zeros((), dtype=torch.bool, device=device)
+        if not variant[1]:
+            return tokens, armed
+        temperature, top_p = torch.ones(batch, device=device), torch.ones(batch, device=device)
+        top_k, coins = (
+            torch.zeros(batch, dtype=torch.long, device=device),
+            torch.zeros(batch, self.coins, device=device),
         )
+        return tokens, armed, *Sampling(temperature, top_k, top_p, coins)  # each its own buffer
 
 
 class MTPGraphs(ForestGraphs[MTPHead]):
@@ -178,7 +194,7 @@ class MTPGraphs(ForestGraphs[MTPHead]):
     def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
         return self.owner.verify(*inputs, ctx)
 
-    def _placeholders(self, num_nodes: int) -> tuple[torch.Tensor, ...]:
+    def _placeholders(self, batch: int, num_nodes: int, variant: Hashable) -> tuple[torch.Tensor, ...]:
         fc = self.owner.fc
         hidden = torch.zeros(num_nodes, self.owner.config.hidden_size, dtype=fc.dtype, device=fc.device)
         return hidden, torch.zeros(num_nodes, dtype=torch.long, device=fc.device)
@@ -198,4 +214,4 @@ def _load(captured: _Captured, inputs: tuple[torch.Tensor, ...], ctx: StepContex
     static.tree.paths[:, : tree.max_depth].copy_(tree.paths)
 
 
-__all__ = ["ForestGraphs", "GreedyStepGraphs", "MTPGraphs", "VerifyGraphs", "pad_depth", "placeholder_forest"]
+__all__ = ["ForestGraphs", "MTPGraphs", "StepGraphs", "VerifyGraphs", "pad_depth", "placeholder_forest"]
