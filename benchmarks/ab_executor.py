@@ -13,6 +13,7 @@
     python benchmarks/ab_executor.py prefill-graphs --trials 6 --batches 1,8,16 --requests 48
     python benchmarks/ab_executor.py sampled-draft-graphs --temperature 0.8 --trials 4 --batches 8
     python benchmarks/ab_executor.py sampled-acceptance --temperature 0.8 --trials 4 --batches 1,8,32
+    python benchmarks/ab_executor.py unfiltered-sampling --temperature 0.8 --trials 4 --batches 1,8,32
 
 ``new`` is the executor as it is; ``old`` reproduces the code before the change by a patch:
 
@@ -61,7 +62,11 @@
   drawn ahead from each request's generator, replayed with its verify and commit from one CUDA graph
   (2026-12-03), against the walk of each tree on the host with a device sync for every candidate, its
   commit launched from Python after a replayed verify, reproduced by step graphs that do that (on the
-  same coins, so both sides emit the same tokens). Run it with ``--temperature``.
+  same coins, so both sides emit the same tokens). Run it with ``--temperature``;
+- ``unfiltered-sampling``: a batch whose sampled requests set no top-k or top-p drafts and accepts on
+  softmaxes of its logits at their temperatures (2026-12-03, ``DraftSettings.kind``), against the
+  vocabulary sort of every row that top-k and top-p need, reproduced by a ``process_logits`` that always
+  sorts. Run it with ``--temperature``.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request (greedy, or sampled at ``--temperature``, request ``i`` seeded with ``i``), at batch 8, 16 and
@@ -91,7 +96,7 @@ from trtllm_bole.llm import LLM
 from trtllm_bole.models import mtp
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.ops import library
-from trtllm_bole.spec import draft_graphs, drafter
+from trtllm_bole.spec import acceptance, draft_graphs, drafter
 from trtllm_bole.spec import executor as ex
 from trtllm_bole.spec.acceptance import Sampling, accept
 from trtllm_bole.spec.sampling import process_logits
@@ -173,19 +178,23 @@ class _VerifyReplayed(VerifyGraphs):
     def __init__(self, owner, *, coins, **settings):
         super().__init__(owner, **settings)
 
+    def capture(self, shapes, variant):
+        return super().capture(shapes, variant[0])  # the verify's variant: the GDN scheme
+
     def __call__(self, inputs, ctx, variant):
-        (tokens, _armed, *sampling), (scheme, sampled) = inputs, variant
+        (tokens, _armed, *sampling), (scheme, kind) = inputs, variant
         logits, hidden, pending = super().__call__((tokens,), ctx, scheme)
-        leaf, bonus = self.accept(ctx.tree, tokens, logits, Sampling(*sampling) if sampled else None)
+        sampling = Sampling(*sampling) if kind != "greedy" else None
+        leaf, bonus = self.accept(ctx.tree, tokens, logits, sampling, filtered=kind == "filtered")
         self.owner.commit(pending, leaf, check=False)
         return hidden, leaf, bonus
 
 
-def _walk_on_host(tree, tokens, logits, sampling):
+def _walk_on_host(tree, tokens, logits, sampling, *, filtered):
     """Sampled acceptance before 2026-12-03: each request's tree walked on the host, the target's
     distribution processed at each node the walk reaches, a device sync for every candidate tested (it
     drew each coin from the request's generator as it went; here the coins are the step's, read one at a
-    time, so that both sides emit the same tokens)."""
+    time, so that both sides emit the same tokens; every row sorted, ``filtered`` or not, as then)."""
     if sampling is None:
         return accept(tree, tokens, logits, None)
     children = [[] for _ in range(tree.num_nodes)]
@@ -227,6 +236,22 @@ def step_launched_from_python():
         yield
     finally:
         ex.SelectGraphs, ex.StepGraphs = graphs
+
+
+@contextmanager
+def always_sorted():
+    modules = drafter, acceptance
+
+    def sorted_rows(*args, filtered=True):
+        return process_logits(*args)
+
+    for module in modules:
+        module.process_logits = sorted_rows
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.process_logits = process_logits
 
 
 @contextmanager
@@ -380,6 +405,7 @@ OLD = {
     "prefill-graphs": prefill_launched,
     "sampled-draft-graphs": sampled_drafts_launched,
     "sampled-acceptance": sampled_walk_on_host,
+    "unfiltered-sampling": always_sorted,
 }
 
 

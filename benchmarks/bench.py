@@ -267,15 +267,15 @@ def warm_up(
 ) -> None:
     """Serve ``batch`` requests of ``tokens`` tokens each, untimed, at this batch size: Triton compiles
     a kernel variant the first time it meets its shape class (a batch's node count, a tree depth), a
-    second or more that must not land inside a timed run; then capture the CUDA graphs (greedy drafting's,
-    the verify's of full trees) of every batch size up to ``batch`` (the timed runs' executors meet the
-    same cache and graphs)."""
+    second or more that must not land inside a timed run; then capture the CUDA graphs (drafting's, the
+    verify step's of full trees; greedy, or sampled too at a ``temperature``) of every batch size up to
+    ``batch`` (the timed runs' executors meet the same cache and graphs)."""
     limit = max_seq_len_for(dataset)
     if tokens > 0:
         prompts = [prompt for prompt, _ in itertools.islice(itertools.cycle(dataset), batch)]
         warm = [(p, tokens) for p in prompts]
         run(llm, mode, bole_args, warm, batch, sequential=False, max_seq_len=limit, temperature=temperature)
-    executor_for(llm, mode, bole_args, batch, limit).capture_graphs()
+    executor_for(llm, mode, bole_args, batch, limit).capture_graphs(sampled=temperature > 0)
 
 
 def median_trial(trials: list[dict]) -> tuple[dict, list[list[list[int]]]]:

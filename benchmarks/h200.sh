@@ -23,7 +23,7 @@
 #   bash benchmarks/h200.sh prefill-tests # the GPU tests of the prefill's path, then its operators on CUDA (~2 min)
 #   bash benchmarks/h200.sh gdn-inputs # the GDN layer's fused q/k norms + gates and gated output norm: their tests, then their A/B
 #   bash benchmarks/h200.sh prefill-graphs # the prefill's GPU tests, then the A/B of its CUDA graphs with requests arriving
-#   bash benchmarks/h200.sh sampled   # the spec GPU tests, the sampled acceptance's A/B (CHANGE=sampled-draft-graphs: the drafts'), the sampled step profile
+#   bash benchmarks/h200.sh sampled   # the spec GPU tests, the sampled A/Bs (CHANGES="sampled-acceptance unfiltered-sampling"), the sampled step profile
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -148,9 +148,11 @@ prefill-graphs)
 sampled)
     python -m pytest -q -m gpu tests/models/test_tree_verify.py tests/spec -p no:cacheprovider \
         > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
-    timeout 300 python benchmarks/ab_executor.py "${CHANGE:-sampled-acceptance}" --temperature 0.8 \
-        --trials "${TRIALS:-3}" --batches "${BATCHES:-1,8,32}" --out "$OUT" > "$OUT/ab_log.txt" 2>&1
-    echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
+    for CHANGE in ${CHANGES:-sampled-acceptance unfiltered-sampling}; do
+        timeout 200 python benchmarks/ab_executor.py "$CHANGE" --temperature 0.8 --trials "${TRIALS:-3}" \
+            --batches "${BATCHES:-1,8,32}" --out "$OUT" > "$OUT/ab_log_$CHANGE.txt" 2>&1
+        echo "ab $CHANGE rc=$?"; grep -v "loading\|warm" "$OUT/ab_log_$CHANGE.txt" | tail -4
+    done
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
     timeout 100 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --modes bole --batch-sizes 8,32 --temperature 0.8 --out "$OUT" > "$OUT/profile_log.txt" 2>&1

@@ -538,7 +538,7 @@ def test_draft_graphs_replay_the_eager_draft(tiny_config):
         inputs = _cuda_draft_inputs(model, seed)
         eager, replayed = padded(inputs), graphs(*inputs)
         assert _differing_fields(eager, replayed) == [], seed
-    greedy = [(1, False), (3, False)]
+    greedy = [(1, "greedy"), (3, "greedy")]
     assert graphs.captured == greedy[1:] and graphs.capture([1, 3]) == [1] and graphs.captured == greedy
     model.allocate_cache(num_slots=3, num_blocks=20, block_size=BLOCK)  # covered: the same cache
     assert graphs.captured == greedy
@@ -550,15 +550,17 @@ def test_draft_graphs_replay_the_eager_draft(tiny_config):
 @pytest.mark.gpu
 def test_sampled_draft_graphs_replay_the_eager_draft_with_each_batch_s_settings(tiny_config):
     """A batch with sampled requests drafts from its own graph, its settings copied in: for two batches
-    of other temperatures, top-k and top-p (a greedy request among them), the replay drafts what
-    draft() drafts; the greedy graph of the same batch size is another."""
+    of other temperatures, top-k and top-p (a greedy request among them), and one of temperatures only
+    (no vocabulary sort), the replay drafts what draft() drafts; the greedy graph of the same batch size
+    is another."""
     from trtllm_bole.spec.draft_graphs import DraftGraphs
     from trtllm_bole.spec.drafter import DraftSettings, draft
 
     model = _cuda_model(tiny_config)
     graphs = DraftGraphs.of(model.mtp, top_k=4, depth=8, table_width=10)
     sampled = [DraftSettings.of([0.7, 0.0, 1.3], [5, 0, 0], [1.0, 1.0, 0.8], "cuda"),
-               DraftSettings.of([1.0, 0.5, 0.9], [0, 3, 2], [0.6, 1.0, 0.95], "cuda")]  # fmt: skip
+               DraftSettings.of([1.0, 0.5, 0.9], [0, 3, 2], [0.6, 1.0, 0.95], "cuda"),
+               DraftSettings.of([0.6, 0.0, 1.1], [0, 4, 0], [1.0, 0.5, 1.0], "cuda")]  # fmt: skip
     pools = []
     for seed, settings in enumerate(sampled):
         *inputs, _ = _cuda_draft_inputs(model, seed)
@@ -568,7 +570,7 @@ def test_sampled_draft_graphs_replay_the_eager_draft_with_each_batch_s_settings(
         assert _differing_fields(eager, replayed) == [], seed
         pools.append(replayed.log_rho.clone())
     greedy = graphs(*_cuda_draft_inputs(model, 1))
-    assert graphs.captured == [(3, False), (3, True)]
+    assert graphs.captured == [(3, "filtered"), (3, "greedy"), (3, "sampled")]
     assert not torch.equal(pools[1], greedy.log_rho)  # the settings reached the replayed draft
 
 

@@ -467,11 +467,13 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_serve_sampled_batches_as_launches_do(gpu_config):
-    """A sampled batch drafts, selects, verifies, accepts and commits on graphs (its drafts ranked by each
-    request's filtered distribution, the settings copied in; its acceptance on coins drawn from each
-    request's generator before the replay): seeded, the same tokens and acceptance as launches."""
-    params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=7)
+@pytest.mark.parametrize(("top_p", "kind"), [(0.9, "filtered"), (1.0, "sampled")])
+def test_cuda_graphs_serve_sampled_batches_as_launches_do(gpu_config, top_p, kind):
+    """A sampled batch drafts, selects, verifies, accepts and commits on graphs of its kind, with top-p or
+    with temperatures only (its drafts ranked by each request's distribution, the settings copied in; its
+    acceptance on coins drawn from each request's generator before the replay): seeded, the same tokens
+    and acceptance as launches."""
+    params = SamplingParams(max_tokens=20, temperature=1.0, top_p=top_p, seed=7)
     bole = BoleConfig(max_depth=4, max_nodes=10, top_k=3)
     outputs = []
     for graphs in (False, True):
@@ -479,8 +481,9 @@ def test_cuda_graphs_serve_sampled_batches_as_launches_do(gpu_config):
         spec = Executor(model, bole, max_batch_size=3, cuda_graphs=graphs)
         outputs.append([(r.output_ids, r.stats.accepted) for r in run(spec, PROMPTS, params)])
     assert outputs[0] == outputs[1] and sum(accepted for _, accepted in outputs[1]) > 0
-    assert any(sampled for (_, sampled), *_ in spec.step_graphs.captured) and spec.select_graphs.captured
-    assert any(sampled for _, sampled in spec.draft_graphs.captured)
+    assert spec.select_graphs.captured
+    assert any(k == kind for _, k in spec.draft_graphs.captured)
+    assert any(k == kind for (_, k), *_ in spec.step_graphs.captured)
 
 
 @pytest.mark.gpu
@@ -496,7 +499,7 @@ def test_a_greedy_step_capture_commits_nothing_and_its_eager_fallback_commits(gp
     spec.step()  # the three prefills: live state in slots 0-2
     cache = model.cache
     live = [t.clone() for t in (cache.gdn_state, cache.conv_state, cache.k_cache, cache.v_cache)]
-    assert spec.step_graphs.capture([(3, 7, 3)], ("bole", False))  # this model's own set: captured now
+    assert spec.step_graphs.capture([(3, 7, 3)], ("bole", "greedy"))  # this model's own set: captured now
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(live, (cache.gdn_state, cache.conv_state, cache.k_cache,
                                                        cache.v_cache), strict=True))  # fmt: skip
@@ -542,17 +545,20 @@ def test_greedy_on_the_kernels_is_token_for_token_autoregressive(gpu_config, mod
 
 @pytest.mark.gpu
 def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
-    """After ``capture_graphs`` a greedy run of full trees meets no new selection or verify shape (the
-    prefills' graphs are captured as prompts arrive)."""
+    """After ``capture_graphs`` a greedy run of full trees meets no new draft, selection or verify shape,
+    and after ``capture_graphs(sampled=True)`` a sampled run neither (the prefills' graphs are captured as
+    prompts arrive)."""
     model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
     spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
     assert spec.capture_graphs() == 12  # per batch size: draft, selection, greedy verify step, MTP
     assert spec.capture_graphs() == 0
-    excluded = (spec.draft_graphs, spec.prefill_graphs, spec.mtp_prefill_graphs)
-    graphs = [g for g in spec.graph_sets if all(g is not e for e in excluded)]
-    shapes = [list(g.captured) for g in graphs]
-    run(spec, PROMPTS[:3], SamplingParams(max_tokens=12))
-    assert [g.captured for g in graphs] == shapes
+    graphs = [g for g in spec.graph_sets if g not in (spec.prefill_graphs, spec.mtp_prefill_graphs)]
+    sampled_params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    for params, sampled in ((SamplingParams(max_tokens=12), False), (sampled_params, True)):
+        assert spec.capture_graphs(sampled=sampled) == (12 if sampled else 0)  # draft, step; two kinds
+        shapes = [list(g.captured) for g in graphs]
+        run(spec, PROMPTS[:3], params)
+        assert [g.captured for g in graphs] == shapes
 
 
 @pytest.mark.gpu

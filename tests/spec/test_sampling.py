@@ -64,6 +64,26 @@ def test_rows_are_independent():
     assert p.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
 
 
+def test_unfiltered_rows_skip_the_sort_and_get_the_same_probabilities():
+    """``filtered=False`` (no sampled row with top-k or top-p) is bit for bit the sorted path."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    settings = torch.tensor([0.0, 0.5, 1.0, 1.7, 0.0, 0.9]), torch.zeros(6, dtype=torch.long), torch.ones(6)
+    assert torch.equal(process_logits(logits, *settings, filtered=False), process_logits(logits, *settings))
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p", "kind"),
+    [([0.0, 0.0], [5, 0], [0.5, 1.0], "greedy"), ([0.0, 0.8], [5, 0], [0.5, 1.0], "sampled"),
+     ([0.7, 0.8], [0, 0], [1.0, 0.9], "filtered"), ([0.7, 0.0], [3, 0], [1.0, 1.0], "filtered")],
+)  # fmt: skip
+def test_a_batch_s_kind_of_settings(temperature, top_k, top_p, kind):
+    """Greedy requests' filters do not count: they sample nothing."""
+    from trtllm_bole.spec.drafter import DraftSettings
+
+    settings = DraftSettings.of(temperature, top_k, top_p, "cpu")
+    assert settings.kind == kind and settings.all_greedy == (kind == "greedy")
+
+
 def test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch():
     """Draft rows rank tokens as their own request samples them: a greedy request by the plain softmax
     (a one-hot would leave a chain), a sampled one through its filters (nothing outside its top-k)."""

@@ -44,14 +44,20 @@ class Sampling(NamedTuple):
 
 
 def accept(
-    tree: TreeBatch, tokens: torch.Tensor, logits: torch.Tensor, sampling: Sampling | None
+    tree: TreeBatch,
+    tokens: torch.Tensor,
+    logits: torch.Tensor,
+    sampling: Sampling | None,
+    *,
+    filtered: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A verify's acceptance from the target's logits ``[N, V]``: greedy when ``sampling`` is None, else
-    sampled with each request's settings. Returns ``accepted_leaf [B]`` (local) and ``bonus [B]``."""
+    sampled with each request's settings (``filtered``: as :func:`process_logits` takes it). Returns
+    ``accepted_leaf [B]`` (local) and ``bonus [B]``."""
     if sampling is None:
         return greedy_accept(tree, tokens, logits.argmax(-1))
-    rows = tree.request
-    probs = process_logits(logits, sampling.temperature[rows], sampling.top_k[rows], sampling.top_p[rows])
+    rows, s = tree.request, sampling
+    probs = process_logits(logits, s.temperature[rows], s.top_k[rows], s.top_p[rows], filtered=filtered)
     return sample_accept(tree, tokens, probs, sampling.coins)
 
 

@@ -5,18 +5,18 @@ microseconds each: launched one by one from Python it costs the host tens of mil
 (``benchmarks/results/profile_step_h200.json``), replayed as a graph it costs the GPU's time. Drafting
 queues no device sync (``tests/models/test_tree_verify.py``), so the whole loop captures.
 
-Every launch of a graph reads fixed addresses: the step's inputs are copied into static buffers of
-the captured shape (the block tables padded with ``NO_BLOCK`` to the widest a request can need,
-``table_width``: reads there are masked by the context lengths, writes dropped), and the MTP's KV
-cache must be the one captured: graphs are kept per MTP head and configuration
-(:meth:`DraftGraphs.of`) and dropped when the model's cache is reallocated (a model zeroes and keeps
-a cache that covers the sizes asked, so executors that follow one another reuse them). A graph is
-kept per ``(batch size, sampled)``: a batch with a sampled request ranks its drafts by each request's
-filtered distribution (temperature, top-k, top-p: a vocabulary sort per row, no randomness), whose
-settings are copied in as inputs; an all-greedy batch skips the filters. Each is captured on its first
-draft, or, greedy, ahead of traffic by :meth:`DraftGraphs.capture` (``LLM.warm_up`` and the benchmarks'
-warm-ups capture every batch size they may serve). The graphs share one memory pool (:mod:`.graphs`):
-each keeps its candidate pool, the temporaries are shared.
+Every launch of a graph reads fixed addresses: the step's inputs are copied into static buffers of the
+captured shape (the block tables padded with ``NO_BLOCK`` to the widest a request can need,
+``table_width``: reads there are masked by the context lengths, writes dropped), and the MTP's KV cache
+must be the one captured: graphs are kept per MTP head and configuration (:meth:`DraftGraphs.of`) and
+dropped when the model's cache is reallocated (a model zeroes and keeps a cache that covers the sizes
+asked, so executors that follow one another reuse them). A graph is kept per ``(batch size, kind)``
+(:attr:`~trtllm_bole.spec.drafter.DraftSettings.kind`): a batch with a sampled request ranks its drafts
+by each request's distribution (temperature; with top-k or top-p, a vocabulary sort per row; no
+randomness), whose settings are copied in as inputs; an all-greedy batch skips all that. Each is
+captured on its first draft, or ahead of traffic by :meth:`DraftGraphs.capture` (``LLM.warm_up`` and the
+benchmarks' warm-ups capture every batch size they may serve). The graphs share one memory pool
+(:mod:`.graphs`): each keeps its candidate pool, the temporaries are shared.
 
 The tree selection that follows (:func:`~trtllm_bole.spec.drafter.select_tree`: ~70 small kernels,
 ~2 ms of host time a step launched one by one) replays from :class:`SelectGraphs`, for every batch,
@@ -46,8 +46,8 @@ class _Captured:
 
 
 class DraftGraphs(CacheGraphs[MTPHead]):
-    """Drafts of ``mtp`` (``top_k``, ``depth``) replayed from one CUDA graph per batch size, greedy or
-    sampled (keys ``(batch, sampled)``)."""
+    """Drafts of ``mtp`` (``top_k``, ``depth``) replayed from one CUDA graph per batch size and kind of
+    settings (keys ``(batch, kind)``)."""
 
     def __init__(self, mtp: MTPHead, *, top_k: int, depth: int, table_width: int) -> None:
         super().__init__(mtp)
@@ -73,12 +73,12 @@ class DraftGraphs(CacheGraphs[MTPHead]):
                 f"block tables of {block_tables.shape[1]} blocks exceed the captured {self.table_width}"
             )
         self._follow_cache()
-        key = (pending.numel(), not settings.all_greedy)
+        key = (pending.numel(), settings.kind)
         captured = self._graphs.get(key) or self._capture_batch(
             pending, last_hidden, slots, mtp_context_lens, settings
         )
         static_pending, static_hidden, static_slots, static_tables, static_lens = captured.inputs
-        if key[1]:
+        if not settings.all_greedy:
             for name in ("temperature", "top_k", "top_p"):
                 getattr(captured.settings, name).copy_(getattr(settings, name))
         static_pending.copy_(pending)
@@ -89,18 +89,19 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         captured.graph.replay()
         return captured.pool
 
-    def capture(self, batch_sizes: Iterable[int]) -> list[int]:
-        """Capture the greedy graphs of these batch sizes now (on placeholder inputs: a capture records
-        kernels, not values), so that traffic meets none; returns the batch sizes captured by this call."""
+    def capture(self, batch_sizes: Iterable[int], kind: str = "greedy") -> list[int]:
+        """Capture the graphs of these batch sizes of this :attr:`DraftSettings.kind` now (on placeholder
+        inputs: a capture records kernels, not values), so that traffic meets none; returns the batch
+        sizes captured by this call."""
         self._follow_cache()
-        new = [b for b in batch_sizes if (b, False) not in self._graphs]
+        new = [b for b in batch_sizes if (b, kind) not in self._graphs]
         device, dtype = self.mtp.fc.device, self.mtp.fc.dtype
+        temperature, top_p = float(kind != "greedy"), 0.5 if kind == "filtered" else 1.0
         for b in new:
             zeros = torch.zeros(b, dtype=torch.long, device=device)
             hidden = torch.zeros(b, self.mtp.config.hidden_size, dtype=dtype, device=device)
-            self._capture_batch(
-                zeros, hidden, zeros, zeros, DraftSettings.of([0.0] * b, [0] * b, [1.0] * b, device)
-            )
+            settings = DraftSettings.of([temperature] * b, [0] * b, [top_p] * b, device)
+            self._capture_batch(zeros, hidden, zeros, zeros, settings)
         return new
 
     def _capture_batch(
@@ -115,13 +116,13 @@ class DraftGraphs(CacheGraphs[MTPHead]):
         tables = torch.full((b, self.table_width), NO_BLOCK, dtype=torch.int32, device=pending.device)
         inputs = (pending.clone(), last_hidden.clone(), slots.clone(), tables, mtp_context_lens.clone())
         settings = DraftSettings(
-            *(t.clone() for t in (settings.temperature, settings.top_k, settings.top_p)), settings.all_greedy
+            *(t.clone() for t in (settings.temperature, settings.top_k, settings.top_p)), settings.kind
         )
 
         graph, pool = self._capture(
             lambda: draft(self.mtp, *inputs, settings, top_k=self.top_k, depth=self.depth)
         )
-        key = (b, not settings.all_greedy)
+        key = (b, settings.kind)
         self._graphs[key] = _Captured(graph, inputs, settings, pool)
         return self._graphs[key]
 

@@ -64,32 +64,39 @@ class CandidatePool:
 @dataclass(slots=True)
 class DraftSettings:
     """Per-request sampling settings, shaped ``[B]``, used to rank draft tokens the way the target
-    will sample them (greedy requests rank by the plain softmax). ``all_greedy``: known on the host
-    when the settings are made, so an all-greedy batch skips the sampling filters (a vocabulary sort
-    per draft row) without a device sync."""
+    will sample them (greedy requests rank by the plain softmax), and to accept them. ``kind``: known on
+    the host when the settings are made, so that a batch skips what it does not need without a device
+    sync: ``"greedy"`` (every request; no sampling at all), ``"sampled"`` (temperature only; no
+    vocabulary sort) or ``"filtered"`` (a sampled request with top-k or top-p)."""
 
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
-    all_greedy: bool = False
+    kind: str = "filtered"
 
     @classmethod
     def of(
         cls, temperature: list[float], top_k: list[int], top_p: list[float], device: torch.device | str
     ) -> DraftSettings:
-        return cls(
-            device_tensor(temperature, device),
-            device_tensor(top_k, device),
-            device_tensor(top_p, device),
-            all(t <= 0 for t in temperature),
-        )
+        sampled = [(k, p) for t, k, p in zip(temperature, top_k, top_p, strict=True) if t > 0]
+        kind = "filtered" if any(k > 0 or p < 1 for k, p in sampled) else "sampled" if sampled else "greedy"
+        tensors = (device_tensor(values, device) for values in (temperature, top_k, top_p))
+        return cls(*tensors, kind)
+
+    @property
+    def all_greedy(self) -> bool:
+        return self.kind == "greedy"
 
     def log_probs(self, logits: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
         if self.all_greedy:
             return F.log_softmax(logits.float(), -1)
         greedy = self.temperature[request] <= 0
         processed = process_logits(
-            logits, self.temperature[request], self.top_k[request], self.top_p[request]
+            logits,
+            self.temperature[request],
+            self.top_k[request],
+            self.top_p[request],
+            filtered=self.kind == "filtered",
         )
         return torch.where(greedy[:, None], F.log_softmax(logits.float(), -1), processed.log())
 

@@ -391,16 +391,16 @@ class Executor:
             tokens = pending
             tree = StepContext.single_tokens(slots, tables, context_lens).tree
         ctx = StepContext(slots, tables, context_lens, tree)
-        scheme, sampling = self._gdn_scheme(), self._sampling(requests, settings)
+        scheme, (sampling, kind) = self._gdn_scheme(), self._sampling(requests, settings)
         if self.step_graphs is not None:
             with phase("verify_accept_commit"):
-                inputs, variant = (tokens, self._armed, *(sampling or ())), (scheme, sampling is not None)
-                hidden, leaf, bonus = self.step_graphs(inputs, ctx, variant)
+                inputs = (tokens, self._armed, *(sampling or ()))
+                hidden, leaf, bonus = self.step_graphs(inputs, ctx, (scheme, kind))
         else:
             with phase("verify"):
                 logits, hidden, verify_pending = model.verify(tokens, ctx, gdn_scheme=scheme)
             with phase("accept"):
-                leaf, bonus = accept(tree, tokens, logits, sampling)
+                leaf, bonus = accept(tree, tokens, logits, sampling, filtered=kind == "filtered")
             with phase("commit"):  # the executor built the leaves, slots and tables: nothing to wait for
                 model.commit(verify_pending, leaf, check=False)
         leaf_global = leaf + tree.cu_seqlens[:-1]
@@ -462,14 +462,16 @@ class Executor:
     # Pieces                                                                                #
     # ------------------------------------------------------------------------------------ #
 
-    def capture_graphs(self, batch_sizes: Sequence[int] | None = None) -> int:
+    def capture_graphs(self, batch_sizes: Sequence[int] | None = None, *, sampled: bool = False) -> int:
         """Capture, ahead of traffic, the CUDA graphs of these batch sizes (default: 1 .. max_batch_size):
         the greedy draft's, and the selection's and the greedy verify-accept-commit's of full trees (every
         request with its ``draft_tokens`` drafts and its pending token); returns how many were newly
-        captured (none without graphs). A sampled batch's draft and step graphs are captured when first
-        met, so that greedy traffic holds none."""
+        captured (none without graphs). ``sampled``: those of sampled batches too, with and without top-k
+        or top-p (else captured when first met, so that greedy traffic holds none)."""
         sizes = list(batch_sizes or range(1, self.max_batch_size + 1))
-        new = self.draft_graphs.capture(sizes) if self.draft_graphs is not None else []
+        kinds, new = ("greedy", "sampled", "filtered") if sampled else ("greedy",), []
+        if self.draft_graphs is not None:
+            new += [b for kind in kinds for b in self.draft_graphs.capture(sizes, kind)]
         if self.select_graphs is not None:
             pool, depth = pool_size(self.bole.branching, self.bole.max_depth), self.bole.max_depth + 1
             shapes = [(b, b * pool, depth, self.bole.draft_tokens) for b in sizes]
@@ -477,7 +479,7 @@ class Executor:
         if self.step_graphs is not None:
             per_request = self.bole.draft_tokens + 1
             shapes = [(b, b * per_request, per_request) for b in sizes]
-            new += self.step_graphs.capture(shapes, (self._gdn_scheme(), False))
+            new += [key for k in kinds for key in self.step_graphs.capture(shapes, (self._gdn_scheme(), k))]
         if self.mtp_graphs is not None:
             width = self.bole.max_depth + 1
             new += self.mtp_graphs.capture([(b, b * width, width) for b in sizes], "follow")
@@ -507,14 +509,16 @@ class Executor:
             return self.draft_graphs(*inputs)
         return draft(self.model.mtp, *inputs, top_k=self.bole.branching, depth=self.bole.max_depth)
 
-    def _sampling(self, requests: list[Request], settings: DraftSettings | None) -> Sampling | None:
-        """A batch's sampled acceptance inputs (None when every request is greedy), with the step's coins;
-        ``settings``: the step's, when drafting made them."""
+    def _sampling(
+        self, requests: list[Request], settings: DraftSettings | None
+    ) -> tuple[Sampling | None, str]:
+        """A batch's sampled acceptance inputs with the step's coins (None when every request is greedy),
+        and the kind of its settings; ``settings``: the step's, when drafting made them."""
         if _all_greedy(requests):
-            return None
+            return None, "greedy"
         s = self._settings(requests) if settings is None else settings
         coins = draw_coins([r.runtime.generator for r in requests], self._coins_per_step, self.model.device)
-        return Sampling(s.temperature, s.top_k, s.top_p, coins)
+        return Sampling(s.temperature, s.top_k, s.top_p, coins), s.kind
 
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """The first token of each request, from its prefill logits: the bonus token of a tree of no drafts
@@ -522,7 +526,8 @@ class Executor:
         batch, device = len(requests), logits.device
         roots = TreeBatch.chains([1] * batch, device=device)
         pending = torch.zeros(batch, dtype=torch.long, device=device)  # never read: a root is never tried
-        _, first = accept(roots, pending, logits, self._sampling(requests, None))
+        sampling, kind = self._sampling(requests, None)
+        _, first = accept(roots, pending, logits, sampling, filtered=kind == "filtered")
         return first.tolist()
 
     def _settings(self, requests: list[Request]) -> DraftSettings:

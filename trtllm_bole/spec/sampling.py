@@ -15,17 +15,24 @@ def process_logits(
     temperature: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
+    *,
+    filtered: bool = True,
 ) -> torch.Tensor:
     """Probabilities ``[N, V]`` (float32) for rows of logits with per-row settings ``[N]``.
 
     ``temperature == 0`` rows become one-hot at the argmax (greedy); ``top_k <= 0`` and
     ``top_p >= 1`` disable those filters. Top-k first, then the nucleus of the renormalised top-k (as
     Hugging Face and vLLM order them). Ties at the top-k / top-p boundary keep every tied token, so
-    the result does not depend on how the sort orders equal values.
+    the result does not depend on how the sort orders equal values. ``filtered=False``: the caller knows
+    that no sampled row filters (:attr:`~trtllm_bole.spec.drafter.DraftSettings.kind`), so the
+    vocabulary sort is skipped; the result is the same.
     """
     logits = logits.float()
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    one_hot = torch.zeros_like(scaled).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+    if not filtered:
+        return torch.where(greedy[:, None], one_hot, scaled.softmax(-1))
     sorted_logits, _ = scaled.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).long()
@@ -39,5 +46,4 @@ def process_logits(
     nucleus_floor = sorted_logits.masked_fill(~in_nucleus, float("inf")).amin(-1, keepdim=True)
     floor = torch.maximum(kth, nucleus_floor)
     probs = scaled.masked_fill(scaled < floor, float("-inf")).softmax(-1)
-    one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, probs)

@@ -151,9 +151,10 @@ class StepGraphs(ForestGraphs[Qwen35Model]):
     """A batch's verify, acceptance and commit in one graph: ``verify(tokens, ctx, gdn_scheme=...)``,
     :func:`~trtllm_bole.spec.acceptance.accept` on its logits, and the commit of each request's accepted
     path, which are ~100 more small kernels a step to launch from the host (~150 sampled). The variant is
-    ``(gdn_scheme, sampled)``; inputs ``(tokens, armed)``, sampled ``(tokens, armed, *sampling)`` with a
-    :class:`~trtllm_bole.spec.acceptance.Sampling` of ``coins`` coins a request; returns ``(hidden, leaf,
-    bonus)``.
+    ``(gdn_scheme, kind)``, the kind of the batch's settings
+    (:attr:`~trtllm_bole.spec.drafter.DraftSettings.kind`); inputs ``(tokens, armed)``, sampled
+    ``(tokens, armed, *sampling)`` with a :class:`~trtllm_bole.spec.acceptance.Sampling` of ``coins`` coins
+    a request; returns ``(hidden, leaf, bonus)``.
 
     A capture runs the forward twice before it records it, on placeholder inputs whose slots
     (``0 .. B-1``) may be live requests': there ``armed`` is false and every leaf becomes -1, which
@@ -167,9 +168,10 @@ class StepGraphs(ForestGraphs[Qwen35Model]):
         self.coins = coins
 
     def _forward(self, inputs: tuple[torch.Tensor, ...], ctx: StepContext, variant: Hashable) -> Any:
-        (tokens, armed, *sampling), (scheme, sampled) = inputs, variant
+        (tokens, armed, *sampling), (scheme, kind) = inputs, variant
         logits, hidden, pending = self.owner.verify(tokens, ctx, gdn_scheme=scheme)
-        leaf, bonus = accept(ctx.tree, tokens, logits, Sampling(*sampling) if sampled else None)
+        sampling = Sampling(*sampling) if kind != "greedy" else None
+        leaf, bonus = accept(ctx.tree, tokens, logits, sampling, filtered=kind == "filtered")
         pending.commit(torch.where(armed, leaf, -1), check=False)
         return hidden, leaf, bonus
 
@@ -177,7 +179,7 @@ class StepGraphs(ForestGraphs[Qwen35Model]):
         device = self.owner.device
         tokens = torch.zeros(num_nodes, dtype=torch.long, device=device)
         armed = torch.zeros((), dtype=torch.bool, device=device)
-        if not variant[1]:
+        if variant[1] == "greedy":
             return tokens, armed
         temperature, top_p = torch.ones(batch, device=device), torch.ones(batch, device=device)
         top_k, coins = (

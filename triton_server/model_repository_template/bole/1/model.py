@@ -52,8 +52,9 @@ class TritonPythonModel:
         kwargs = llm_kwargs(parameters, args["model_instance_kind"], args["model_instance_device_id"])
         self.llm = LLM(**kwargs)
         # Before the server reports ready: first-call costs, and on a GPU the Triton kernel variants of
-        # every batch size class (compiled on first use, seconds each).
-        warmed = self.llm.warm_up(use_tqdm=False)
+        # every batch size class (compiled on first use, seconds each), and the CUDA graphs of greedy and
+        # sampled batches.
+        warmed = self.llm.warm_up(sampled=True, use_tqdm=False)
         self.engine = ServingEngine.for_llm(self.llm, **engine_kwargs(parameters))
         drain = drain_file(parameters)
         if drain is not None:  # the launcher's way to end requests in flight when it stops the server
