@@ -72,9 +72,11 @@ The embedded model, float32, bole with its default settings, the held-out code p
 request (greedy, or sampled at ``--temperature``, request ``i`` seeded with ``i``), at batch 8, 16 and
 32 (``--batches``), as many requests as the batch holds (all admitted at once) or ``--requests`` (then
 admitted as others end, a prefill in most steps), a model for each side (warmed up and its graphs
-captured under its variant), ``--trials`` interleaved pairs (order alternating); every run's tokens must
-equal the first run's, else it stops without a result. Writes the tokens/s of every run and the medians
-as JSON. ``--device cpu`` smoke-runs it (on the CPU both forest variants are the torch derivation).
+captured under its variant, a sampled batch's too at a temperature; the sampled A/Bs of 2026-12-03 ran
+before that, so their first run of each side captured them), ``--trials`` interleaved pairs (order
+alternating); every run's tokens must equal the first run's, else it stops without a result. Writes the
+tokens/s of every run and the medians as JSON. ``--device cpu`` smoke-runs it (on the CPU both forest
+variants are the torch derivation).
 """
 
 import argparse
@@ -454,7 +456,7 @@ def main() -> None:
                 llms[name] = LLM(
                     speculative_config=BoleConfig(), device=dev, dtype="float32", max_batch_size=batch
                 )
-                llms[name].warm_up(use_tqdm=False)
+                llms[name].warm_up(sampled=args.temperature > 0, use_tqdm=False)
         res, ref = {"old": [], "new": []}, None
         for trial in range(args.trials):
             for name in ("old", "new") if trial % 2 == 0 else ("new", "old"):
