@@ -23,6 +23,7 @@
 #   bash benchmarks/h200.sh prefill-tests # the GPU tests of the prefill's path, then its operators on CUDA (~2 min)
 #   bash benchmarks/h200.sh gdn-inputs # the GDN layer's fused q/k norms + gates and gated output norm: their tests, then their A/B
 #   bash benchmarks/h200.sh prefill-graphs # the prefill's GPU tests, then the A/B of its CUDA graphs with requests arriving
+#   bash benchmarks/h200.sh accept    # sampled acceptance at a real vocabulary: logits processed in chunks vs whole (memory, time)
 #   bash benchmarks/h200.sh sampled   # the spec GPU tests, the sampled A/Bs (CHANGES="sampled-acceptance unfiltered-sampling"), the sampled step profile
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -158,6 +159,12 @@ sampled)
         --modes bole --batch-sizes 8,32 --temperature 0.8 --out "$OUT" > "$OUT/profile_log.txt" 2>&1
     echo "profile rc=$?"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
     ;;
+accept)
+    python -m pytest -q -m gpu tests/spec/test_acceptance.py tests/spec/test_executor.py -p no:cacheprovider \
+        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    timeout 300 python benchmarks/bench_sampled_accept.py --out "$OUT" > "$OUT/accept_log.txt" 2>&1
+    echo "bench rc=$?"; tail -9 "$OUT/accept_log.txt"
+    ;;
 prefill)
     timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; echo "prefill rc=$?"
     tail -1 "$OUT/prefill_log.txt"
@@ -197,6 +204,6 @@ probe)
     done
     ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|attention|depth|ops|tests|steps|prefill|long|prefill-tests|gdn-inputs|prefill-graphs|sampled" >&2
+    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|attention|depth|ops|tests|steps|prefill|long|prefill-tests|gdn-inputs|prefill-graphs|sampled|accept" >&2
     exit 2 ;;
 esac

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from trtllm_bole.spec.acceptance import draw_coins, greedy_accept, sample_accept
+from trtllm_bole.spec.sampling import ProcessedLogits, process_logits
 from trtllm_bole.testing import forest
 
 # Request 0:            Request 1:
@@ -87,6 +88,28 @@ def test_sampled_acceptance_is_the_node_by_node_walk(device):
             assert (int(leaf[b]), int(bonus[b])) == expected
             cases += expected[0] > 0
     assert cases > 40  # drafts were accepted, not only rejected
+
+
+def test_sampled_acceptance_on_logits_processed_a_few_rows_at_a_time():
+    """The verify's logits processed on demand, three rows at a time, accept what their whole processed
+    distributions accept."""
+    gen = torch.Generator().manual_seed(5)
+    trees, tokens = random_forest(gen, 8, 30)
+    tree = forest(trees)
+    logits = torch.randn(tree.num_nodes, 30, generator=gen) * 2
+    drafts = tree.global_parents >= 0
+    logits[tree.global_parents[drafts], tokens[drafts]] += 4  # drafts the target likes: some accepted
+    settings = [
+        torch.tensor([0.8, 1.0, 0.0, 1.3] * 2),
+        torch.tensor([0, 4, 0, 0] * 2),
+        torch.tensor([1.0, 1.0, 1.0, 0.9] * 2),
+    ]
+    rows = [t[tree.request] for t in settings]
+    coins = torch.rand(8, tree.max_nodes + 1, generator=gen)
+    whole = sample_accept(tree, tokens, process_logits(logits, *rows), coins)
+    chunked = sample_accept(tree, tokens, ProcessedLogits(logits, *rows, row_elements=3 * 30), coins)
+    assert all(torch.equal(a, b) for a, b in zip(whole, chunked, strict=True))
+    assert int((whole[0] > 0).sum()) >= 2  # drafts accepted
 
 
 def test_a_token_repeated_among_siblings_is_tried_once():

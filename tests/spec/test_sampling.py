@@ -96,3 +96,22 @@ def test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch():
     for i, b in enumerate(request.tolist()):
         want = logits[i].log_softmax(-1) if b == 0 else row(logits[i].tolist(), top_k=2).log()
         torch.testing.assert_close(got[i], want)
+
+
+@pytest.mark.parametrize("filtered", [True, False])
+def test_processed_logits_read_in_chunks_are_the_whole_rows(filtered):
+    """Values, row totals and rows read a few rows at a time equal process_logits of all rows at once,
+    bit for bit."""
+    from trtllm_bole.spec.sampling import ProcessedLogits
+
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(11, 40, generator=gen) * 3
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3] * 3)[:11]
+    top_k = torch.tensor([0, 5, 0, 12] * 3)[:11] if filtered else torch.zeros(11, dtype=torch.long)
+    top_p = torch.tensor([1.0, 1.0, 0.8, 0.9] * 3)[:11] if filtered else torch.ones(11)
+    whole = process_logits(logits, temperature, top_k, top_p)
+    chunked = ProcessedLogits(logits, temperature, top_k, top_p, filtered, row_elements=3 * 40)
+    rows, columns = torch.randint(11, (30,), generator=gen), torch.randint(40, (30,), generator=gen)
+    values, mass = chunked.at(rows, columns)
+    assert torch.equal(values, whole[rows, columns]) and torch.equal(mass, whole.sum(-1)[rows])
+    assert torch.equal(chunked.rows(rows[:4]), whole[rows[:4]])

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from trtllm_bole.spec.sampling import process_logits
+from trtllm_bole.spec.sampling import ProcessedLogits
 from trtllm_bole.tree import TreeBatch
 
 
@@ -57,7 +57,7 @@ def accept(
     if sampling is None:
         return greedy_accept(tree, tokens, logits.argmax(-1))
     rows, s = tree.request, sampling
-    probs = process_logits(logits, s.temperature[rows], s.top_k[rows], s.top_p[rows], filtered=filtered)
+    probs = ProcessedLogits(logits, s.temperature[rows], s.top_k[rows], s.top_p[rows], filtered)
     return sample_accept(tree, tokens, probs, sampling.coins)
 
 
@@ -93,13 +93,14 @@ def deepest_per_request(tree: TreeBatch, eligible: torch.Tensor) -> torch.Tensor
 
 
 def sample_accept(
-    tree: TreeBatch, tokens: torch.Tensor, probs: torch.Tensor, coins: torch.Tensor
+    tree: TreeBatch, tokens: torch.Tensor, probs: torch.Tensor | ProcessedLogits, coins: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Lossless recursive rejection sampling, on the tensors' device with no sync. Returns
     ``accepted_leaf [B]`` (local) and ``bonus [B]``.
 
-    probs: float ``[N, V]``, the processed target distribution at every node (see
-    :func:`trtllm_bole.spec.sampling.process_logits`). coins: ``[B, C]`` uniforms in ``[0, 1)`` with
+    probs: the target distribution at every node, float ``[N, V]`` or the verify's logits processed on
+    demand (:class:`~trtllm_bole.spec.sampling.ProcessedLogits`: it reads one value a node, each node's
+    parent's total, and the leaves' rows). coins: ``[B, C]`` uniforms in ``[0, 1)`` with
     ``C > tree.max_nodes`` (:func:`draw_coins`): a draft's test uses its request's coin at its local
     index, the bonus token the last one. The walk tests each node at most once, so coins by node are as
     good as coins drawn in turn.
@@ -118,10 +119,11 @@ def sample_accept(
     parent = tree.global_parents.clamp(min=0)
     local = torch.arange(tree.num_nodes, device=tokens.device) - tree.cu_seqlens[tree.request]
     is_draft = tree.global_parents >= 0
-    siblings = _Siblings.of(tree, tokens, probs.shape[1])
-    p = probs[parent, tokens].double()
+    probs = probs if isinstance(probs, ProcessedLogits) else _Dense(probs)
+    siblings = _Siblings.of(tree, tokens, probs.vocab)
+    p, total = (t.double() for t in probs.at(parent, tokens))
     tried = torch.where(is_draft & ~siblings.repeated, p, 0.0)
-    left = probs.sum(-1).double()[parent] - siblings.before(tried)
+    left = total - siblings.before(tried)
     residual = torch.where(siblings.repeated, 0.0, torch.where(left > 0, p / left, p))
     passes = is_draft & (coins[tree.request, local] < residual)
     first_pass = passes & (siblings.before(passes.long()) == 0)
@@ -132,14 +134,18 @@ def sample_accept(
 
 
 def _bonus(
-    tree: TreeBatch, tokens: torch.Tensor, probs: torch.Tensor, leaf: torch.Tensor, coin: torch.Tensor
+    tree: TreeBatch,
+    tokens: torch.Tensor,
+    probs: ProcessedLogits | _Dense,
+    leaf: torch.Tensor,
+    coin: torch.Tensor,
 ) -> torch.Tensor:
     """A token from each leaf's residual (its distribution without its children's tokens, all rejected)
     by inverse CDF at ``coin``. A residual of no mass (rounding: a coin below 1 rejected a token of
     probability 1) falls back to the leaf's distribution."""
-    at_leaf = probs[leaf].double()
+    at_leaf = probs.rows(leaf).double()
     child = (tree.global_parents >= 0) & (tree.global_parents == leaf[tree.request])
-    vocab = probs.shape[1]
+    vocab = probs.vocab
     removed = (
         torch.zeros_like(at_leaf).view(-1).scatter_add_(0, tree.request * vocab + tokens, child.double())
     )
@@ -157,6 +163,23 @@ def draw_coins(
     generator (None: the global RNG). A fixed count a step keeps a seeded request's draws its own,
     whatever its batch or its tree."""
     return torch.stack([torch.rand(count, generator=g, device=device) for g in generators])
+
+
+@dataclass(frozen=True, slots=True)
+class _Dense:
+    """Distributions ``[N, V]`` given whole, read as :class:`ProcessedLogits` reads them."""
+
+    probs: torch.Tensor
+
+    @property
+    def vocab(self) -> int:
+        return self.probs.shape[1]
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        return self.probs[index]
+
+    def at(self, rows: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.probs[rows, columns], self.probs.sum(-1)[rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ the result (BOLE.md §4); the drafter's go through it too, but only to rank and 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -47,3 +49,47 @@ def process_logits(
     floor = torch.maximum(kth, nucleus_floor)
     probs = scaled.masked_fill(scaled < floor, float("-inf")).softmax(-1)
     return torch.where(greedy[:, None], one_hot, probs)
+
+
+ROW_ELEMENTS = 1 << 25
+"""How many logits :class:`ProcessedLogits` processes at once (128 MB in float32): a whole verify's nodes
+at a small vocabulary, ~220 rows at a real model's."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedLogits:
+    """:func:`process_logits` of rows of logits ``[N, V]`` with per-row settings ``[N]``, processed on
+    demand, at most ``row_elements`` logits at a time: what sampled acceptance reads of a verify's
+    distributions (a value per node and a few whole rows) without ``[N, V]`` probabilities, and the
+    temporaries of their sort, all held at once."""
+
+    logits: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    filtered: bool = True
+    row_elements: int = ROW_ELEMENTS
+
+    @property
+    def vocab(self) -> int:
+        return self.logits.shape[1]
+
+    def rows(self, index: torch.Tensor | slice) -> torch.Tensor:
+        """The distributions of rows ``index`` (``[n]`` or a slice): ``[n, V]``."""
+        settings = (self.temperature[index], self.top_k[index], self.top_p[index])
+        return process_logits(self.logits[index], *settings, filtered=self.filtered)
+
+    def at(self, rows: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``p[rows[i], columns[i]]`` and the total of row ``rows[i]`` (float32 ``[n]`` each), a chunk
+        of rows at a time."""
+        values = torch.zeros(rows.shape, device=rows.device)
+        mass = torch.zeros(rows.shape, device=rows.device)
+        step = max(1, self.row_elements // self.vocab)
+        for start in range(0, self.logits.shape[0], step):
+            stop = min(start + step, self.logits.shape[0])
+            probs = self.rows(slice(start, stop))
+            inside = (rows >= start) & (rows < stop)
+            local = (rows - start).clamp(0, stop - start - 1)
+            values = torch.where(inside, probs[local, columns], values)
+            mass = torch.where(inside, probs.sum(-1)[local], mass)
+        return values, mass

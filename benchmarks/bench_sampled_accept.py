@@ -1,0 +1,110 @@
+"""A verify's sampled acceptance at a real vocabulary: logits processed a bounded number of rows at a time
+(``ProcessedLogits``, what ``accept`` does) against every node's distribution processed at once.
+
+    python benchmarks/bench_sampled_accept.py --out DIR     # H200, about a minute
+
+Forests of top-4 trees of 64 nodes and depth 8, float32 logits ``[N, V]`` (the drafted tokens made
+likely at their parents, so that walks go deep), temperature 0.8 alone (``filtered=False``: no sort)
+or with top-p 0.9 (a sort of every row), at the embedded model's vocabulary (8,192) and Qwen3's
+(151,936). At every point both sides must accept the same leaves and bonus tokens on the same coins,
+else nothing is timed. Times: CUDA-graph replays (``_bench_util.graph_timer``); memory: the peak
+allocated by one call above what was live before it (``_bench_util.peak_bytes``). Writes
+``<out>/sampled_accept_h200.json``. ``--device cpu`` smoke-runs the check alone (with a small
+``--row-elements``, over several chunks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+from pathlib import Path
+
+import _bench_util as U
+import torch
+
+from trtllm_bole.spec.acceptance import sample_accept
+from trtllm_bole.spec.sampling import ROW_ELEMENTS, ProcessedLogits, process_logits
+from trtllm_bole.testing import forest, topk_parents
+
+SETTINGS = {"temperature": 1.0, "top-p": 0.9}  # the top-p of each; temperature 0.8 in both
+
+
+def inputs(batch: int, vocab: int, top_p: float, device: str, gen: torch.Generator) -> tuple:
+    tree = forest([topk_parents(64, 4, 8)] * batch, device=device)
+    tokens = torch.randint(vocab, (tree.num_nodes,), generator=gen, device=device)
+    logits = torch.randn(tree.num_nodes, vocab, generator=gen, device=device) * 2
+    drafts = tree.global_parents >= 0
+    logits[tree.global_parents[drafts], tokens[drafts]] += 6
+    n = tree.num_nodes
+    settings = (torch.full((n,), 0.8, device=device), torch.zeros(n, dtype=torch.long, device=device),
+                torch.full((n,), top_p, device=device))  # fmt: skip
+    coins = torch.rand(batch, 66, generator=gen, device=device)
+    return tree, tokens, logits, settings, coins, top_p < 1
+
+
+def whole(tree, tokens, logits, settings, coins, filtered):
+    return sample_accept(tree, tokens, process_logits(logits, *settings, filtered=filtered), coins)
+
+
+def chunked(tree, tokens, logits, settings, coins, filtered, row_elements=ROW_ELEMENTS):
+    return sample_accept(tree, tokens, ProcessedLogits(logits, *settings, filtered, row_elements), coins)
+
+
+def point(
+    batch: int, vocab: int, setting: str, device: str, gen: torch.Generator, measure, row_elements: int
+) -> dict:
+    x = inputs(batch, vocab, SETTINGS[setting], device, gen)
+    row = {"batch": batch, "nodes": x[0].num_nodes, "vocab": vocab, "setting": setting}
+    row["rows_at_once"] = max(1, row_elements // vocab)
+    a, b = whole(*x), chunked(*x, row_elements)
+    row["same_outcome"] = all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+    row["mean_leaf_depth"] = float(x[0].depth[a[0] + x[0].cu_seqlens[:-1]].float().mean())
+    if not row["same_outcome"] or measure is None:
+        print(f"B={batch} V={vocab} {setting}: same outcome {row['same_outcome']}", flush=True)
+        return row
+    for name, fn in (("whole", whole), ("chunked", partial(chunked, row_elements=row_elements))):
+        row[f"{name}_us"] = measure(lambda fn=fn: fn(*x))
+        row[f"{name}_peak_bytes"] = U.peak_bytes(lambda fn=fn: fn(*x))
+    sides = ", ".join(
+        f"{n} {row[f'{n}_us']:.0f} us {row[f'{n}_peak_bytes'] / 2**20:.0f} MiB" for n in ("whole", "chunked")
+    )
+    print(f"B={batch} V={vocab} {setting}: {sides}", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--batches", default="8,32")
+    ap.add_argument("--vocabs", default="8192,151936")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rep-ms", type=int, default=50)
+    ap.add_argument("--row-elements", type=int, default=ROW_ELEMENTS, help="logits processed at once")
+    args = ap.parse_args(argv)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print(
+            "bench_sampled_accept.py times on a GPU: it needs CUDA (or --device cpu for the check)",
+            file=sys.stderr,
+        )
+        return 2
+    gen = torch.Generator(device=args.device).manual_seed(0)
+    measure = U.graph_timer(args.rep_ms) if cuda else None
+    rows = [
+        point(batch, vocab, setting, args.device, gen, measure, args.row_elements)
+        for vocab in (int(v) for v in args.vocabs.split(","))
+        for batch in (int(b) for b in args.batches.split(","))
+        for setting in SETTINGS
+    ]
+    if not all(r["same_outcome"] for r in rows):
+        print("the two sides accepted differently: nothing reported", file=sys.stderr)
+        return 1
+    if cuda:
+        path = U.write_result(args.out, "sampled_accept_h200.json", {"meta": U.run_meta(), "rows": rows})
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
