@@ -1,5 +1,6 @@
-"""A verify's sampled acceptance at a real vocabulary: logits processed a bounded number of rows at a time
-(``ProcessedLogits``, what ``accept`` does) against every node's distribution processed at once.
+"""A verify's sampled acceptance at a real vocabulary: ``accept``, which processes the logits a bounded
+number of rows at a time (``ProcessedLogits``) when they exceed ``ROW_ELEMENTS``, against every node's
+distribution processed at once.
 
     python benchmarks/bench_sampled_accept.py --out DIR     # H200, about a minute
 
@@ -23,32 +24,36 @@ from pathlib import Path
 import _bench_util as U
 import torch
 
-from trtllm_bole.spec.acceptance import sample_accept
-from trtllm_bole.spec.sampling import ROW_ELEMENTS, ProcessedLogits, process_logits
+from trtllm_bole.spec.acceptance import Sampling, accept, sample_accept
+from trtllm_bole.spec.sampling import ROW_ELEMENTS, process_logits
 from trtllm_bole.testing import forest, topk_parents
 
 SETTINGS = {"temperature": 1.0, "top-p": 0.9}  # the top-p of each; temperature 0.8 in both
 
 
 def inputs(batch: int, vocab: int, top_p: float, device: str, gen: torch.Generator) -> tuple:
+    """A forest, its tokens and logits, a :class:`Sampling` (temperature 0.8, ``top_p``) and the filter."""
     tree = forest([topk_parents(64, 4, 8)] * batch, device=device)
     tokens = torch.randint(vocab, (tree.num_nodes,), generator=gen, device=device)
     logits = torch.randn(tree.num_nodes, vocab, generator=gen, device=device) * 2
     drafts = tree.global_parents >= 0
     logits[tree.global_parents[drafts], tokens[drafts]] += 6
-    n = tree.num_nodes
-    settings = (torch.full((n,), 0.8, device=device), torch.zeros(n, dtype=torch.long, device=device),
-                torch.full((n,), top_p, device=device))  # fmt: skip
-    coins = torch.rand(batch, 66, generator=gen, device=device)
-    return tree, tokens, logits, settings, coins, top_p < 1
+    temperature, top_p = torch.full((batch,), 0.8, device=device), torch.full((batch,), top_p, device=device)
+    top_k, coins = (
+        torch.zeros(batch, dtype=torch.long, device=device),
+        torch.rand(batch, 66, generator=gen, device=device),
+    )
+    sampling = Sampling(temperature, top_k, top_p, coins)
+    return tree, tokens, logits, sampling, bool(top_p[0] < 1)
 
 
-def whole(tree, tokens, logits, settings, coins, filtered):
-    return sample_accept(tree, tokens, process_logits(logits, *settings, filtered=filtered), coins)
+def whole(tree, tokens, logits, sampling, filtered):
+    settings = (t[tree.request] for t in sampling[:3])
+    return sample_accept(tree, tokens, process_logits(logits, *settings, filtered=filtered), sampling.coins)
 
 
-def chunked(tree, tokens, logits, settings, coins, filtered, row_elements=ROW_ELEMENTS):
-    return sample_accept(tree, tokens, ProcessedLogits(logits, *settings, filtered, row_elements), coins)
+def chunked(tree, tokens, logits, sampling, filtered, row_elements=ROW_ELEMENTS):
+    return accept(tree, tokens, logits, sampling, filtered=filtered, row_elements=row_elements)
 
 
 def point(
