@@ -52,7 +52,7 @@ def whole(tree, tokens, logits, sampling, filtered):
     return sample_accept(tree, tokens, process_logits(logits, *settings, filtered=filtered), sampling.coins)
 
 
-def chunked(tree, tokens, logits, sampling, filtered, row_elements=ROW_ELEMENTS):
+def accepted(tree, tokens, logits, sampling, filtered, row_elements=ROW_ELEMENTS):
     return accept(tree, tokens, logits, sampling, filtered=filtered, row_elements=row_elements)
 
 
@@ -62,17 +62,17 @@ def point(
     x = inputs(batch, vocab, SETTINGS[setting], device, gen)
     row = {"batch": batch, "nodes": x[0].num_nodes, "vocab": vocab, "setting": setting}
     row["rows_at_once"] = max(1, row_elements // vocab)
-    a, b = whole(*x), chunked(*x, row_elements)
+    a, b = whole(*x), accepted(*x, row_elements)
     row["same_outcome"] = all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
     row["mean_leaf_depth"] = float(x[0].depth[a[0] + x[0].cu_seqlens[:-1]].float().mean())
     if not row["same_outcome"] or measure is None:
         print(f"B={batch} V={vocab} {setting}: same outcome {row['same_outcome']}", flush=True)
         return row
-    for name, fn in (("whole", whole), ("chunked", partial(chunked, row_elements=row_elements))):
+    for name, fn in (("whole", whole), ("accept", partial(accepted, row_elements=row_elements))):
         row[f"{name}_us"] = measure(lambda fn=fn: fn(*x))
         row[f"{name}_peak_bytes"] = U.peak_bytes(lambda fn=fn: fn(*x))
     sides = ", ".join(
-        f"{n} {row[f'{n}_us']:.0f} us {row[f'{n}_peak_bytes'] / 2**20:.0f} MiB" for n in ("whole", "chunked")
+        f"{n} {row[f'{n}_us']:.0f} us {row[f'{n}_peak_bytes'] / 2**20:.0f} MiB" for n in ("whole", "accept")
     )
     print(f"B={batch} V={vocab} {setting}: {sides}", flush=True)
     return row
