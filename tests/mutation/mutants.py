@@ -1866,4 +1866,25 @@ MUTANTS = [
         "return scaled.softmax(-1)",
         ["tests/spec/test_sampling.py"],
     ),
+    Mutant(
+        "A15",
+        "trtllm_bole/spec/sampling.py",
+        "inside = (rows >= start) & (rows < stop)",
+        "inside = (rows >= start) & (rows <= stop)",
+        ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
+    ),
+    Mutant(
+        "A16",
+        "trtllm_bole/spec/sampling.py",
+        "mass = torch.where(inside, probs.sum(-1)[local], mass)",
+        "mass = probs.sum(-1)[local]",
+        ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
+    ),
+    Mutant(
+        "A17",
+        "trtllm_bole/spec/sampling.py",
+        "step = max(1, self.row_elements // self.vocab)",
+        "step = max(1, self.row_elements // self.vocab) + 1",
+        ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
+    ),
 ]
