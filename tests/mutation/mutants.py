@@ -1870,7 +1870,7 @@ MUTANTS = [
         "A15",
         "trtllm_bole/spec/sampling.py",
         "inside = (rows >= start) & (rows < stop)",
-        "inside = (rows >= start) & (rows <= stop)",
+        "inside = (rows > start) & (rows < stop)",
         ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
     ),
     Mutant(
@@ -1883,8 +1883,8 @@ MUTANTS = [
     Mutant(
         "A17",
         "trtllm_bole/spec/sampling.py",
-        "step = max(1, self.row_elements // self.vocab)",
-        "step = max(1, self.row_elements // self.vocab) + 1",
+        "stop = min(start + step, self.logits.shape[0])",
+        "stop = min(start + step - 1, self.logits.shape[0])",
         ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
     ),
 ]
