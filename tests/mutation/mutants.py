@@ -58,8 +58,8 @@ MUTANTS = [
     Mutant(
         "A5",
         "trtllm_bole/spec/acceptance.py",
-        "torch.rand(count, generator=g, device=device) for g in generators",
-        "torch.rand(count, generator=generators[0], device=device) for g in generators",
+        "else torch.rand(count, generator=g, device=device)",
+        "else torch.rand(count, generator=generators[-1], device=device)",
         ["tests/spec/test_acceptance.py"],
     ),
     Mutant(
@@ -72,8 +72,8 @@ MUTANTS = [
     Mutant(
         "A7",
         "trtllm_bole/spec/acceptance.py",
-        "left = probs.sum(-1).double()[parent] - siblings.before(tried)",
-        "left = probs.sum(-1).double()[parent]",
+        "left = total - siblings.before(tried)",
+        "left = total",
         ["tests/spec/test_acceptance.py"],
     ),
     Mutant(
@@ -212,8 +212,8 @@ MUTANTS = [
     Mutant(
         "E4",
         "trtllm_bole/spec/acceptance.py",
-        "s.top_k[rows], s.top_p[rows], filtered=filtered)",
-        "s.top_k[rows], s.top_p[rows * 0], filtered=filtered)",
+        "s.top_k[rows], s.top_p[rows], filtered, row_elements)",
+        "s.top_k[rows], s.top_p[rows * 0], filtered, row_elements)",
         ["tests/spec/test_executor.py::test_a_seeded_request_samples_the_same_alone_or_batched"],
     ),
     Mutant(

@@ -143,7 +143,9 @@ def test_a_request_s_coins_come_from_its_own_generator():
     alone = draw_coins(gens(7), 4, "cpu")
     batched = draw_coins(gens(1, 7, 2), 4, "cpu")
     assert torch.equal(batched[1], alone[0]) and not torch.equal(batched[0], batched[1])
-    assert ((batched >= 0) & (batched < 1)).all()
+    mixed = draw_coins([None, *gens(7), None], 4, "cpu")  # the unseeded two share one draw
+    assert torch.equal(mixed[1], alone[0]) and not torch.equal(mixed[0], mixed[2])
+    assert all(((c >= 0) & (c < 1)).all() for c in (batched, mixed))
 
 
 def chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:

@@ -164,9 +164,13 @@ def draw_coins(
     generators: list[torch.Generator | None], count: int, device: torch.device | str
 ) -> torch.Tensor:
     """``[B, count]`` uniforms in ``[0, 1)`` for :func:`sample_accept`, row ``b`` from request ``b``'s own
-    generator (None: the global RNG). A fixed count a step keeps a seeded request's draws its own,
-    whatever its batch or its tree."""
-    return torch.stack([torch.rand(count, generator=g, device=device) for g in generators])
+    generator; the requests without one (None) share one draw from the global RNG. A fixed count a step
+    keeps a seeded request's draws its own, whatever its batch or its tree."""
+    unseeded = torch.rand(sum(g is None for g in generators), count, device=device)
+    rows = iter(unseeded)
+    return torch.stack(
+        [next(rows) if g is None else torch.rand(count, generator=g, device=device) for g in generators]
+    )
 
 
 @dataclass(frozen=True, slots=True)
