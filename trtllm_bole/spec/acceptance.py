@@ -110,7 +110,7 @@ def sample_accept(
     good as coins drawn in turn.
 
     The walk, vectorised: a parent's children are tried in index order; child ``x`` passes when its coin
-    is below the residual at ``x``, ``p(x) / (1 - mass of the tokens of the siblings tried before)``
+    is below the residual at ``x``, ``p(x) / (total - mass of the tokens of the siblings tried before)``
     (zero for a token an earlier sibling already carried); the walk takes a parent's first passing child,
     so a node is on it when every node of its path is its parent's first passing child. The bonus token
     is drawn, by inverse CDF, from the leaf's distribution with its children's tokens removed.
@@ -204,10 +204,9 @@ class _Siblings:
         index = torch.arange(n, device=tokens.device)
         parent = tree.global_parents + 1  # roots share run 0, which the walk never tries
         order = (parent * n + index).argsort()
-        # Stable on index within equal (parent, token): a repeat follows its first occurrence.
-        by_token = ((parent * vocab + tokens) * n + index).argsort()
-        same = torch.zeros(n, dtype=torch.bool, device=tokens.device)
         key = parent * vocab + tokens
+        by_token = (key * n + index).argsort()  # ties on key broken by index: a repeat follows its first
+        same = torch.zeros(n, dtype=torch.bool, device=tokens.device)
         same[1:] = key[by_token[1:]] == key[by_token[:-1]]
         repeated = torch.zeros_like(same).scatter_(0, by_token, same)
         new_run = torch.ones(n, dtype=torch.bool, device=tokens.device)

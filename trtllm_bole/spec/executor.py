@@ -523,10 +523,12 @@ class Executor:
     def _sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """The first token of each request, from its prefill logits: the bonus token of a tree of no drafts
         (sampled ones on the request's own coins)."""
+        sampling, kind = self._sampling(requests, None)
+        if sampling is None:
+            return logits.argmax(-1).tolist()
         batch, device = len(requests), logits.device
         roots = TreeBatch.chains([1] * batch, device=device)
         pending = torch.zeros(batch, dtype=torch.long, device=device)  # never read: a root is never tried
-        sampling, kind = self._sampling(requests, None)
         _, first = accept(roots, pending, logits, sampling, filtered=kind == "filtered")
         return first.tolist()
 
