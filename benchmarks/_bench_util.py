@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -244,6 +245,14 @@ def run_meta(**extra: Any) -> dict:
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "command": " ".join(["python", *sys.argv]), **extra,
     }  # fmt: skip
+
+
+def cuda_missing(script: str, device: str) -> bool:
+    """Whether ``script`` was asked to time on CUDA where there is none (then it says so on stderr)."""
+    if device != "cuda" or torch.cuda.is_available():
+        return False
+    print(f"{script} times on a GPU: it needs CUDA (or --device cpu for its checks alone)", file=sys.stderr)
+    return True
 
 
 def write_result(out: str | Path, name: str, data: dict) -> Path:

@@ -31,8 +31,9 @@ from trtllm_bole.testing import forest, topk_parents
 SETTINGS = {"temperature": 1.0, "top-p": 0.9}  # the top-p of each; temperature 0.8 in both
 
 
-def inputs(batch: int, vocab: int, top_p: float, device: str, gen: torch.Generator) -> tuple:
-    """A forest, its tokens and logits, a :class:`Sampling` (temperature 0.8, ``top_p``) and the filter."""
+def inputs(batch: int, vocab: int, top_p: float, device: str, gen: torch.Generator, top_k: int = 0) -> tuple:
+    """A forest, its tokens and logits, a :class:`Sampling` (temperature 0.8, ``top_k``, ``top_p``) and
+    whether it filters."""
     tree = forest([topk_parents(64, 4, 8)] * batch, device=device)
     tokens = torch.randint(vocab, (tree.num_nodes,), generator=gen, device=device)
     logits = torch.randn(tree.num_nodes, vocab, generator=gen, device=device) * 2
@@ -40,11 +41,11 @@ def inputs(batch: int, vocab: int, top_p: float, device: str, gen: torch.Generat
     logits[tree.global_parents[drafts], tokens[drafts]] += 6
     temperature, top_p = torch.full((batch,), 0.8, device=device), torch.full((batch,), top_p, device=device)
     top_k, coins = (
-        torch.zeros(batch, dtype=torch.long, device=device),
+        torch.full((batch,), top_k, dtype=torch.long, device=device),
         torch.rand(batch, 66, generator=gen, device=device),
     )
     sampling = Sampling(temperature, top_k, top_p, coins)
-    return tree, tokens, logits, sampling, bool(top_p[0] < 1)
+    return tree, tokens, logits, sampling, bool(top_p[0] < 1 or top_k[0] > 0)
 
 
 def whole(tree, tokens, logits, sampling, filtered):
@@ -87,13 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=int, default=50)
     ap.add_argument("--row-elements", type=int, default=ROW_ELEMENTS, help="logits processed at once")
     args = ap.parse_args(argv)
-    cuda = args.device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print(
-            "bench_sampled_accept.py times on a GPU: it needs CUDA (or --device cpu for the check)",
-            file=sys.stderr,
-        )
+    if U.cuda_missing("bench_sampled_accept.py", args.device):
         return 2
+    cuda = args.device == "cuda"
     gen = torch.Generator(device=args.device).manual_seed(0)
     measure = U.graph_timer(args.rep_ms) if cuda else None
     rows = [

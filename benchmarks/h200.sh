@@ -24,6 +24,7 @@
 #   bash benchmarks/h200.sh gdn-inputs # the GDN layer's fused q/k norms + gates and gated output norm: their tests, then their A/B
 #   bash benchmarks/h200.sh prefill-graphs # the prefill's GPU tests, then the A/B of its CUDA graphs with requests arriving
 #   bash benchmarks/h200.sh accept    # sampled acceptance at a real vocabulary: logits processed in chunks vs whole (memory, time)
+#   bash benchmarks/h200.sh floor     # top-k / top-p floors by radix select: CUDA tests, then against the sort at 151,936 tokens (+ block sweep)
 #   bash benchmarks/h200.sh sampled   # the spec GPU tests, the sampled A/Bs (CHANGES="sampled-acceptance unfiltered-sampling"), the sampled step profile
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -164,6 +165,14 @@ accept)
         > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
     timeout 300 python benchmarks/bench_sampled_accept.py --out "$OUT" > "$OUT/accept_log.txt" 2>&1
     echo "bench rc=$?"; tail -9 "$OUT/accept_log.txt"
+    ;;
+floor)
+    python -m pytest -q tests/kernels/test_filter_floor.py tests/ops tests/spec/test_sampling.py -p no:cacheprovider \
+        > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+    python -m pytest -q -m gpu tests/spec/test_acceptance.py tests/spec/test_executor.py -p no:cacheprovider \
+        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    timeout 400 python benchmarks/bench_filter_floor.py --sweep --out "$OUT" > "$OUT/floor_log.txt" 2>&1
+    echo "bench rc=$?"; grep -v "^sweep" "$OUT/floor_log.txt" | tail -30
     ;;
 prefill)
     timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; echo "prefill rc=$?"

@@ -158,3 +158,32 @@ def pools_settled(executor) -> bool:
         and scheduler.slots.num_free == scheduler.slots.num_slots
         and scheduler.blocks.num_free == scheduler.blocks.num_blocks
     )
+
+
+FLOOR_NEAR = 1e-5
+"""A nucleus boundary closer than this to ``top_p`` may fall either way in float32 (the radix select and
+the sort sum the masses in different orders); the float64 definition decides the rest."""
+
+
+def floor_agreement(
+    found: torch.Tensor, scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> dict[str, int]:
+    """How a top-k / top-p floor ``found [N]`` (:func:`trtllm_bole.ops.filter_floor`) agrees with the
+    sorting reference: ``admissible`` rows keep what the float64 definition keeps at some top-p within
+    :data:`FLOOR_NEAR`; ``decided`` rows are those where that is one floor, and ``equal`` of them match the
+    float32 reference bit for bit (``same``: the rows that match it, decided or not). A correct floor has
+    every row admissible and every decided row equal."""
+    from trtllm_bole.reference.sampling import filter_floor
+
+    x, p = scaled.double(), top_p.double()
+    low_p, high_p = torch.maximum(p - FLOOR_NEAR, p / 2), torch.minimum(p + FLOOR_NEAR, (1 + p) / 2)
+    low, high = filter_floor(x, top_k, low_p).float(), filter_floor(x, top_k, high_p).float()
+    decided = low == high
+    same = found == filter_floor(scaled, top_k, top_p)
+    return {
+        "rows": found.numel(),
+        "admissible": int(((high <= found) & (found <= low)).sum()),
+        "decided": int(decided.sum()),
+        "equal": int((decided & same).sum()),
+        "same": int(same.sum()),
+    }

@@ -77,6 +77,15 @@ def _samples(tree, x):
             {},
         ),
         (
+            library.filter_floor,
+            (
+                torch.randn(3, 40, device=DEVICE),
+                torch.tensor([0, 5, 3], device=DEVICE),
+                torch.tensor([0.9, 1.0, 0.5], device=DEVICE),
+            ),
+            {},
+        ),
+        (
             library.forest_metadata,
             (tree.parents, tree.cu_seqlens, tree.depth, tree.max_depth, tree.max_nodes),
             {},
@@ -118,7 +127,7 @@ def test_every_operator_is_sampled(case):
     assert {op.name().split("::")[1] for op, _, _ in _samples(*case)} == defined
 
 
-@pytest.mark.parametrize("index", range(14))
+@pytest.mark.parametrize("index", range(15))
 def test_opcheck(case, index):
     """Schema (mutated arguments declared, nothing else written), fake against real outputs, and the
     operator under AOT dispatch (what torch.compile runs)."""

@@ -13,6 +13,7 @@
   launch; :mod:`.norms`: Qwen3.5's zero-centred RMSNorm in one kernel, and the attention's q/k norm with
   its RoPE in one (the serving forward's glue);
 - :mod:`.forest`: a drafted forest's metadata (paths, pre-order, subtree sizes) in one launch;
+- :mod:`.filter_floor`: the top-k / top-p threshold of rows of logits by radix select, not by sorting them;
 - :mod:`.baselines`: today's scheme (serial per-node recurrence with per-node state snapshots), the
   yardstick of the benchmarks.
 """

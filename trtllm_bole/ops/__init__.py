@@ -53,6 +53,7 @@ __all__ = [
     "check_kv_room",
     "chunk_gated_delta_rule",
     "conv_state_commit",
+    "filter_floor",
     "forest",
     "gated_rms_norm",
     "gdn_commit",
@@ -187,6 +188,28 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         return norms.gated_rms_norm(x, gate, weight, eps)
     rows = x.shape[-2:]
     return library.gated_rms_norm(x.reshape(-1, *rows), gate.reshape(-1, *rows), weight, eps).view(x.shape)
+
+
+# ----------------------------------------------------------------------------------------- #
+# Sampling filters                                                                           #
+# ----------------------------------------------------------------------------------------- #
+
+
+def filter_floor(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The smallest logit that top-k and top-p keep in each row of ``scaled [N, V]`` (float32 logits
+    divided by the temperature) with per-row ``top_k`` (int, ``<= 0`` or ``>= V``: off) and ``top_p``
+    (``>= 1``: off) ``[N]``: ``[N]`` float32, ``-inf`` where neither filters
+    (:func:`trtllm_bole.reference.sampling.filter_floor`). On CUDA a radix select per row
+    (:mod:`trtllm_bole.kernels.filter_floor`) instead of a sort of every row."""
+    if scaled.dim() != 2 or scaled.dtype != torch.float32:
+        raise ValueError(f"filter_floor takes float32 logits [N, V], got {scaled.dtype} {list(scaled.shape)}")
+    rows = scaled.shape[:1]
+    if top_k.shape != rows or top_p.shape != rows or top_k.is_floating_point():
+        raise ValueError(
+            f"filter_floor takes integer top_k and top_p [{rows[0]}], got {top_k.dtype} {list(top_k.shape)} "
+            f"and {list(top_p.shape)}"
+        )
+    return library.filter_floor(scaled.contiguous(), top_k, top_p)
 
 
 # ----------------------------------------------------------------------------------------- #

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from trtllm_bole.kernels._common import GDNTreeFactors
-from trtllm_bole.reference import attention_tree, conv_tree, gdn_tree, kv_cache, norms, rope
+from trtllm_bole.reference import attention_tree, conv_tree, gdn_tree, kv_cache, norms, rope, sampling
 from trtllm_bole.tree import PrefillChunks, TreeBatch
 
 _LIB = torch.library.Library("bole", "DEF")
@@ -82,7 +82,7 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------- #
-# Norms and forests                                                                          #
+# Norms, sampling filters and forests                                                       #
 # ----------------------------------------------------------------------------------------- #
 
 
@@ -145,6 +145,14 @@ gated_rms_norm = _define(
     cpu=_gated_rms_norm_reference,
     cuda=_kernel("norms", "gated_rms_norm"),
     fake=lambda x, gate, weight, eps: x.new_empty(x.shape),
+)
+
+
+filter_floor = _define(
+    "filter_floor(Tensor scaled, Tensor top_k, Tensor top_p) -> Tensor",
+    cpu=sampling.filter_floor,
+    cuda=_kernel("filter_floor", "filter_floor"),
+    fake=lambda scaled, top_k, top_p: scaled.new_empty(scaled.shape[:1]),
 )
 
 

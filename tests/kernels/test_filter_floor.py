@@ -1,0 +1,99 @@
+"""The top-k / top-p floor found by radix select (:mod:`trtllm_bole.kernels.filter_floor`) against the
+sorting reference, and against the float64 definition where float32 rounding could decide the row
+(:func:`trtllm_bole.testing.floor_agreement`)."""
+
+import pytest
+import torch
+
+from tests.kernels.helpers import DEVICE
+from trtllm_bole import ops
+from trtllm_bole.kernels.filter_floor import BLOCK, filter_floor
+from trtllm_bole.reference import sampling
+from trtllm_bole.testing import floor_agreement
+
+
+def check(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    agreement = floor_agreement(filter_floor(scaled, top_k, top_p), scaled, top_k, top_p)
+    assert agreement["admissible"] == agreement["rows"], agreement
+    assert agreement["equal"] == agreement["decided"] > 0, agreement
+
+
+def rows(gen: torch.Generator, n: int, vocab: int) -> torch.Tensor:
+    """Logits as a model's, ties among integers, -0.0 beside 0.0, masked tokens, one flat row."""
+    x = torch.randn(n, vocab, generator=gen) * 2.5
+    x[1] = torch.randint(-3, 4, (vocab,), generator=gen).float()
+    x[2, ::3] = -0.0
+    x[2, 1::3] = 0.0
+    x[3, ::4] = float("-inf")
+    x[4] = 1.0
+    return x.to(DEVICE)
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 37, BLOCK + 3])
+def test_top_k_alone_is_the_kth_largest_with_its_ties(vocab, gen):
+    x = rows(gen, 6, vocab)
+    for k in sorted({1, 2, 5, vocab - 1, vocab, vocab + 4}):
+        top_k = torch.full((6,), k, device=DEVICE)
+        found = filter_floor(x, top_k, torch.ones(6, device=DEVICE))
+        assert torch.equal(found, sampling.filter_floor(x, top_k, torch.ones(6, device=DEVICE)))
+        if 0 < k < vocab:
+            kept = (x >= found[:, None]).sum(-1)
+            assert (kept >= k).all() and (kept[0] == k or vocab < 3)
+
+
+@pytest.mark.parametrize("vocab", [37, 300, BLOCK + 3])
+def test_top_p_with_and_without_top_k(vocab, gen):
+    x = rows(gen, 6, vocab)
+    top_p = torch.tensor([1e-7, 0.3, 0.9, 0.999, 0.6, 0.95], device=DEVICE)
+    for k in (0, 1, 7, vocab - 1):
+        for shift in (0, 3):
+            check(x, torch.full((6,), k, device=DEVICE), top_p.roll(shift))
+
+
+def test_random_settings_per_row(gen):
+    """Every row its own top-k (off, 1 .. V) and top-p (off, or anywhere in (0, 1))."""
+    x = rows(gen, 24, 257)
+    top_k = torch.randint(-1, 260, (24,), generator=gen)
+    top_p = torch.rand(24, generator=gen).clamp_min(1e-3)
+    top_p[::5] = 1.0
+    top_k[::5] = torch.tensor([0, 257, -1, 400, 0])
+    top_k, top_p = top_k.to(DEVICE), top_p.to(DEVICE)
+    check(x, top_k, top_p)
+    off = ((top_k <= 0) | (top_k >= 257)) & (top_p >= 1)
+    assert off.any() and (filter_floor(x, top_k, top_p)[off] == float("-inf")).all()
+
+
+def test_the_boundary_token_stays_and_the_next_goes(gen):
+    """top_p halfway into a token's mass keeps it (the mass before it is below top_p); halfway into the
+    next token's keeps the next; a whole-row tie keeps the whole row."""
+    x = torch.tensor([[3.0, 2.0, 1.0, 0.0, 0.0, -1.0], [0.5] * 6], device=DEVICE)
+    probs = x[0].softmax(-1)
+    cumulative = probs.cumsum(-1)
+    for i in range(4):
+        p = float(cumulative[i] - probs[i] / 2)
+        found = filter_floor(
+            x, torch.zeros(2, dtype=torch.long, device=DEVICE), torch.full((2,), p, device=DEVICE)
+        )
+        assert found[0] == x[0, i] and found[1] == 0.5
+
+
+def test_the_op_checks_its_inputs():
+    x = torch.zeros(3, 8)
+    with pytest.raises(ValueError, match="float32 logits"):
+        ops.filter_floor(x.double(), torch.zeros(3, dtype=torch.long), torch.ones(3))
+    with pytest.raises(ValueError, match="integer top_k and top_p"):
+        ops.filter_floor(x, torch.zeros(2, dtype=torch.long), torch.ones(3))
+    with pytest.raises(ValueError, match="integer top_k"):
+        ops.filter_floor(x, torch.zeros(3), torch.ones(3))
+
+
+@pytest.mark.gpu
+def test_a_real_vocabulary_on_the_gpu(gen):
+    """Qwen3's 151,936 tokens, a verify's rows with a request's settings, through the operator (the
+    kernel on CUDA)."""
+    x = (torch.randn(64, 151936, generator=gen) * 3).to(DEVICE)
+    x[:, :5000] += 4  # a broad nucleus
+    top_k = torch.tensor([0, 50, 1, 20000] * 16, device=DEVICE)
+    top_p = torch.tensor([0.9, 0.95, 1.0, 0.5, 0.99, 1.0, 0.8, 0.3] * 8, device=DEVICE)
+    check(x, top_k, top_p)
+    assert torch.equal(ops.filter_floor(x, top_k, top_p), filter_floor(x, top_k, top_p))

@@ -1,0 +1,31 @@
+"""The top-k / top-p threshold of rows of logits, by sorting them: the truth of
+:func:`trtllm_bole.ops.filter_floor`, which the GPU finds without a sort
+(:mod:`trtllm_bole.kernels.filter_floor`)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def filter_floor(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The smallest logit that top-k and top-p keep in each row of ``scaled [N, V]`` (float32, already
+    divided by the temperature): ``[N]`` float32, ``-inf`` where neither filters (``top_k`` outside
+    ``1 .. V - 1`` and ``top_p >= 1``). A row keeps exactly its logits ``>= floor``.
+
+    Top-k first, then the nucleus of the renormalised top-k (as Hugging Face and vLLM order them): a
+    token stays if the top-k mass before it, in descending order, is below ``top_p``. Ties at either
+    boundary keep every tied token, so the floor does not depend on how the sort orders equal values.
+    """
+    vocab = scaled.shape[-1]
+    sorted_logits, _ = scaled.sort(dim=-1, descending=True)
+    k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).long()
+    kth = sorted_logits.gather(1, (k - 1)[:, None])
+    in_top_k = sorted_logits >= kth
+    sorted_probs = sorted_logits.masked_fill(~in_top_k, float("-inf")).softmax(-1)
+    # top_p >= 1 keeps everything outright: in float32 the tail's mass before rounds up to 1.
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    in_nucleus = in_top_k & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1))
+    nucleus_floor = sorted_logits.masked_fill(~in_nucleus, float("inf")).amin(-1, keepdim=True)
+    floor = torch.maximum(kth, nucleus_floor).squeeze(-1)
+    filters = ((top_k > 0) & (top_k < vocab)) | (top_p < 1)
+    return torch.where(filters, floor, float("-inf"))
