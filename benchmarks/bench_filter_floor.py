@@ -34,7 +34,7 @@ from trtllm_bole.spec.acceptance import Sampling, accept
 from trtllm_bole.testing import floor_agreement
 
 SETTINGS = {"top-p 0.9": (0, 0.9), "top-k 50, top-p 0.9": (50, 0.9), "top-k 50": (50, 1.0)}
-SWEEP = ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 8), (4096, 16))
+SWEEP = ((256, 4), (512, 4), (256, 8), (512, 8), (1024, 8), (1024, 16))
 
 
 @contextmanager
@@ -60,9 +60,7 @@ def point(batch: int, vocab: int, setting: str, device: str, gen: torch.Generato
     args = floor_args(tree, logits, sampling)
     row = {"batch": batch, "rows": tree.num_nodes, "vocab": vocab, "setting": setting}
     row["agreement"] = floor_agreement(kernel.filter_floor(*args), *args)
-    row["floors_ok"] = row["agreement"]["admissible"] == row["agreement"]["rows"] and (
-        row["agreement"]["equal"] == row["agreement"]["decided"]
-    )
+    row["floors_ok"] = agrees(row["agreement"])
     radix = accept(tree, tokens, logits, sampling)
     with sorting_floor():
         by_sort = accept(tree, tokens, logits, sampling)
@@ -88,10 +86,15 @@ def point(batch: int, vocab: int, setting: str, device: str, gen: torch.Generato
     return row
 
 
-def launch(scaled, top_k, top_p, floor, block: int, warps: int) -> None:
+def launch(scaled, top_k, top_p, floor, scratch, block: int, warps: int) -> None:
     kernel._filter_floor_kernel[(scaled.shape[0],)](
-        scaled, top_k, top_p, floor, scaled.shape[1], scaled.stride(0), BLOCK=block, num_warps=warps
-    )
+        scaled, top_k, top_p, floor, scratch, scaled.shape[1], scaled.stride(0), BLOCK=block, CAP=kernel.CAP,
+        num_warps=warps,
+    )  # fmt: skip
+
+
+def agrees(agreement: dict) -> bool:
+    return agreement["admissible"] == agreement["rows"] and agreement["equal"] == agreement["decided"]
 
 
 def sweep(batches: list[int], vocab: int, gen: torch.Generator, measure) -> list[dict]:
@@ -101,14 +104,14 @@ def sweep(batches: list[int], vocab: int, gen: torch.Generator, measure) -> list
         for setting in ("top-p 0.9", "top-k 50, top-p 0.9"):
             k, p = SETTINGS[setting]
             tree, _, logits, sampling, _ = inputs(batch, vocab, p, "cuda", gen, top_k=k)
-            scaled, top_k, top_p = floor_args(tree, logits, sampling)
-            want = kernel.filter_floor(scaled, top_k, top_p)
+            args = floor_args(tree, logits, sampling)
+            floor = torch.empty(tree.num_nodes, device="cuda")
+            scratch = torch.empty(tree.num_nodes, kernel.CAP, device="cuda")
             for block, warps in SWEEP:
-                floor = torch.empty_like(want)
-                run = partial(launch, scaled, top_k, top_p, floor, block, warps)
+                run = partial(launch, *args, floor, scratch, block, warps)
                 run()
-                same = torch.equal(floor, want)
-                us = measure(run) if same else None
+                ok = agrees(floor_agreement(floor, *args))
+                us = measure(run) if ok else None
                 rows.append({"batch": batch, "setting": setting, "block": block, "warps": warps, "us": us})
                 print(f"sweep B={batch} {setting} block {block} warps {warps}: {us}", flush=True)
     return rows

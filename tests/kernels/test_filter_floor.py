@@ -1,19 +1,21 @@
 """The top-k / top-p floor found by radix select (:mod:`trtllm_bole.kernels.filter_floor`) against the
 sorting reference, and against the float64 definition where float32 rounding could decide the row
-(:func:`trtllm_bole.testing.floor_agreement`)."""
+(:func:`trtllm_bole.testing.floor_agreement`). Rows of at most ``cap`` logits are searched whole; the
+small caps here send these small rows through the windows, their copies and the whole-row search of a
+window that ties keep wide, as a real vocabulary's rows go."""
 
 import pytest
 import torch
 
 from tests.kernels.helpers import DEVICE
 from trtllm_bole import ops
-from trtllm_bole.kernels.filter_floor import BLOCK, filter_floor
+from trtllm_bole.kernels.filter_floor import BLOCK, CAP, filter_floor
 from trtllm_bole.reference import sampling
 from trtllm_bole.testing import floor_agreement
 
 
-def check(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
-    agreement = floor_agreement(filter_floor(scaled, top_k, top_p), scaled, top_k, top_p)
+def check(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, cap: int = CAP) -> None:
+    agreement = floor_agreement(filter_floor(scaled, top_k, top_p, cap=cap), scaled, top_k, top_p)
     assert agreement["admissible"] == agreement["rows"], agreement
     assert agreement["equal"] == agreement["decided"] > 0, agreement
 
@@ -29,28 +31,31 @@ def rows(gen: torch.Generator, n: int, vocab: int) -> torch.Tensor:
     return x.to(DEVICE)
 
 
-@pytest.mark.parametrize("vocab", [1, 2, 37, BLOCK + 3])
-def test_top_k_alone_is_the_kth_largest_with_its_ties(vocab, gen):
+@pytest.mark.parametrize(
+    "vocab, cap", [(1, CAP), (2, CAP), (37, CAP), (BLOCK + 3, CAP), (37, 4), (BLOCK + 3, 16)]
+)
+def test_top_k_alone_is_the_kth_largest_with_its_ties(vocab, cap, gen):
     x = rows(gen, 6, vocab)
     for k in sorted({1, 2, 5, vocab - 1, vocab, vocab + 4}):
         top_k = torch.full((6,), k, device=DEVICE)
-        found = filter_floor(x, top_k, torch.ones(6, device=DEVICE))
+        found = filter_floor(x, top_k, torch.ones(6, device=DEVICE), cap=cap)
         assert torch.equal(found, sampling.filter_floor(x, top_k, torch.ones(6, device=DEVICE)))
         if 0 < k < vocab:
             kept = (x >= found[:, None]).sum(-1)
             assert (kept >= k).all() and (kept[0] == k or vocab < 3)
 
 
-@pytest.mark.parametrize("vocab", [37, 300, BLOCK + 3])
-def test_top_p_with_and_without_top_k(vocab, gen):
+@pytest.mark.parametrize("vocab, cap", [(37, CAP), (300, CAP), (BLOCK + 3, CAP), (300, 8), (BLOCK + 3, 32)])
+def test_top_p_with_and_without_top_k(vocab, cap, gen):
     x = rows(gen, 6, vocab)
     top_p = torch.tensor([1e-7, 0.3, 0.9, 0.999, 0.6, 0.95], device=DEVICE)
     for k in (0, 1, 7, vocab - 1):
         for shift in (0, 3):
-            check(x, torch.full((6,), k, device=DEVICE), top_p.roll(shift))
+            check(x, torch.full((6,), k, device=DEVICE), top_p.roll(shift), cap)
 
 
-def test_random_settings_per_row(gen):
+@pytest.mark.parametrize("cap", [CAP, 16])
+def test_random_settings_per_row(cap, gen):
     """Every row its own top-k (off, 1 .. V) and top-p (off, or anywhere in (0, 1))."""
     x = rows(gen, 24, 257)
     top_k = torch.randint(-1, 260, (24,), generator=gen)
@@ -58,9 +63,9 @@ def test_random_settings_per_row(gen):
     top_p[::5] = 1.0
     top_k[::5] = torch.tensor([0, 257, -1, 400, 0])
     top_k, top_p = top_k.to(DEVICE), top_p.to(DEVICE)
-    check(x, top_k, top_p)
+    check(x, top_k, top_p, cap)
     off = ((top_k <= 0) | (top_k >= 257)) & (top_p >= 1)
-    assert off.any() and (filter_floor(x, top_k, top_p)[off] == float("-inf")).all()
+    assert off.any() and (filter_floor(x, top_k, top_p, cap=cap)[off] == float("-inf")).all()
 
 
 def test_the_boundary_token_stays_and_the_next_goes(gen):
@@ -75,6 +80,20 @@ def test_the_boundary_token_stays_and_the_next_goes(gen):
             x, torch.zeros(2, dtype=torch.long, device=DEVICE), torch.full((2,), p, device=DEVICE)
         )
         assert found[0] == x[0, i] and found[1] == 0.5
+
+
+def test_a_window_that_ties_keep_wide_is_searched_whole(gen):
+    """No window of ``max - x`` is narrower than a run of equal logits: past the last level the search
+    reads the whole row, in its window."""
+    x = torch.randn(4, 300, generator=gen) - 3
+    x[:, :200] = 2.0  # 200 ties at the top: every window down to 1/256 nat holds them all
+    x[1, :100] = 3.0
+    x = x.to(DEVICE)
+    top_k = torch.tensor([150, 0, 100, 0], device=DEVICE)
+    top_p = torch.tensor([1.0, 0.5, 0.5, 0.99], device=DEVICE)
+    found = filter_floor(x, top_k, top_p, cap=8)
+    assert torch.equal(found, sampling.filter_floor(x, top_k, top_p))
+    assert found.tolist() == [2.0, 3.0, 2.0, 2.0]
 
 
 def test_the_op_checks_its_inputs():

@@ -25,9 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-INT32_MIN = -2147483648
-BLOCK = 1024
+INT32_MIN = tl.constexpr(-2147483648)
+BLOCK = 512
 NUM_WARPS = 8
+CAP = 4096
+"""Most keys a window may hold to be copied out and searched there (a row's scratch: 16 KB)."""
+LEVELS = tl.constexpr(3)
+"""Window levels: 1, 1/16 and 1/256 nats of ``max - x`` (``x`` already divided by the temperature)."""
 
 
 @triton.jit
@@ -37,114 +41,179 @@ def _ordered(bits):
 
 
 @triton.jit
-def _key_block(row, start, n, BLOCK: tl.constexpr):
+def _key_block(src, start, n, BLOCK: tl.constexpr):
     offs = start + tl.arange(0, BLOCK)
     inside = offs < n
-    x = tl.load(row + offs, mask=inside, other=float("-inf")) + 0.0  # -0.0 and 0.0 tie as in the sort
+    x = tl.load(src + offs, mask=inside, other=float("-inf")) + 0.0  # -0.0 and 0.0 tie as in the sort
     return x, _ordered(x.to(tl.int32, bitcast=True)), inside
 
 
 @triton.jit
-def _row_max(row, n, BLOCK: tl.constexpr):
+def _window_index(x, mx, scale):
+    """``floor((mx - x) scale)``, the tail from ``16 scale - 1`` on in one: at ``scale = 16^L`` the index of
+    x's window of level L, whose index at level L - 1 is this one's ``>> 4`` (scaling by 16 is exact)."""
+    return tl.minimum((mx - x) * scale, 16.0 * scale - 1.0).to(tl.int32)
+
+
+@triton.jit
+def _row_max(src, n, BLOCK: tl.constexpr):
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, n, BLOCK):
-        x, _, _ = _key_block(row, start, n, BLOCK)
+        x, _, _ = _key_block(src, start, n, BLOCK)
         best = tl.maximum(best, x)
     return tl.max(best, axis=0)
 
 
 @triton.jit
-def _digit_histograms(row, n, least, prefix, known, shift, mx, MASS: tl.constexpr, BLOCK: tl.constexpr):
-    """Of the keys ``>= least`` whose unsigned bits under ``known`` are ``prefix``: how many, and
-    (``MASS``) their ``exp(x - mx)``, by the digit ``(key >> shift) & 15``."""
-    counts = tl.zeros([16], tl.int32)
+def _histograms(src, n, least, mx, scale, window, prefix, known, shift, COARSE: tl.constexpr,
+                WINDOWED: tl.constexpr, MASS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """How many of the keys ``>= least`` in ``src[:n]`` fall on each of 16 digits, and (``MASS``) their
+    ``exp(x - mx)``. ``COARSE``: the digits are the sub-windows of the window ``window`` at ``scale``
+    (higher x, higher digit); else the 4 key bits at ``shift`` under the bits ``known`` to be ``prefix``,
+    of the keys in the window (``WINDOWED``: ``window`` at ``scale``) or of all."""
+    counts = tl.zeros([BLOCK, 16], tl.float32)
     mass = tl.zeros([BLOCK, 16], tl.float32)
     digits = tl.arange(0, 16)
     for start in range(0, n, BLOCK):
-        x, key, inside = _key_block(row, start, n, BLOCK)
-        unsigned = key ^ INT32_MIN
-        match = inside & (key >= least) & ((unsigned & known) == prefix)
-        digit = (unsigned >> shift) & 15
-        counts += tl.histogram(digit, 16, mask=match)
-        if MASS:  # noqa: SIM102 (a constexpr: resolved when the kernel compiles, the test below at run time)
-            if tl.max(match.to(tl.int32), axis=0) > 0:  # past the high digits most blocks hold none
-                weight = tl.where(match, tl.exp(x - mx), 0.0)
-                mass += tl.where(digit[:, None] == digits[None, :], weight[:, None], 0.0)
-    return counts, tl.sum(mass, axis=0)
+        x, key, member = _key_block(src, start, n, BLOCK)
+        member &= key >= least
+        if WINDOWED:
+            index = _window_index(x, mx, scale)
+            if COARSE:
+                member &= (index >> 4) == window
+                digit = 15 - (index & 15)
+            else:
+                member &= index == window
+        if not COARSE:
+            unsigned = key ^ INT32_MIN
+            member &= (unsigned & known) == prefix
+            digit = (unsigned >> shift) & 15
+        if tl.max(member.to(tl.int32), axis=0) > 0:  # past the high digits most blocks hold none
+            hit = (digit[:, None] == digits[None, :]) & member[:, None]
+            counts += hit.to(tl.float32)
+            if MASS:
+                mass += tl.where(hit, tl.exp(x - mx)[:, None], 0.0)
+    return tl.sum(counts, axis=0), tl.sum(mass, axis=0)
 
 
 @triton.jit
 def _at_or_above(values):
     """``[16]``: the sum of ``values`` over the digits at or above each digit."""
     digits = tl.arange(0, 16)
-    return tl.sum(tl.where(digits[None, :] >= digits[:, None], values[None, :], 0), axis=1)
+    return tl.sum(tl.where(digits[None, :] >= digits[:, None], values[None, :], 0.0), axis=1)
 
 
 @triton.jit
-def _kth_digit(counts, rank):
-    """The digit that holds the ``rank``-th largest of the counted keys, and its rank among that digit's."""
+def _select(counts, mass, carried, target, MASS: tl.constexpr):
+    """The digit the search goes on in, its count and what the search carries there. Top-k (``carried``:
+    the rank still sought, float): the digit holding the rank-th largest of the counted keys. Top-p
+    (``carried``: the mass of the keys above the digits counted): the highest digit at which the mass at
+    or above it reaches ``target`` (``-p`` until known: then ``p`` of the first count's mass, which counts
+    every key), else (rounding) the lowest digit holding keys; ``carried`` adds the digits above it."""
     digits = tl.arange(0, 16)
-    digit = tl.max(tl.where(_at_or_above(counts) >= rank, digits, -1), axis=0)
-    return digit, rank - tl.sum(tl.where(digits > digit, counts, 0), axis=0)
+    if MASS:
+        target = tl.where(target < 0, -target * tl.sum(mass, axis=0), target)
+        reached = ((carried + _at_or_above(mass)) >= target) & (counts > 0)
+        digit = tl.max(tl.where(reached, digits, -1), axis=0)
+        digit = tl.where(digit >= 0, digit, tl.min(tl.where(counts > 0, digits, 16), axis=0))
+        carried += tl.sum(tl.where(digits > digit, mass, 0.0), axis=0)
+    else:
+        digit = tl.max(tl.where(_at_or_above(counts) >= carried, digits, -1), axis=0)
+        carried -= tl.sum(tl.where(digits > digit, counts, 0.0), axis=0)
+    return digit, tl.sum(tl.where(digits == digit, counts, 0.0), axis=0), carried, target
 
 
 @triton.jit
-def _nucleus_digit(counts, mass, above, target):
-    """The highest digit at which the mass at or above it (``above``: the mass of the keys above the
-    digits counted) reaches ``target``, else (rounding) the lowest digit holding keys; the mass above it."""
-    digits = tl.arange(0, 16)
-    reached = ((above + _at_or_above(mass)) >= target) & (counts > 0)
-    lowest = tl.min(tl.where(counts > 0, digits, 16), axis=0)
-    digit = tl.max(tl.where(reached, digits, -1), axis=0)
-    digit = tl.where(digit >= 0, digit, lowest)
-    return digit, above + tl.sum(tl.where(digits > digit, mass, 0.0), axis=0)
+def _radix(src, n, least, mx, scale, window, carried, target, WINDOWED: tl.constexpr, MASS: tl.constexpr,
+           BLOCK: tl.constexpr):  # fmt: skip
+    """The key sought among the keys ``>= least`` of ``src[:n]`` (``WINDOWED``: in the window), 4 bits a
+    pass."""
+    prefix = tl.zeros([], tl.int32)
+    known = tl.zeros([], tl.int32)
+    for i in range(8):
+        shift = 28 - 4 * i
+        counts, mass = _histograms(src, n, least, mx, scale, window, prefix, known, shift, False, WINDOWED,
+                                   MASS, BLOCK)  # fmt: skip
+        digit, _, carried, target = _select(counts, mass, carried, target, MASS)
+        prefix |= digit << shift
+        known |= 15 << shift
+    return prefix ^ INT32_MIN
 
 
 @triton.jit
-def _filter_floor_kernel(scaled, top_k, top_p, floor, n, row_stride, BLOCK: tl.constexpr):
+def _compact(src, n, least, mx, scale, window, out, BLOCK: tl.constexpr):
+    """Copies the keys ``>= least`` of the window ``window`` at ``scale`` to ``out``, in row order."""
+    base = tl.zeros([], tl.int32)
+    for start in range(0, n, BLOCK):
+        x, key, member = _key_block(src, start, n, BLOCK)
+        member &= (key >= least) & (_window_index(x, mx, scale) == window)
+        taken = member.to(tl.int32)
+        tl.store(out + base + tl.cumsum(taken, axis=0) - 1, x, mask=member)
+        base += tl.sum(taken, axis=0)
+
+
+@triton.jit
+def _find(row, n, least, mx, goal, scratch, MASS: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+    """The key of the ``goal``-th largest (top-k) or of the nucleus's last token (top-p, ``goal`` its
+    mass) among the keys ``>= least``: narrowed to a window of ``max - x`` of at most ``CAP`` keys (a few
+    passes over the row), which is copied to ``scratch`` and searched there; a row no window that narrow
+    holds (ties) is searched whole."""
+    carried = tl.where(MASS, 0.0, goal)
+    target = -goal
+    window = tl.zeros([], tl.int32)
+    scale = tl.full([], 1.0, tl.float32)
+    count = n.to(tl.float32)
+    level = 0
+    while (level < LEVELS) & (count > CAP):
+        scale = tl.exp2(4.0 * level)  # exact powers of 16
+        counts, mass = _histograms(row, n, least, mx, scale, window, 0, 0, 0, True, True, MASS, BLOCK)
+        digit, count, carried, target = _select(counts, mass, carried, target, MASS)
+        window = 16 * window + 15 - digit
+        level += 1
+    if level == 0:
+        key = _radix(row, n, least, mx, scale, window, carried, target, False, MASS, BLOCK)
+    elif count <= CAP:
+        _compact(row, n, least, mx, scale, window, scratch, BLOCK)
+        copied = count.to(tl.int32)
+        key = _radix(scratch, copied, least, mx, scale, window, carried, target, False, MASS, BLOCK)
+    else:
+        key = _radix(row, n, least, mx, scale, window, carried, target, True, MASS, BLOCK)
+    return key
+
+
+@triton.jit
+def _filter_floor_kernel(scaled, top_k, top_p, floor, scratch, n, row_stride, BLOCK: tl.constexpr,
+                         CAP: tl.constexpr):  # fmt: skip
     request = tl.program_id(0).to(tl.int64)
     row = scaled + request * row_stride
+    own = scratch + request * CAP
     k = tl.load(top_k + request).to(tl.int32)
     p = tl.load(top_p + request).to(tl.float32)
     least = tl.full([], INT32_MIN, tl.int32)  # the top-k floor's key; every key while top-k keeps all
-    if (k > 0) & (k < n):
-        prefix = tl.zeros([], tl.int32)
-        known = tl.zeros([], tl.int32)
-        rank = k
-        for i in range(8):
-            shift = 28 - 4 * i
-            counts, _ = _digit_histograms(row, n, INT32_MIN, prefix, known, shift, 0.0, False, BLOCK)
-            digit, rank = _kth_digit(counts, rank)
-            prefix |= digit << shift
-            known |= 15 << shift
-        least = prefix ^ INT32_MIN
-    if p < 1:
+    top_k_filters = (k > 0) & (k < n)
+    if top_k_filters | (p < 1):
         mx = _row_max(row, n, BLOCK)
-        prefix = tl.zeros([], tl.int32)
-        known = tl.zeros([], tl.int32)
-        above = tl.zeros([], tl.float32)
-        target = tl.zeros([], tl.float32)
-        for i in range(8):
-            shift = 28 - 4 * i
-            counts, mass = _digit_histograms(row, n, least, prefix, known, shift, mx, True, BLOCK)
-            if i == 0:
-                target = p * tl.sum(mass, axis=0)
-            digit, above = _nucleus_digit(counts, mass, above, target)
-            prefix |= digit << shift
-            known |= 15 << shift
-        least = prefix ^ INT32_MIN
+        if top_k_filters:
+            least = _find(row, n, least, mx, k.to(tl.float32), own, False, BLOCK, CAP)
+        if p < 1:
+            least = _find(row, n, least, mx, p, own, True, BLOCK, CAP)
     value = _ordered(least).to(tl.float32, bitcast=True)
-    filters = ((k > 0) & (k < n)) | (p < 1)
-    tl.store(floor + request, tl.where(filters, value, float("-inf")))
+    tl.store(floor + request, tl.where(top_k_filters | (p < 1), value, float("-inf")))
 
 
-def filter_floor(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def filter_floor(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, *, cap: int = CAP
+) -> torch.Tensor:
     """The smallest logit that top-k and top-p keep in each row of ``scaled [N, V]`` (float32, unit
     stride along V); ``top_k``, ``top_p`` ``[N]``. Returns ``[N]`` float32, ``-inf`` where neither
-    filters (the reference's contract)."""
-    floor = torch.empty(scaled.shape[0], dtype=torch.float32, device=scaled.device)
-    if scaled.shape[0]:
-        _filter_floor_kernel[(scaled.shape[0],)](
-            scaled, top_k, top_p, floor, scaled.shape[1], scaled.stride(0), BLOCK=BLOCK, num_warps=NUM_WARPS
-        )
+    filters (the reference's contract). ``cap``: :data:`CAP` (tests lower it to reach every path on
+    small rows)."""
+    rows, vocab = scaled.shape
+    floor = torch.empty(rows, dtype=torch.float32, device=scaled.device)
+    scratch = torch.empty((rows, cap) if vocab > cap else (1,), dtype=torch.float32, device=scaled.device)
+    if rows:
+        _filter_floor_kernel[(rows,)](
+            scaled, top_k, top_p, floor, scratch, vocab, scaled.stride(0), BLOCK=BLOCK, CAP=cap,
+            num_warps=NUM_WARPS,
+        )  # fmt: skip
     return floor
