@@ -49,9 +49,9 @@ def sorting_floor():
 
 
 def floor_args(tree, logits, sampling: Sampling) -> tuple:
-    """What ``process_logits`` hands ``filter_floor``: the scaled rows and their settings."""
+    """What ``process_logits`` hands ``filter_floor``: the logits and each row's settings."""
     rows = tree.request
-    return logits / sampling.temperature[rows, None], sampling.top_k[rows], sampling.top_p[rows]
+    return logits, sampling.temperature[rows], sampling.top_k[rows], sampling.top_p[rows]
 
 
 def point(batch: int, vocab: int, setting: str, device: str, gen: torch.Generator, measure) -> dict:
@@ -86,10 +86,10 @@ def point(batch: int, vocab: int, setting: str, device: str, gen: torch.Generato
     return row
 
 
-def launch(scaled, top_k, top_p, floor, scratch, block: int, warps: int) -> None:
-    kernel._filter_floor_kernel[(scaled.shape[0],)](
-        scaled, top_k, top_p, floor, scratch, scaled.shape[1], scaled.stride(0), BLOCK=block, CAP=kernel.CAP,
-        num_warps=warps,
+def launch(logits, temperature, top_k, top_p, floor, scratch, block: int, warps: int) -> None:
+    kernel._filter_floor_kernel[(logits.shape[0],)](
+        logits, temperature, top_k, top_p, floor, scratch, logits.shape[1], logits.stride(0), BLOCK=block,
+        CAP=kernel.CAP, num_warps=warps,
     )  # fmt: skip
 
 

@@ -166,20 +166,25 @@ the sort sum the masses in different orders); the float64 definition decides the
 
 
 def floor_agreement(
-    found: torch.Tensor, scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    found: torch.Tensor,
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
 ) -> dict[str, int]:
-    """How a top-k / top-p floor ``found [N]`` (:func:`trtllm_bole.ops.filter_floor`) agrees with the
-    sorting reference: ``admissible`` rows keep what the float64 definition keeps at some top-p within
-    :data:`FLOOR_NEAR`; ``decided`` rows are those where that is one floor, and ``equal`` of them match the
-    float32 reference bit for bit (``same``: the rows that match it, decided or not). A correct floor has
-    every row admissible and every decided row equal."""
+    """How a top-k / top-p floor ``found [N]`` (:func:`trtllm_bole.ops.filter_floor` of these arguments)
+    agrees with the sorting reference: ``admissible`` rows keep what the float64 definition keeps (on the
+    float32 scaled logits) at some top-p within :data:`FLOOR_NEAR`; ``decided`` rows are those where that
+    is one floor, and ``equal`` of them match the float32 reference bit for bit (``same``: the rows that
+    match it, decided or not). A correct floor has every row admissible and every decided row equal."""
     from trtllm_bole.reference.sampling import filter_floor
 
-    x, p = scaled.double(), top_p.double()
+    x, p = (logits.float() / temperature[:, None]).double(), top_p.double()
+    ones = torch.ones_like(p)
     low_p, high_p = torch.maximum(p - FLOOR_NEAR, p / 2), torch.minimum(p + FLOOR_NEAR, (1 + p) / 2)
-    low, high = filter_floor(x, top_k, low_p).float(), filter_floor(x, top_k, high_p).float()
+    low, high = (filter_floor(x, ones, top_k, q).float() for q in (low_p, high_p))
     decided = low == high
-    same = found == filter_floor(scaled, top_k, top_p)
+    same = found == filter_floor(logits, temperature, top_k, top_p)
     return {
         "rows": found.numel(),
         "admissible": int(((high <= found) & (found <= low)).sum()),

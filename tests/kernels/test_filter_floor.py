@@ -14,8 +14,17 @@ from trtllm_bole.reference import sampling
 from trtllm_bole.testing import floor_agreement
 
 
-def check(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, cap: int = CAP) -> None:
-    agreement = floor_agreement(filter_floor(scaled, top_k, top_p, cap=cap), scaled, top_k, top_p)
+def ones(n: int) -> torch.Tensor:
+    """Temperature 1 for n rows."""
+    return torch.ones(n, device=DEVICE)
+
+
+def check(
+    x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, cap: int = CAP, temperature=None
+) -> None:
+    temperature = ones(x.shape[0]) if temperature is None else temperature
+    found = filter_floor(x, temperature, top_k, top_p, cap=cap)
+    agreement = floor_agreement(found, x, temperature, top_k, top_p)
     assert agreement["admissible"] == agreement["rows"], agreement
     assert agreement["equal"] == agreement["decided"] > 0, agreement
 
@@ -38,8 +47,8 @@ def test_top_k_alone_is_the_kth_largest_with_its_ties(vocab, cap, gen):
     x = rows(gen, 6, vocab)
     for k in sorted({1, 2, 5, vocab - 1, vocab, vocab + 4}):
         top_k = torch.full((6,), k, device=DEVICE)
-        found = filter_floor(x, top_k, torch.ones(6, device=DEVICE), cap=cap)
-        assert torch.equal(found, sampling.filter_floor(x, top_k, torch.ones(6, device=DEVICE)))
+        found = filter_floor(x, ones(6), top_k, ones(6), cap=cap)
+        assert torch.equal(found, sampling.filter_floor(x, ones(6), top_k, ones(6)))
         if 0 < k < vocab:
             kept = (x >= found[:, None]).sum(-1)
             assert (kept >= k).all() and (kept[0] == k or vocab < 3)
@@ -65,7 +74,7 @@ def test_random_settings_per_row(cap, gen):
     top_k, top_p = top_k.to(DEVICE), top_p.to(DEVICE)
     check(x, top_k, top_p, cap)
     off = ((top_k <= 0) | (top_k >= 257)) & (top_p >= 1)
-    assert off.any() and (filter_floor(x, top_k, top_p, cap=cap)[off] == float("-inf")).all()
+    assert off.any() and (filter_floor(x, ones(24), top_k, top_p, cap=cap)[off] == float("-inf")).all()
 
 
 def test_the_boundary_token_stays_and_the_next_goes(gen):
@@ -77,9 +86,23 @@ def test_the_boundary_token_stays_and_the_next_goes(gen):
     for i in range(4):
         p = float(cumulative[i] - probs[i] / 2)
         found = filter_floor(
-            x, torch.zeros(2, dtype=torch.long, device=DEVICE), torch.full((2,), p, device=DEVICE)
+            x, ones(2), torch.zeros(2, dtype=torch.long, device=DEVICE), torch.full((2,), p, device=DEVICE)
         )
         assert found[0] == x[0, i] and found[1] == 0.5
+
+
+@pytest.mark.parametrize("cap", [CAP, 16])
+def test_bf16_logits_at_their_temperatures(cap, gen):
+    """The kernel divides by each row's temperature in float32 as torch does (rounded to nearest), so
+    its floors are the scaled logits the reference keeps."""
+    x = (torch.randn(8, 300, generator=gen) * 3).to(DEVICE, torch.bfloat16)
+    temperature = torch.tensor([0.7, 1.0, 1.3, 0.3, 2.0, 0.9, 0.51, 1.7], device=DEVICE)
+    top_k = torch.tensor([0, 20, 0, 5, 100, 0, 299, 1], device=DEVICE)
+    top_p = torch.tensor([0.9, 1.0, 0.5, 0.8, 0.95, 0.2, 0.99, 1.0], device=DEVICE)
+    check(x, top_k, top_p, cap, temperature)
+    found = filter_floor(x, temperature, top_k, top_p, cap=cap)
+    kept = x.float() / temperature[:, None] >= found[:, None]
+    assert (kept.sum(-1) >= 1).all()
 
 
 def test_a_window_that_ties_keep_wide_is_searched_whole(gen):
@@ -91,19 +114,20 @@ def test_a_window_that_ties_keep_wide_is_searched_whole(gen):
     x = x.to(DEVICE)
     top_k = torch.tensor([150, 0, 100, 0], device=DEVICE)
     top_p = torch.tensor([1.0, 0.5, 0.5, 0.99], device=DEVICE)
-    found = filter_floor(x, top_k, top_p, cap=8)
-    assert torch.equal(found, sampling.filter_floor(x, top_k, top_p))
+    found = filter_floor(x, ones(4), top_k, top_p, cap=8)
+    assert torch.equal(found, sampling.filter_floor(x, ones(4), top_k, top_p))
     assert found.tolist() == [2.0, 3.0, 2.0, 2.0]
 
 
 def test_the_op_checks_its_inputs():
     x = torch.zeros(3, 8)
-    with pytest.raises(ValueError, match="float32 logits"):
-        ops.filter_floor(x.double(), torch.zeros(3, dtype=torch.long), torch.ones(3))
+    t, k = torch.ones(3), torch.zeros(3, dtype=torch.long)
+    with pytest.raises(ValueError, match="float logits"):
+        ops.filter_floor(x.long(), t, k, t)
     with pytest.raises(ValueError, match="integer top_k and top_p"):
-        ops.filter_floor(x, torch.zeros(2, dtype=torch.long), torch.ones(3))
-    with pytest.raises(ValueError, match="integer top_k"):
-        ops.filter_floor(x, torch.zeros(3), torch.ones(3))
+        ops.filter_floor(x, t, k[:2], t)
+    with pytest.raises(ValueError, match=r"top_k torch\.float32"):
+        ops.filter_floor(x, t, t, t)
 
 
 @pytest.mark.gpu
@@ -115,4 +139,4 @@ def test_a_real_vocabulary_on_the_gpu(gen):
     top_k = torch.tensor([0, 50, 1, 20000] * 16, device=DEVICE)
     top_p = torch.tensor([0.9, 0.95, 1.0, 0.5, 0.99, 1.0, 0.8, 0.3] * 8, device=DEVICE)
     check(x, top_k, top_p)
-    assert torch.equal(ops.filter_floor(x, top_k, top_p), filter_floor(x, top_k, top_p))
+    assert torch.equal(ops.filter_floor(x, ones(64), top_k, top_p), filter_floor(x, ones(64), top_k, top_p))

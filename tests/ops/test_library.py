@@ -80,6 +80,7 @@ def _samples(tree, x):
             library.filter_floor,
             (
                 torch.randn(3, 40, device=DEVICE),
+                torch.tensor([1.0, 0.7, 1.3], device=DEVICE),
                 torch.tensor([0, 5, 3], device=DEVICE),
                 torch.tensor([0.9, 1.0, 0.5], device=DEVICE),
             ),

@@ -1,22 +1,30 @@
 """The top-k / top-p threshold of rows of logits without sorting them: a radix select per row.
 
 The torch reference (:func:`trtllm_bole.reference.sampling.filter_floor`) sorts every row, which at a
-real vocabulary is most of a sampled step's time (151,936 tokens, a verify's 2,048 rows: ~40 ms on the
-H200, benchmarks/results/sampled_accept_h200.json). The threshold is one logit a row, and it can be
-found digit by digit. A float32 maps to an int32 key in the same order (negative floats flip their
-other 31 bits); one program reads its row once per 4-bit digit of the key, high digits first, counting
-the row's keys under the digits chosen so far by their next digit:
+real vocabulary was most of a sampled step's acceptance (151,936 tokens, a verify's 2,048 rows: 32 ms on
+the H200, benchmarks/results/filter_floor_h200.json). The threshold is one logit a row. A float32 maps
+to an int32 key in the same order (negative floats flip their other 31 bits), and a search by 4-bit
+digits of the key, high digits first, counts the keys under the digits chosen so far by their next
+digit, and goes on in the digit that holds what it seeks:
 
-- top-k: the k-th largest key, by counts (the digit where the count of keys at or above it reaches the
-  rank still sought);
-- top-p: among the top-k keys, the largest key at which the mass ``exp(x - max)`` at or above it
-  reaches ``top_p`` of the top-k mass, by the mass of each digit (``tl.histogram`` counts, a one-hot
-  sum weighs); that is the last token the sorted walk keeps (the mass before it is below ``top_p``).
+- top-k: the k-th largest key, by counts (``tl.histogram``): the digit where the count at or above it
+  reaches the rank still sought;
+- top-p: among the top-k keys, the last key the sorted walk keeps, by the mass ``exp(x / t - max)`` of
+  each digit (a one-hot sum): the highest digit where the mass at or above it reaches ``top_p`` of the
+  top-k mass (the mass before its first key is below ``top_p``).
 
-Eight passes find a key; top-k and top-p together take seventeen (top-p needs the row's max and the
-top-k floor first). The masses are float32 sums in another order than the reference's cumulative sum,
-so a row whose mass before its boundary token is within rounding of ``top_p`` may keep one value more
-or less than the reference; every other row gets the reference's floor bit for bit.
+One program a row. Eight passes over a row of 151,936 logits for each key cost more than the sort
+(measured: ``filter_floor_h200_first_shape.json``), so the program first narrows the search to a window
+of ``max - x`` that holds the key, a pass a level (16 windows of 1 nat, then 1/16 and 1/256 of one),
+until the window holds at most :data:`CAP` keys; it copies those to its scratch row and runs the eight
+digit passes there. Top-p after top-k starts from the top-k keys (at most k and its ties: one copy, no
+window). A window that ties keep wider than ``CAP`` at the last level is searched in the row. The row is
+read divided by its temperature, rounded as torch divides, so no ``[N, V]`` temporary is made.
+
+The masses are float32 sums in another order than the reference's cumulative sum, so a row whose mass
+before its boundary token is within rounding of ``top_p`` may keep one value more or less than the
+reference (:func:`trtllm_bole.testing.floor_agreement` bounds it); every other row gets the reference's
+floor bit for bit.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import triton.language as tl
 
 INT32_MIN = tl.constexpr(-2147483648)
 BLOCK = 512
-NUM_WARPS = 8
+NUM_WARPS = 4
 CAP = 4096
 """Most keys a window may hold to be copied out and searched there (a row's scratch: 16 KB)."""
 LEVELS = tl.constexpr(3)
@@ -41,10 +49,12 @@ def _ordered(bits):
 
 
 @triton.jit
-def _key_block(src, start, n, BLOCK: tl.constexpr):
+def _key_block(src, start, n, t, BLOCK: tl.constexpr):
+    """``src[start:][:BLOCK] / t`` in float32 (rounded as torch divides), their keys, which are inside."""
     offs = start + tl.arange(0, BLOCK)
     inside = offs < n
-    x = tl.load(src + offs, mask=inside, other=float("-inf")) + 0.0  # -0.0 and 0.0 tie as in the sort
+    x = tl.math.div_rn(tl.load(src + offs, mask=inside, other=float("-inf")).to(tl.float32), t)
+    x += 0.0  # -0.0 and 0.0 tie as in the sort
     return x, _ordered(x.to(tl.int32, bitcast=True)), inside
 
 
@@ -56,26 +66,26 @@ def _window_index(x, mx, scale):
 
 
 @triton.jit
-def _row_max(src, n, BLOCK: tl.constexpr):
+def _row_max(src, n, t, BLOCK: tl.constexpr):
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, n, BLOCK):
-        x, _, _ = _key_block(src, start, n, BLOCK)
+        x, _, _ = _key_block(src, start, n, t, BLOCK)
         best = tl.maximum(best, x)
     return tl.max(best, axis=0)
 
 
 @triton.jit
-def _histograms(src, n, least, mx, scale, window, prefix, known, shift, COARSE: tl.constexpr,
+def _histograms(src, n, t, least, mx, scale, window, prefix, known, shift, COARSE: tl.constexpr,
                 WINDOWED: tl.constexpr, MASS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """How many of the keys ``>= least`` in ``src[:n]`` fall on each of 16 digits, and (``MASS``) their
+    """How many of the keys ``>= least`` in ``src[:n] / t`` fall on each of 16 digits, and (``MASS``) their
     ``exp(x - mx)``. ``COARSE``: the digits are the sub-windows of the window ``window`` at ``scale``
     (higher x, higher digit); else the 4 key bits at ``shift`` under the bits ``known`` to be ``prefix``,
     of the keys in the window (``WINDOWED``: ``window`` at ``scale``) or of all."""
-    counts = tl.zeros([BLOCK, 16], tl.float32)
+    counts = tl.zeros([16], tl.int32)
     mass = tl.zeros([BLOCK, 16], tl.float32)
     digits = tl.arange(0, 16)
     for start in range(0, n, BLOCK):
-        x, key, member = _key_block(src, start, n, BLOCK)
+        x, key, member = _key_block(src, start, n, t, BLOCK)
         member &= key >= least
         if WINDOWED:
             index = _window_index(x, mx, scale)
@@ -88,12 +98,12 @@ def _histograms(src, n, least, mx, scale, window, prefix, known, shift, COARSE: 
             unsigned = key ^ INT32_MIN
             member &= (unsigned & known) == prefix
             digit = (unsigned >> shift) & 15
-        if tl.max(member.to(tl.int32), axis=0) > 0:  # past the high digits most blocks hold none
-            hit = (digit[:, None] == digits[None, :]) & member[:, None]
-            counts += hit.to(tl.float32)
-            if MASS:
+        counts += tl.histogram(digit, 16, mask=member)
+        if MASS:  # noqa: SIM102 (a constexpr: resolved when the kernel compiles, the test below at run time)
+            if tl.max(member.to(tl.int32), axis=0) > 0:  # past the high digits most blocks hold none
+                hit = (digit[:, None] == digits[None, :]) & member[:, None]
                 mass += tl.where(hit, tl.exp(x - mx)[:, None], 0.0)
-    return tl.sum(counts, axis=0), tl.sum(mass, axis=0)
+    return counts.to(tl.float32), tl.sum(mass, axis=0)
 
 
 @triton.jit
@@ -124,28 +134,30 @@ def _select(counts, mass, carried, target, MASS: tl.constexpr):
 
 
 @triton.jit
-def _radix(src, n, least, mx, scale, window, carried, target, WINDOWED: tl.constexpr, MASS: tl.constexpr,
+def _radix(src, n, t, least, mx, scale, window, carried, target, WINDOWED: tl.constexpr, MASS: tl.constexpr,
            BLOCK: tl.constexpr):  # fmt: skip
-    """The key sought among the keys ``>= least`` of ``src[:n]`` (``WINDOWED``: in the window), 4 bits a
-    pass."""
+    """The key sought among the keys ``>= least`` of ``src[:n] / t`` (``WINDOWED``: in the window), 4 bits a
+    pass; how many keys hold it, and what the search carried to it."""
     prefix = tl.zeros([], tl.int32)
     known = tl.zeros([], tl.int32)
+    count = tl.zeros([], tl.float32)
     for i in range(8):
         shift = 28 - 4 * i
-        counts, mass = _histograms(src, n, least, mx, scale, window, prefix, known, shift, False, WINDOWED,
+        counts, mass = _histograms(src, n, t, least, mx, scale, window, prefix, known, shift, False, WINDOWED,
                                    MASS, BLOCK)  # fmt: skip
-        digit, _, carried, target = _select(counts, mass, carried, target, MASS)
+        digit, count, carried, target = _select(counts, mass, carried, target, MASS)
         prefix |= digit << shift
         known |= 15 << shift
-    return prefix ^ INT32_MIN
+    return prefix ^ INT32_MIN, count, carried
 
 
 @triton.jit
-def _compact(src, n, least, mx, scale, window, out, BLOCK: tl.constexpr):
-    """Copies the keys ``>= least`` of the window ``window`` at ``scale`` to ``out``, in row order."""
+def _compact(src, n, t, least, mx, scale, window, out, BLOCK: tl.constexpr):
+    """Copies the values of ``src[:n] / t`` whose keys are ``>= least`` and that the window ``window`` at
+    ``scale`` holds (at ``1 / 16``: every one) to ``out``, in row order."""
     base = tl.zeros([], tl.int32)
     for start in range(0, n, BLOCK):
-        x, key, member = _key_block(src, start, n, BLOCK)
+        x, key, member = _key_block(src, start, n, t, BLOCK)
         member &= (key >= least) & (_window_index(x, mx, scale) == window)
         taken = member.to(tl.int32)
         tl.store(out + base + tl.cumsum(taken, axis=0) - 1, x, mask=member)
@@ -153,67 +165,76 @@ def _compact(src, n, least, mx, scale, window, out, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _find(row, n, least, mx, goal, scratch, MASS: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
+def _find(row, n, t, least, size, mx, goal, scratch, MASS: tl.constexpr, BLOCK: tl.constexpr,
+          CAP: tl.constexpr):  # fmt: skip
     """The key of the ``goal``-th largest (top-k) or of the nucleus's last token (top-p, ``goal`` its
-    mass) among the keys ``>= least``: narrowed to a window of ``max - x`` of at most ``CAP`` keys (a few
-    passes over the row), which is copied to ``scratch`` and searched there; a row no window that narrow
-    holds (ties) is searched whole."""
+    mass) among the ``size`` keys ``>= least``: while more than ``CAP`` keys are left, narrowed to a window
+    of ``max - x`` (a pass over the row a level), then copied to ``scratch`` and searched there; a window
+    that ties keep wider than that is searched in the row. Also returns how many keys it keeps (top-k)."""
     carried = tl.where(MASS, 0.0, goal)
     target = -goal
     window = tl.zeros([], tl.int32)
-    scale = tl.full([], 1.0, tl.float32)
-    count = n.to(tl.float32)
+    scale = tl.full([], 0.0625, tl.float32)  # every key's window index is 0 at 1 / 16
+    count = size
     level = 0
     while (level < LEVELS) & (count > CAP):
-        scale = tl.exp2(4.0 * level)  # exact powers of 16
-        counts, mass = _histograms(row, n, least, mx, scale, window, 0, 0, 0, True, True, MASS, BLOCK)
+        scale *= 16.0  # exact: 1, 16, 256
+        counts, mass = _histograms(row, n, t, least, mx, scale, window, 0, 0, 0, True, True, MASS, BLOCK)
         digit, count, carried, target = _select(counts, mass, carried, target, MASS)
         window = 16 * window + 15 - digit
         level += 1
-    if level == 0:
-        key = _radix(row, n, least, mx, scale, window, carried, target, False, MASS, BLOCK)
+    if n <= CAP:
+        key, ties, carried = _radix(row, n, t, least, mx, scale, window, carried, target, False, MASS, BLOCK)
     elif count <= CAP:
-        _compact(row, n, least, mx, scale, window, scratch, BLOCK)
+        _compact(row, n, t, least, mx, scale, window, scratch, BLOCK)
         copied = count.to(tl.int32)
-        key = _radix(scratch, copied, least, mx, scale, window, carried, target, False, MASS, BLOCK)
+        key, ties, carried = _radix(scratch, copied, 1.0, least, mx, scale, window, carried, target, False,
+                                    MASS, BLOCK)  # fmt: skip
     else:
-        key = _radix(row, n, least, mx, scale, window, carried, target, True, MASS, BLOCK)
-    return key
+        key, ties, carried = _radix(row, n, t, least, mx, scale, window, carried, target, True, MASS, BLOCK)
+    return key, goal - carried + ties
 
 
-@triton.jit
-def _filter_floor_kernel(scaled, top_k, top_p, floor, scratch, n, row_stride, BLOCK: tl.constexpr,
-                         CAP: tl.constexpr):  # fmt: skip
+@triton.jit(do_not_specialize=["n", "row_stride"])
+def _filter_floor_kernel(logits, temperature, top_k, top_p, floor, scratch, n, row_stride,
+                         BLOCK: tl.constexpr, CAP: tl.constexpr):  # fmt: skip
     request = tl.program_id(0).to(tl.int64)
-    row = scaled + request * row_stride
+    row = logits + request * row_stride
+    t = tl.load(temperature + request).to(tl.float32)
     own = scratch + request * CAP
     k = tl.load(top_k + request).to(tl.int32)
     p = tl.load(top_p + request).to(tl.float32)
     least = tl.full([], INT32_MIN, tl.int32)  # the top-k floor's key; every key while top-k keeps all
     top_k_filters = (k > 0) & (k < n)
     if top_k_filters | (p < 1):
-        mx = _row_max(row, n, BLOCK)
+        mx = _row_max(row, n, t, BLOCK)
+        size = n.to(tl.float32)
         if top_k_filters:
-            least = _find(row, n, least, mx, k.to(tl.float32), own, False, BLOCK, CAP)
+            least, size = _find(row, n, t, least, size, mx, k.to(tl.float32), own, False, BLOCK, CAP)
         if p < 1:
-            least = _find(row, n, least, mx, p, own, True, BLOCK, CAP)
+            least, _ = _find(row, n, t, least, size, mx, p, own, True, BLOCK, CAP)
     value = _ordered(least).to(tl.float32, bitcast=True)
     tl.store(floor + request, tl.where(top_k_filters | (p < 1), value, float("-inf")))
 
 
 def filter_floor(
-    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, *, cap: int = CAP
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    *,
+    cap: int = CAP,
 ) -> torch.Tensor:
-    """The smallest logit that top-k and top-p keep in each row of ``scaled [N, V]`` (float32, unit
-    stride along V); ``top_k``, ``top_p`` ``[N]``. Returns ``[N]`` float32, ``-inf`` where neither
-    filters (the reference's contract). ``cap``: :data:`CAP` (tests lower it to reach every path on
-    small rows)."""
-    rows, vocab = scaled.shape
-    floor = torch.empty(rows, dtype=torch.float32, device=scaled.device)
-    scratch = torch.empty((rows, cap) if vocab > cap else (1,), dtype=torch.float32, device=scaled.device)
+    """The smallest logit that top-k and top-p keep in each row of ``logits [N, V] / temperature [N]``
+    (logits of any float dtype, unit stride along V; ``top_k``, ``top_p`` ``[N]``). Returns ``[N]``
+    float32, ``-inf`` where neither filters (the reference's contract). ``cap``: :data:`CAP` (tests lower
+    it to reach every path on small rows)."""
+    rows, vocab = logits.shape
+    floor = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    scratch = torch.empty((rows, cap) if vocab > cap else (1,), dtype=torch.float32, device=logits.device)
     if rows:
         _filter_floor_kernel[(rows,)](
-            scaled, top_k, top_p, floor, scratch, vocab, scaled.stride(0), BLOCK=BLOCK, CAP=cap,
+            logits, temperature, top_k, top_p, floor, scratch, vocab, logits.stride(0), BLOCK=BLOCK, CAP=cap,
             num_warps=NUM_WARPS,
         )  # fmt: skip
     return floor

@@ -195,21 +195,23 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 # ----------------------------------------------------------------------------------------- #
 
 
-def filter_floor(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The smallest logit that top-k and top-p keep in each row of ``scaled [N, V]`` (float32 logits
-    divided by the temperature) with per-row ``top_k`` (int, ``<= 0`` or ``>= V``: off) and ``top_p``
-    (``>= 1``: off) ``[N]``: ``[N]`` float32, ``-inf`` where neither filters
+def filter_floor(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """The smallest logit that top-k and top-p keep in each row of ``logits [N, V] / temperature``, with
+    per-row ``temperature`` (> 0), ``top_k`` (int, ``<= 0`` or ``>= V``: off) and ``top_p`` (``>= 1``: off)
+    ``[N]``: ``[N]`` float32, ``-inf`` where neither filters
     (:func:`trtllm_bole.reference.sampling.filter_floor`). On CUDA a radix select per row
-    (:mod:`trtllm_bole.kernels.filter_floor`) instead of a sort of every row."""
-    if scaled.dim() != 2 or scaled.dtype != torch.float32:
-        raise ValueError(f"filter_floor takes float32 logits [N, V], got {scaled.dtype} {list(scaled.shape)}")
-    rows = scaled.shape[:1]
-    if top_k.shape != rows or top_p.shape != rows or top_k.is_floating_point():
+    (:mod:`trtllm_bole.kernels.filter_floor`) instead of a sort of every row, and no ``[N, V]`` temporary."""
+    if logits.dim() != 2 or not logits.is_floating_point():
+        raise ValueError(f"filter_floor takes float logits [N, V], got {logits.dtype} {list(logits.shape)}")
+    rows = logits.shape[:1]
+    if any(t.shape != rows for t in (temperature, top_k, top_p)) or top_k.is_floating_point():
         raise ValueError(
-            f"filter_floor takes integer top_k and top_p [{rows[0]}], got {top_k.dtype} {list(top_k.shape)} "
-            f"and {list(top_p.shape)}"
+            f"filter_floor takes temperature, integer top_k and top_p [{rows[0]}], got "
+            f"{[list(t.shape) for t in (temperature, top_k, top_p)]} and top_k {top_k.dtype}"
         )
-    return library.filter_floor(scaled.contiguous(), top_k, top_p)
+    return library.filter_floor(logits.contiguous(), temperature, top_k, top_p)
 
 
 # ----------------------------------------------------------------------------------------- #

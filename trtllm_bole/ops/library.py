@@ -149,10 +149,10 @@ gated_rms_norm = _define(
 
 
 filter_floor = _define(
-    "filter_floor(Tensor scaled, Tensor top_k, Tensor top_p) -> Tensor",
+    "filter_floor(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p) -> Tensor",
     cpu=sampling.filter_floor,
     cuda=_kernel("filter_floor", "filter_floor"),
-    fake=lambda scaled, top_k, top_p: scaled.new_empty(scaled.shape[:1]),
+    fake=lambda logits, temperature, top_k, top_p: logits.new_empty(logits.shape[:1], dtype=torch.float32),
 )
 
 

@@ -7,15 +7,18 @@ from __future__ import annotations
 import torch
 
 
-def filter_floor(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The smallest logit that top-k and top-p keep in each row of ``scaled [N, V]`` (float32, already
-    divided by the temperature): ``[N]`` float32, ``-inf`` where neither filters (``top_k`` outside
-    ``1 .. V - 1`` and ``top_p >= 1``). A row keeps exactly its logits ``>= floor``.
+def filter_floor(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """The smallest logit that top-k and top-p keep in each row of ``logits [N, V] / temperature [N]``
+    (in float32; float64 logits in float64): ``[N]``, ``-inf`` where neither filters (``top_k``
+    outside ``1 .. V - 1`` and ``top_p >= 1``). A row keeps exactly its scaled logits ``>= floor``.
 
     Top-k first, then the nucleus of the renormalised top-k (as Hugging Face and vLLM order them): a
     token stays if the top-k mass before it, in descending order, is below ``top_p``. Ties at either
     boundary keep every tied token, so the floor does not depend on how the sort orders equal values.
     """
+    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature[:, None]
     vocab = scaled.shape[-1]
     sorted_logits, _ = scaled.sort(dim=-1, descending=True)
     k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).long()
