@@ -1887,4 +1887,40 @@ MUTANTS = [
         "stop = min(start + step - 1, self.logits.shape[0])",
         ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
     ),
+    # The top-k / top-p floor by radix select (trtllm_bole/kernels/filter_floor.py), in Triton's interpreter.
+    Mutant(
+        "F1",
+        "trtllm_bole/kernels/filter_floor.py",
+        "digit = tl.max(tl.where(_at_or_above(counts) >= carried, digits, -1), axis=0)",
+        "digit = tl.max(tl.where(_at_or_above(counts) > carried, digits, -1), axis=0)",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "F2",
+        "trtllm_bole/kernels/filter_floor.py",
+        "carried += tl.sum(tl.where(digits > digit, mass, 0.0), axis=0)",
+        "carried += tl.sum(tl.where(digits >= digit, mass, 0.0), axis=0)",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "F3",
+        "trtllm_bole/kernels/filter_floor.py",
+        "return tl.minimum((mx - x) * scale, 16.0 * scale - 1.0).to(tl.int32)",
+        "return tl.minimum((mx - x) * scale, 16.0 * scale).to(tl.int32)",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "F4",
+        "trtllm_bole/kernels/filter_floor.py",
+        "tl.store(out + base + tl.cumsum(taken, axis=0) - 1, x, mask=member)",
+        "tl.store(out + base + tl.cumsum(taken, axis=0), x, mask=member)",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "F5",
+        "trtllm_bole/spec/sampling.py",
+        "probs = self.rows(slice(start, stop), None if floors is None else floors[start:stop])",
+        "probs = self.rows(slice(start, stop), None if floors is None else floors[: stop - start])",
+        ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
+    ),
 ]
