@@ -31,7 +31,7 @@ from trtllm_bole import ops
 from trtllm_bole.kernels import filter_floor as kernel
 from trtllm_bole.reference import sampling as reference
 from trtllm_bole.spec.acceptance import Sampling, accept
-from trtllm_bole.testing import floor_agreement
+from trtllm_bole.testing import floor_agreement, floors_agree
 
 SETTINGS = {"top-p 0.9": (0, 0.9), "top-k 50, top-p 0.9": (50, 0.9), "top-k 50": (50, 1.0)}
 SWEEP = ((256, 4), (512, 4), (256, 8), (512, 8), (1024, 8), (1024, 16))
@@ -60,7 +60,7 @@ def point(batch: int, vocab: int, setting: str, device: str, gen: torch.Generato
     args = floor_args(tree, logits, sampling)
     row = {"batch": batch, "rows": tree.num_nodes, "vocab": vocab, "setting": setting}
     row["agreement"] = floor_agreement(kernel.filter_floor(*args), *args)
-    row["floors_ok"] = agrees(row["agreement"])
+    row["floors_ok"] = floors_agree(row["agreement"])
     radix = accept(tree, tokens, logits, sampling)
     with sorting_floor():
         by_sort = accept(tree, tokens, logits, sampling)
@@ -93,10 +93,6 @@ def launch(logits, temperature, top_k, top_p, floor, scratch, block: int, warps:
     )  # fmt: skip
 
 
-def agrees(agreement: dict) -> bool:
-    return agreement["admissible"] == agreement["rows"] and agreement["equal"] == agreement["decided"]
-
-
 def sweep(batches: list[int], vocab: int, gen: torch.Generator, measure) -> list[dict]:
     """The kernel's time by block size and warps (its floors checked at each)."""
     rows = []
@@ -110,7 +106,7 @@ def sweep(batches: list[int], vocab: int, gen: torch.Generator, measure) -> list
             for block, warps in SWEEP:
                 run = partial(launch, *args, floor, scratch, block, warps)
                 run()
-                ok = agrees(floor_agreement(floor, *args))
+                ok = floors_agree(floor_agreement(floor, *args))
                 us = measure(run) if ok else None
                 rows.append({"batch": batch, "setting": setting, "block": block, "warps": warps, "us": us})
                 print(f"sweep B={batch} {setting} block {block} warps {warps}: {us}", flush=True)

@@ -192,3 +192,8 @@ def floor_agreement(
         "equal": int((decided & same).sum()),
         "same": int(same.sum()),
     }
+
+
+def floors_agree(agreement: dict[str, int]) -> bool:
+    """Whether a :func:`floor_agreement` is that of a correct floor."""
+    return agreement["admissible"] == agreement["rows"] and agreement["equal"] == agreement["decided"]

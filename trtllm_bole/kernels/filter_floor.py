@@ -206,7 +206,8 @@ def _filter_floor_kernel(logits, temperature, top_k, top_p, floor, scratch, n, r
     p = tl.load(top_p + request).to(tl.float32)
     least = tl.full([], INT32_MIN, tl.int32)  # the top-k floor's key; every key while top-k keeps all
     top_k_filters = (k > 0) & (k < n)
-    if top_k_filters | (p < 1):
+    filters = top_k_filters | (p < 1)
+    if filters:
         mx = _row_max(row, n, t, BLOCK)
         size = n.to(tl.float32)
         if top_k_filters:
@@ -214,7 +215,7 @@ def _filter_floor_kernel(logits, temperature, top_k, top_p, floor, scratch, n, r
         if p < 1:
             least, _ = _find(row, n, t, least, size, mx, p, own, True, BLOCK, CAP)
     value = _ordered(least).to(tl.float32, bitcast=True)
-    tl.store(floor + request, tl.where(top_k_filters | (p < 1), value, float("-inf")))
+    tl.store(floor + request, tl.where(filters, value, float("-inf")))
 
 
 def filter_floor(
