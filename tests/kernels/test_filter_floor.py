@@ -7,7 +7,7 @@ window that ties keep wide, as a real vocabulary's rows go."""
 import pytest
 import torch
 
-from tests.kernels.helpers import DEVICE
+from tests.kernels.helpers import DEVICE, compile_for_hopper
 from trtllm_bole import ops
 from trtllm_bole.kernels.filter_floor import BLOCK, CAP, filter_floor
 from trtllm_bole.reference import sampling
@@ -92,8 +92,8 @@ def test_the_boundary_token_stays_and_the_next_goes(gen):
 
 @pytest.mark.parametrize("cap", [CAP, 16])
 def test_bf16_logits_at_their_temperatures(cap, gen):
-    """The kernel divides by each row's temperature in float32 as torch does (rounded to nearest), so
-    its floors are the scaled logits the reference keeps."""
+    """The kernel divides the logits it finds by each row's temperature in float32 as torch does (rounded
+    to nearest), so its floors are the scaled logits the reference keeps."""
     x = (torch.randn(8, 300, generator=gen) * 3).to(DEVICE, torch.bfloat16)
     temperature = torch.tensor([0.7, 1.0, 1.3, 0.3, 2.0, 0.9, 0.51, 1.7], device=DEVICE)
     top_k = torch.tensor([0, 20, 0, 5, 100, 0, 299, 1], device=DEVICE)
@@ -102,6 +102,35 @@ def test_bf16_logits_at_their_temperatures(cap, gen):
     found = filter_floor(x, temperature, top_k, top_p, cap=cap)
     kept = x.float() / temperature[:, None] >= found[:, None]
     assert (kept.sum(-1) >= 1).all()
+
+
+def tied_by_division(start: float, t: float) -> tuple[float, float]:
+    """Two neighbouring float32s at or below ``start`` whose quotients by ``t`` round to one value."""
+    a = torch.tensor(start)
+    while True:
+        below = torch.nextafter(a, torch.tensor(-float("inf")))
+        if a / t == below / t:
+            return a.item(), below.item()
+        a = below
+
+
+@pytest.mark.parametrize("cap", [CAP, 16, 32])
+def test_top_p_after_top_k_takes_the_logits_the_division_ties_with_the_top_k_floor(cap):
+    """The kernel searches the logits undivided; 20 logits just below the 4th largest divide to the same
+    value at t = 0.6, so the reference's top-k keeps them, and their mass moves top-p's floor. Top-p
+    searches the row after top-k searched it whole (``CAP``) or in a window of 21 ties (16), and the
+    24 keys top-k copied out (32)."""
+    t = 0.6
+    floor, below = tied_by_division(1.5, t)
+    x = torch.full((1, 64), -30.0)
+    x[0, :4] = torch.tensor([2.0, 1.9, 1.8, floor])
+    x[0, 4:24] = below
+    args = (torch.full((1,), t), torch.tensor([4]), torch.tensor([0.15]))
+    expected = sampling.filter_floor(x, *args)
+    untied = sampling.filter_floor(torch.where(x == below, -30.0, x), *args)
+    assert expected.item() == torch.tensor(1.9) / t and untied != expected
+    found = filter_floor(x.to(DEVICE), *(arg.to(DEVICE) for arg in args), cap=cap)
+    assert torch.equal(found.cpu(), expected)
 
 
 def test_a_window_that_ties_keep_wide_is_searched_whole(gen):
@@ -127,6 +156,16 @@ def test_the_op_checks_its_inputs():
         ops.filter_floor(x, t, k[:2], t)
     with pytest.raises(ValueError, match=r"top_k torch\.float32"):
         ops.filter_floor(x, t, t, t)
+
+
+@pytest.mark.parametrize("logits, top_k", [("*fp32", "*i64"), ("*bf16", "*i32")])
+def test_the_kernel_compiles_for_hopper(logits, top_k):
+    """Three times the interpreter ran this kernel and the H200's compiler refused it."""
+    pointers = {"logits": logits, "temperature": "*fp32", "top_k": top_k, "top_p": "*fp32", "floor": "*fp32"}
+    signature = pointers | {"scratch": "*fp32", "n": "i32", "row_stride": "i32"}
+    signature |= {"BLOCK": "constexpr", "CAP": "constexpr"}
+    kernel = "trtllm_bole.kernels.filter_floor:_filter_floor_kernel"
+    compile_for_hopper(kernel, signature, {"BLOCK": BLOCK, "CAP": CAP})
 
 
 @pytest.mark.gpu

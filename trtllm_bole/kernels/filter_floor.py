@@ -9,19 +9,27 @@ digit, and goes on in the digit that holds what it seeks:
 
 - top-k: the k-th largest key, by counts (``tl.histogram``): the digit where the count at or above it
   reaches the rank still sought;
-- top-p: among the top-k keys, the last key the sorted walk keeps, by the mass ``exp(x / t - max)`` of
-  each digit (a one-hot sum): the highest digit where the mass at or above it reaches ``top_p`` of the
+- top-p: among the top-k keys, the last key the sorted walk keeps, by the mass ``exp((x - max) / t)``
+  of each digit (a one-hot sum): the highest digit where the mass at or above it reaches ``top_p`` of the
   top-k mass (the mass before its first key is below ``top_p``).
 
 One program a row. Eight passes over a row of 151,936 logits for each key cost more than the sort
 (measured: ``filter_floor_h200_first_shape.json``), so the program first narrows the search to a window
 of ``max - x`` that holds the key, a pass a level (16 windows of 1 nat, then 1/16 and 1/256 of one),
 until the window holds at most :data:`CAP` keys; it copies those to its scratch row and runs the eight
-digit passes there. Top-p after top-k starts from the top-k keys (at most k and its ties: one copy, no
-window). A window that ties keep wider than ``CAP`` at the last level is searched in the row. The row is
-read divided by its temperature, rounded as torch divides, so no ``[N, V]`` temporary is made.
+digit passes there. Top-k copies the keys above its window too when they fit (fewer than k), so that
+top-p after it searches that copy without reading the row again (else it copies the top-k keys: at most
+k and its ties, no window). A window that ties keep wider than ``CAP`` at the last level is searched in
+the row.
 
-The masses are float32 sums in another order than the reference's cumulative sum, so a row whose mass
+Dividing by a positive temperature keeps the order of the logits, so the search runs on the logits as
+they are (no ``[N, V]`` temporary, no division a logit) and divides the key it finds, rounded as torch
+divides: the k-th largest of ``x / t`` is the k-th largest ``x`` divided. Rounding may tie a few ``x``
+below the top-k floor with it after the division; top-p after top-k takes them in (the least ``x`` that
+divides to the floor, by bisection of the keys).
+
+The masses are float32 sums of ``exp((x - max) * (1 / t))`` in another order than the reference's
+cumulative sum of its softmax, so a row whose mass
 before its boundary token is within rounding of ``top_p`` may keep one value more or less than the
 reference (:func:`trtllm_bole.testing.floor_agreement` bounds it); every other row gets the reference's
 floor bit for bit.
@@ -34,12 +42,13 @@ import triton
 import triton.language as tl
 
 INT32_MIN = tl.constexpr(-2147483648)
+INT32_MAX = tl.constexpr(2147483647)
 BLOCK = 512
 NUM_WARPS = 4
 CAP = 4096
 """Most keys a window may hold to be copied out and searched there (a row's scratch: 16 KB)."""
 LEVELS = tl.constexpr(3)
-"""Window levels: 1, 1/16 and 1/256 nats of ``max - x`` (``x`` already divided by the temperature)."""
+"""Window levels: 1, 1/16 and 1/256 nats of ``(max - x) / t``."""
 
 
 @triton.jit
@@ -49,46 +58,68 @@ def _ordered(bits):
 
 
 @triton.jit
-def _key_block(src, start, n, t, BLOCK: tl.constexpr):
-    """``src[start:][:BLOCK] / t`` in float32 (rounded as torch divides), their keys, which are inside."""
+def _key_block(src, start, n, BLOCK: tl.constexpr):
+    """``src[start:][:BLOCK]`` in float32, their keys, which are inside."""
     offs = start + tl.arange(0, BLOCK)
     inside = offs < n
-    x = tl.math.div_rn(tl.load(src + offs, mask=inside, other=float("-inf")).to(tl.float32), t)
+    x = tl.load(src + offs, mask=inside, other=float("-inf")).to(tl.float32)
     x += 0.0  # -0.0 and 0.0 tie as in the sort
     return x, _ordered(x.to(tl.int32, bitcast=True)), inside
 
 
 @triton.jit
-def _window_index(x, mx, scale):
-    """``floor((mx - x) scale)``, the tail from ``16 scale - 1`` on in one: at ``scale = 16^L`` the index of
-    x's window of level L, whose index at level L - 1 is this one's ``>> 4`` (scaling by 16 is exact)."""
-    return tl.minimum((mx - x) * scale, 16.0 * scale - 1.0).to(tl.int32)
+def _divided(key, t):
+    """The value of ``key`` divided by ``t``, rounded as torch divides."""
+    return tl.math.div_rn(_ordered(key).to(tl.float32, bitcast=True), t)
 
 
 @triton.jit
-def _row_max(src, n, t, BLOCK: tl.constexpr):
+def _least_tied(key, t):
+    """The least key whose value divided by ``t`` rounds to ``key``'s (``key`` unless the division ties
+    smaller values with it): bisection of the keys, on which that quotient never decreases."""
+    goal = _divided(key, t)
+    lo = tl.full([], INT32_MIN, tl.int64)
+    hi = key.to(tl.int64)
+    if _divided(key - 1, t) >= goal:
+        for _ in range(32):
+            mid = (lo + hi) >> 1
+            tied = _divided(mid.to(tl.int32), t) >= goal
+            hi = tl.where(tied, mid, hi)
+            lo = tl.where(tied, lo, mid + 1)
+    return hi.to(tl.int32)
+
+
+@triton.jit
+def _window_index(x, mx, inv_t, scale):
+    """``floor((mx - x) / t scale)``, the tail from ``16 scale - 1`` on in one: at ``scale = 16^L`` the index
+    of x's window of level L, whose index at level L - 1 is this one's ``>> 4`` (scaling by 16 is exact)."""
+    return tl.minimum((mx - x) * inv_t * scale, 16.0 * scale - 1.0).to(tl.int32)
+
+
+@triton.jit
+def _row_max(src, n, BLOCK: tl.constexpr):
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, n, BLOCK):
-        x, _, _ = _key_block(src, start, n, t, BLOCK)
+        x, _, _ = _key_block(src, start, n, BLOCK)
         best = tl.maximum(best, x)
     return tl.max(best, axis=0)
 
 
 @triton.jit
-def _histograms(src, n, t, least, mx, scale, window, prefix, known, shift, COARSE: tl.constexpr,
+def _histograms(src, n, inv_t, least, mx, scale, window, prefix, known, shift, COARSE: tl.constexpr,
                 WINDOWED: tl.constexpr, MASS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """How many of the keys ``>= least`` in ``src[:n] / t`` fall on each of 16 digits, and (``MASS``) their
-    ``exp(x - mx)``. ``COARSE``: the digits are the sub-windows of the window ``window`` at ``scale``
+    """How many of the keys ``>= least`` in ``src[:n]`` fall on each of 16 digits, and (``MASS``) their
+    ``exp((x - mx) / t)``. ``COARSE``: the digits are the sub-windows of the window ``window`` at ``scale``
     (higher x, higher digit); else the 4 key bits at ``shift`` under the bits ``known`` to be ``prefix``,
     of the keys in the window (``WINDOWED``: ``window`` at ``scale``) or of all."""
     counts = tl.zeros([16], tl.int32)
     mass = tl.zeros([BLOCK, 16], tl.float32)
     digits = tl.arange(0, 16)
     for start in range(0, n, BLOCK):
-        x, key, member = _key_block(src, start, n, t, BLOCK)
+        x, key, member = _key_block(src, start, n, BLOCK)
         member &= key >= least
         if WINDOWED:
-            index = _window_index(x, mx, scale)
+            index = _window_index(x, mx, inv_t, scale)
             if COARSE:
                 member &= (index >> 4) == window
                 digit = 15 - (index & 15)
@@ -102,7 +133,7 @@ def _histograms(src, n, t, least, mx, scale, window, prefix, known, shift, COARS
         if MASS:  # noqa: SIM102 (a constexpr: resolved when the kernel compiles, the test below at run time)
             if tl.max(member.to(tl.int32), axis=0) > 0:  # past the high digits most blocks hold none
                 hit = (digit[:, None] == digits[None, :]) & member[:, None]
-                mass += tl.where(hit, tl.exp(x - mx)[:, None], 0.0)
+                mass += tl.where(hit, tl.exp((x - mx) * inv_t)[:, None], 0.0)
     return counts.to(tl.float32), tl.sum(mass, axis=0)
 
 
@@ -134,17 +165,17 @@ def _select(counts, mass, carried, target, MASS: tl.constexpr):
 
 
 @triton.jit
-def _radix(src, n, t, least, mx, scale, window, carried, target, WINDOWED: tl.constexpr, MASS: tl.constexpr,
-           BLOCK: tl.constexpr):  # fmt: skip
-    """The key sought among the keys ``>= least`` of ``src[:n] / t`` (``WINDOWED``: in the window), 4 bits a
+def _radix(src, n, inv_t, least, mx, scale, window, carried, target, WINDOWED: tl.constexpr,
+           MASS: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """The key sought among the keys ``>= least`` of ``src[:n]`` (``WINDOWED``: in the window), 4 bits a
     pass; how many keys hold it, and what the search carried to it."""
     prefix = tl.zeros([], tl.int32)
     known = tl.zeros([], tl.int32)
     count = tl.zeros([], tl.float32)
     for i in range(8):
         shift = 28 - 4 * i
-        counts, mass = _histograms(src, n, t, least, mx, scale, window, prefix, known, shift, False, WINDOWED,
-                                   MASS, BLOCK)  # fmt: skip
+        counts, mass = _histograms(src, n, inv_t, least, mx, scale, window, prefix, known, shift, False,
+                                   WINDOWED, MASS, BLOCK)  # fmt: skip
         digit, count, carried, target = _select(counts, mass, carried, target, MASS)
         prefix |= digit << shift
         known |= 15 << shift
@@ -152,25 +183,33 @@ def _radix(src, n, t, least, mx, scale, window, carried, target, WINDOWED: tl.co
 
 
 @triton.jit
-def _compact(src, n, t, least, mx, scale, window, out, BLOCK: tl.constexpr):
-    """Copies the values of ``src[:n] / t`` whose keys are ``>= least`` and that the window ``window`` at
-    ``scale`` holds (at ``1 / 16``: every one) to ``out``, in row order."""
+def _compact(src, n, inv_t, least, mx, scale, window, above, out, BLOCK: tl.constexpr):
+    """Copies the values of ``src[:n]`` whose keys are ``>= least`` and that the window ``window`` at
+    ``scale`` holds (``above``: or a window above it; at ``1 / 16`` every key is in window 0) to ``out``,
+    in row order. Returns the least key it copied."""
     base = tl.zeros([], tl.int32)
+    lowest = tl.full([], INT32_MAX, tl.int32)
     for start in range(0, n, BLOCK):
-        x, key, member = _key_block(src, start, n, t, BLOCK)
-        member &= (key >= least) & (_window_index(x, mx, scale) == window)
+        x, key, member = _key_block(src, start, n, BLOCK)
+        index = _window_index(x, mx, inv_t, scale)
+        member &= (key >= least) & tl.where(above, index <= window, index == window)
         taken = member.to(tl.int32)
         tl.store(out + base + tl.cumsum(taken, axis=0) - 1, x, mask=member)
         base += tl.sum(taken, axis=0)
+        lowest = tl.minimum(lowest, tl.min(tl.where(member, key, INT32_MAX), axis=0))
+    return lowest
 
 
 @triton.jit
-def _find(row, n, t, least, size, mx, goal, scratch, MASS: tl.constexpr, BLOCK: tl.constexpr,
+def _find(row, n, inv_t, least, size, mx, goal, scratch, MASS: tl.constexpr, BLOCK: tl.constexpr,
           CAP: tl.constexpr):  # fmt: skip
     """The key of the ``goal``-th largest (top-k) or of the nucleus's last token (top-p, ``goal`` its
     mass) among the ``size`` keys ``>= least``: while more than ``CAP`` keys are left, narrowed to a window
     of ``max - x`` (a pass over the row a level), then copied to ``scratch`` and searched there; a window
-    that ties keep wider than that is searched in the row. Also returns how many keys it keeps (top-k)."""
+    that ties keep wider than that is searched in the row. Top-k copies the keys above its window too
+    when they fit (fewer than k), so that top-p after it can search the scratch. Returns the key, how
+    many keys it keeps (top-k), how many it copied and, if it copied every key above them, the least of
+    them (else ``INT32_MAX``)."""
     carried = tl.where(MASS, 0.0, goal)
     target = -goal
     window = tl.zeros([], tl.int32)
@@ -179,20 +218,48 @@ def _find(row, n, t, least, size, mx, goal, scratch, MASS: tl.constexpr, BLOCK: 
     level = 0
     while (level < LEVELS) & (count > CAP):
         scale *= 16.0  # exact: 1, 16, 256
-        counts, mass = _histograms(row, n, t, least, mx, scale, window, 0, 0, 0, True, True, MASS, BLOCK)
+        counts, mass = _histograms(row, n, inv_t, least, mx, scale, window, 0, 0, 0, True, True, MASS, BLOCK)
         digit, count, carried, target = _select(counts, mass, carried, target, MASS)
         window = 16 * window + 15 - digit
         level += 1
+    copied = tl.zeros([], tl.int32)
+    lowest = tl.full([], INT32_MAX, tl.int32)
     if n <= CAP:
-        key, ties, carried = _radix(row, n, t, least, mx, scale, window, carried, target, False, MASS, BLOCK)
+        key, ties, carried = _radix(row, n, inv_t, least, mx, scale, window, carried, target, False, MASS,
+                                    BLOCK)  # fmt: skip
     elif count <= CAP:
-        _compact(row, n, t, least, mx, scale, window, scratch, BLOCK)
+        above = False if MASS else goal - carried + count <= CAP  # the keys above the window fit too
+        if above:
+            count += goal - carried
+            carried = goal
+        copy_least = _compact(row, n, inv_t, least, mx, scale, window, above, scratch, BLOCK)
+        lowest = tl.where(above, copy_least, lowest)  # below the window's keys, the scratch holds all
         copied = count.to(tl.int32)
-        key, ties, carried = _radix(scratch, copied, 1.0, least, mx, scale, window, carried, target, False,
+        key, ties, carried = _radix(scratch, copied, inv_t, least, mx, scale, window, carried, target, False,
                                     MASS, BLOCK)  # fmt: skip
     else:
-        key, ties, carried = _radix(row, n, t, least, mx, scale, window, carried, target, True, MASS, BLOCK)
-    return key, goal - carried + ties
+        key, ties, carried = _radix(row, n, inv_t, least, mx, scale, window, carried, target, True, MASS,
+                                    BLOCK)  # fmt: skip
+    return key, goal - carried + ties, copied, lowest
+
+
+@triton.jit
+def _top_p_after_top_k(row, n, t, inv_t, least, size, mx, p, scratch, copied, lowest, BLOCK: tl.constexpr,
+                       CAP: tl.constexpr):  # fmt: skip
+    """Top-p's key among the keys the top-k floor ``least`` keeps, with the smaller logits that the
+    division ties with it: in the scratch when top-k copied every one of them there, else in the row
+    (counting them first if the division tied any)."""
+    tied = _least_tied(least, t)
+    # (the names unused below differ between the branches: Triton gives a name one type across an if)
+    if tied >= lowest:
+        none = tl.zeros([], tl.float32)  # mass above the keys searched
+        key, _ties, _carried = _radix(scratch, copied, inv_t, tied, mx, 1.0, 0, none, -p, False, True, BLOCK)
+    else:
+        if tied < least:
+            counts, _mass = _histograms(row, n, inv_t, tied, mx, 0.0, 0, 0, 0, 0, False, False, False, BLOCK)
+            size = tl.sum(counts, axis=0)
+        key, _kept, _copied, _lowest = _find(row, n, inv_t, tied, size, mx, p, scratch, True, BLOCK, CAP)
+    return key
 
 
 @triton.jit(do_not_specialize=["n", "row_stride"])
@@ -201,21 +268,25 @@ def _filter_floor_kernel(logits, temperature, top_k, top_p, floor, scratch, n, r
     request = tl.program_id(0).to(tl.int64)
     row = logits + request * row_stride
     t = tl.load(temperature + request).to(tl.float32)
+    inv_t = 1.0 / t
     own = scratch + request * CAP
     k = tl.load(top_k + request).to(tl.int32)
     p = tl.load(top_p + request).to(tl.float32)
-    least = tl.full([], INT32_MIN, tl.int32)  # the top-k floor's key; every key while top-k keeps all
+    least = tl.full([], INT32_MIN, tl.int32)  # the floor's key; every key while neither filters
     top_k_filters = (k > 0) & (k < n)
     filters = top_k_filters | (p < 1)
     if filters:
-        mx = _row_max(row, n, t, BLOCK)
+        mx = _row_max(row, n, BLOCK)
         size = n.to(tl.float32)
         if top_k_filters:
-            least, size = _find(row, n, t, least, size, mx, k.to(tl.float32), own, False, BLOCK, CAP)
-        if p < 1:
-            least, _ = _find(row, n, t, least, size, mx, p, own, True, BLOCK, CAP)
-    value = _ordered(least).to(tl.float32, bitcast=True)
-    tl.store(floor + request, tl.where(filters, value, float("-inf")))
+            least, size, copied, lowest = _find(row, n, inv_t, least, size, mx, k.to(tl.float32), own, False,
+                                                BLOCK, CAP)  # fmt: skip
+            if p < 1:
+                least = _top_p_after_top_k(row, n, t, inv_t, least, size, mx, p, own, copied, lowest, BLOCK,
+                                           CAP)  # fmt: skip
+        elif p < 1:
+            least, _, _, _ = _find(row, n, inv_t, least, size, mx, p, own, True, BLOCK, CAP)
+    tl.store(floor + request, tl.where(filters, _divided(least, t), float("-inf")))
 
 
 def filter_floor(
