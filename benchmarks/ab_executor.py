@@ -65,8 +65,9 @@
   same coins, so both sides emit the same tokens). Run it with ``--temperature``;
 - ``unfiltered-sampling``: a batch whose sampled requests set no top-k or top-p drafts and accepts on
   softmaxes of its logits at their temperatures (2026-12-03, ``DraftSettings.kind``), against the
-  vocabulary sort of every row that top-k and top-p need, reproduced by a ``process_logits`` that always
-  sorts. Run it with ``--temperature``.
+  vocabulary sort of every row that top-k and top-p need, reproduced by ``DraftSettings.of`` making every
+  sampled batch one that filters and ``ops.filter_floor`` answered by the sort (the CPU's reference, on
+  the GPU too). Run it with ``--temperature``.
 
 The embedded model, float32, bole with its default settings, the held-out code prompts, 96 tokens a
 request (greedy, or sampled at ``--temperature``, request ``i`` seeded with ``i``), at batch 8, 16 and
@@ -90,6 +91,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from bench_filter_floor import sorting_floor
 
 from trtllm_bole import ops
 from trtllm_bole.config import BoleConfig, SamplingParams
@@ -98,7 +100,7 @@ from trtllm_bole.llm import LLM
 from trtllm_bole.models import mtp
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.ops import library
-from trtllm_bole.spec import acceptance, draft_graphs, drafter
+from trtllm_bole.spec import draft_graphs, drafter
 from trtllm_bole.spec import executor as ex
 from trtllm_bole.spec.acceptance import Sampling, accept
 from trtllm_bole.spec.sampling import process_logits
@@ -242,18 +244,21 @@ def step_launched_from_python():
 
 @contextmanager
 def always_sorted():
-    modules = drafter, acceptance
+    """Every sampled batch drafted and accepted as one that filters (``DraftSettings.kind``), each row's
+    floor found by the sort: so did every sampled step before 2026-12-03."""
+    of = drafter.DraftSettings.__dict__["of"]
 
-    def sorted_rows(*args, filtered=True):
-        return process_logits(*args)
+    def filtering(cls, *args, **kwargs):
+        settings = of.__func__(cls, *args, **kwargs)
+        settings.kind = "filtered" if settings.kind == "sampled" else settings.kind
+        return settings
 
-    for module in modules:
-        module.process_logits = sorted_rows
+    drafter.DraftSettings.of = classmethod(filtering)
     try:
-        yield
+        with sorting_floor():
+            yield
     finally:
-        for module in modules:
-            module.process_logits = process_logits
+        drafter.DraftSettings.of = of
 
 
 @contextmanager
