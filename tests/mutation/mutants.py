@@ -1905,8 +1905,8 @@ MUTANTS = [
     Mutant(
         "F3",
         "trtllm_bole/kernels/filter_floor.py",
-        "return tl.minimum((mx - x) * scale, 16.0 * scale - 1.0).to(tl.int32)",
-        "return tl.minimum((mx - x) * scale, 16.0 * scale).to(tl.int32)",
+        "return tl.minimum((mx - x) * inv_t * scale, 16.0 * scale - 1.0).to(tl.int32)",
+        "return tl.minimum((mx - x) * inv_t * scale, 16.0 * scale).to(tl.int32)",
         ["tests/kernels/test_filter_floor.py"],
     ),
     Mutant(
@@ -1922,5 +1922,33 @@ MUTANTS = [
         "probs = self.rows(slice(start, stop), None if floors is None else floors[start:stop])",
         "probs = self.rows(slice(start, stop), None if floors is None else floors[: stop - start])",
         ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
+    ),
+    Mutant(
+        "F6",
+        "trtllm_bole/kernels/filter_floor.py",
+        "tied = _divided(mid.to(tl.int32), t) >= goal",
+        "tied = _divided(mid.to(tl.int32), t) > goal",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "F7",
+        "trtllm_bole/kernels/filter_floor.py",
+        "lowest = tl.where(above, copy_least, lowest)",
+        "lowest = copy_least",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "F8",
+        "trtllm_bole/kernels/filter_floor.py",
+        "            count += goal - carried\n            carried = goal\n",
+        "            carried = goal\n",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "F9",
+        "trtllm_bole/kernels/filter_floor.py",
+        "above = False if MASS else goal - carried + count <= CAP",
+        "above = False if MASS else count <= CAP",
+        ["tests/kernels/test_filter_floor.py"],
     ),
 ]
