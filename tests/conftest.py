@@ -3,8 +3,23 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
+from tests.hopper_compile import Compiler, Launches
+
+INTERPRETED = not torch.cuda.is_available()
+if INTERPRETED:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels' CI runs in Triton's interpreter
+LAUNCHES, COMPILER = Launches(), Compiler()
+if INTERPRETED and os.environ.get("BOLE_COMPILE_CHECK", "1") != "0":
+    LAUNCHES.install()
+
+
+@pytest.fixture(autouse=True)
+def kernels_compile_for_hopper():
+    """Each new launch of our kernels in this test, in Triton's interpreter, also compiles for sm_90
+    (tests/hopper_compile.py; ``BOLE_COMPILE_CHECK=0`` skips it, as a GPU does)."""
+    yield
+    failures = COMPILER.failures(LAUNCHES.take())
+    assert not failures, "launched in the interpreter, but Triton's compiler refuses:\n" + "\n".join(failures)
 
 
 @pytest.fixture
