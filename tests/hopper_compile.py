@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 POINTEE = {
@@ -113,6 +114,12 @@ class Compiler:
                               f"{record['constexprs']}: {verdict['error']}")  # fmt: skip
         return failed
 
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+            self.process = None
+
 
 def _causes(error: BaseException | None) -> str:
     """The error and what caused it, the first cause first (Triton's names the line at each call level)."""
@@ -131,6 +138,7 @@ def serve() -> None:
     from triton.compiler import ASTSource
 
     hopper = GPUTarget("cuda", 90, 32)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' own modules import too
     for line in sys.stdin:
         record = json.loads(line)
         try:
