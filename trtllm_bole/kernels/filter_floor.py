@@ -91,8 +91,9 @@ def _least_tied(key, t):
 
 @triton.jit
 def _window_index(x, mx, inv_t, scale):
-    """``floor((mx - x) / t scale)``, the tail from ``16 scale - 1`` on in one: at ``scale = 16^L`` the index
-    of x's window of level L, whose index at level L - 1 is this one's ``>> 4`` (scaling by 16 is exact)."""
+    """``floor((mx - x) / t scale)``, the tail from ``16 scale - 1`` on in one: at ``scale = 16^(L-1)`` the
+    index of x's window of level L (``16^L`` windows of ``16^(1-L)`` nats), whose index at level L - 1 is
+    this one's ``>> 4`` (scaling by 16 is exact)."""
     return tl.minimum((mx - x) * inv_t * scale, 16.0 * scale - 1.0).to(tl.int32)
 
 
