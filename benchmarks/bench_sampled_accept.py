@@ -1,31 +1,31 @@
-"""A verify's sampled acceptance at a real vocabulary: ``accept``, which processes the logits a bounded
-number of rows at a time (``ProcessedLogits``) when they exceed ``ROW_ELEMENTS``, against every node's
-distribution processed at once.
+"""A verify's sampled acceptance at a real vocabulary: ``accept``, which reads the distributions where the
+rejection walk reads them (``ProcessedLogits``: one probability a node from each row's floor, argmax and
+softmax normaliser, and the leaves' rows), against every node's distribution processed at once.
 
     python benchmarks/bench_sampled_accept.py --out DIR     # H200, about a minute
 
 Forests of top-4 trees of 64 nodes and depth 8, float32 logits ``[N, V]`` (the drafted tokens made
-likely at their parents, so that walks go deep), temperature 0.8 alone (``filtered=False``: no sort)
-or with top-p 0.9 (a sort of every row), at the embedded model's vocabulary (8,192) and Qwen3's
-(151,936). At every point both sides must accept the same leaves and bonus tokens on the same coins,
-else nothing is timed. Times: CUDA-graph replays (``_bench_util.graph_timer``); memory: the peak
-allocated by one call above what was live before it (``_bench_util.peak_bytes``). Writes
-``<out>/sampled_accept_h200.json``. ``--device cpu`` smoke-runs the check alone (with a small
-``--row-elements``, over several chunks).
+likely at their parents, so that walks go deep), temperature 0.8 alone (``filtered=False``: no floors)
+or with top-p 0.9 (a floor a row, ``ops.filter_floor``), at the embedded model's vocabulary (8,192) and
+Qwen3's (151,936). At every point both sides must accept the same leaves and bonus tokens on the same
+coins, else nothing is timed. Times: CUDA-graph replays (``_bench_util.graph_timer``), and
+``ops.softmax_stats`` alone on the rows (its read rate: the logits' bytes over its time); memory: the
+peak allocated by one call above what was live before it (``_bench_util.peak_bytes``). Writes
+``<out>/sampled_accept_h200.json``. ``--device cpu`` smoke-runs the check alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from functools import partial
 from pathlib import Path
 
 import _bench_util as U
 import torch
 
+from trtllm_bole import ops
 from trtllm_bole.spec.acceptance import Sampling, accept, sample_accept
-from trtllm_bole.spec.sampling import ROW_ELEMENTS, process_logits
+from trtllm_bole.spec.sampling import filter_floors, process_logits
 from trtllm_bole.testing import forest, topk_parents
 
 SETTINGS = {"temperature": 1.0, "top-p": 0.9}  # the top-p of each; temperature 0.8 in both
@@ -53,29 +53,32 @@ def whole(tree, tokens, logits, sampling, filtered):
     return sample_accept(tree, tokens, process_logits(logits, *settings, filtered=filtered), sampling.coins)
 
 
-def accepted(tree, tokens, logits, sampling, filtered, row_elements=ROW_ELEMENTS):
-    return accept(tree, tokens, logits, sampling, filtered=filtered, row_elements=row_elements)
+def accepted(tree, tokens, logits, sampling, filtered):
+    return accept(tree, tokens, logits, sampling, filtered=filtered)
 
 
-def point(
-    batch: int, vocab: int, setting: str, device: str, gen: torch.Generator, measure, row_elements: int
-) -> dict:
+def point(batch: int, vocab: int, setting: str, device: str, gen: torch.Generator, measure) -> dict:
     x = inputs(batch, vocab, SETTINGS[setting], device, gen)
     row = {"batch": batch, "nodes": x[0].num_nodes, "vocab": vocab, "setting": setting}
-    row["rows_at_once"] = max(1, row_elements // vocab)
-    a, b = whole(*x), accepted(*x, row_elements)
+    a, b = whole(*x), accepted(*x)
     row["same_outcome"] = all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
     row["mean_leaf_depth"] = float(x[0].depth[a[0] + x[0].cu_seqlens[:-1]].float().mean())
     if not row["same_outcome"] or measure is None:
         print(f"B={batch} V={vocab} {setting}: same outcome {row['same_outcome']}", flush=True)
         return row
-    for name, fn in (("whole", whole), ("accept", partial(accepted, row_elements=row_elements))):
+    for name, fn in (("whole", whole), ("accept", accepted)):
         row[f"{name}_us"] = measure(lambda fn=fn: fn(*x))
         row[f"{name}_peak_bytes"] = U.peak_bytes(lambda fn=fn: fn(*x))
+    tree, _, logits, sampling, _ = x
+    settings = [t[tree.request] for t in sampling[:3]]
+    floor = filter_floors(logits, *settings)
+    row["stats_us"] = measure(lambda: ops.softmax_stats(logits, settings[0], floor))
+    row["stats_read_tb_s"] = logits.numel() * logits.element_size() / row["stats_us"] / 1e6
     sides = ", ".join(
         f"{n} {row[f'{n}_us']:.0f} us {row[f'{n}_peak_bytes'] / 2**20:.0f} MiB" for n in ("whole", "accept")
     )
-    print(f"B={batch} V={vocab} {setting}: {sides}", flush=True)
+    stats = f"softmax_stats {row['stats_us']:.0f} us ({row['stats_read_tb_s']:.2f} TB/s read)"
+    print(f"B={batch} V={vocab} {setting}: {sides}; {stats}", flush=True)
     return row
 
 
@@ -86,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocabs", default="8192,151936")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rep-ms", type=int, default=50)
-    ap.add_argument("--row-elements", type=int, default=ROW_ELEMENTS, help="logits processed at once")
     args = ap.parse_args(argv)
     if U.cuda_missing("bench_sampled_accept.py", args.device):
         return 2
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device=args.device).manual_seed(0)
     measure = U.graph_timer(args.rep_ms) if cuda else None
     rows = [
-        point(batch, vocab, setting, args.device, gen, measure, args.row_elements)
+        point(batch, vocab, setting, args.device, gen, measure)
         for vocab in (int(v) for v in args.vocabs.split(","))
         for batch in (int(b) for b in args.batches.split(","))
         for setting in SETTINGS

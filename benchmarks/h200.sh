@@ -167,7 +167,8 @@ accept)
     echo "bench rc=$?"; tail -9 "$OUT/accept_log.txt"
     ;;
 floor)
-    python -m pytest -q tests/kernels/test_filter_floor.py tests/ops tests/spec/test_sampling.py -p no:cacheprovider \
+    python -m pytest -q tests/kernels/test_filter_floor.py tests/kernels/test_softmax_stats.py tests/ops tests/spec/test_sampling.py \
+        -p no:cacheprovider \
         > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
     python -m pytest -q -m gpu tests/spec/test_acceptance.py tests/spec/test_executor.py -p no:cacheprovider \
         > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"

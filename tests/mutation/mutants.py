@@ -212,8 +212,8 @@ MUTANTS = [
     Mutant(
         "E4",
         "trtllm_bole/spec/acceptance.py",
-        "s.top_k[rows], s.top_p[rows], filtered, row_elements)",
-        "s.top_k[rows], s.top_p[rows * 0], filtered, row_elements)",
+        "s.top_k[rows], s.top_p[rows], filtered=filtered)",
+        "s.top_k[rows], s.top_p[rows * 0], filtered=filtered)",
         ["tests/spec/test_executor.py::test_a_seeded_request_samples_the_same_alone_or_batched"],
     ),
     Mutant(

@@ -87,6 +87,15 @@ def _samples(tree, x):
             {},
         ),
         (
+            library.softmax_stats,
+            (
+                torch.randn(3, 40, device=DEVICE),
+                torch.tensor([1.0, 0.7, 1.3], device=DEVICE),
+                torch.tensor([float("-inf"), 0.5, 1.0], device=DEVICE),
+            ),
+            {},
+        ),
+        (
             library.forest_metadata,
             (tree.parents, tree.cu_seqlens, tree.depth, tree.max_depth, tree.max_nodes),
             {},
@@ -128,7 +137,7 @@ def test_every_operator_is_sampled(case):
     assert {op.name().split("::")[1] for op, _, _ in _samples(*case)} == defined
 
 
-@pytest.mark.parametrize("index", range(15))
+@pytest.mark.parametrize("index", range(16))
 def test_opcheck(case, index):
     """Schema (mutated arguments declared, nothing else written), fake against real outputs, and the
     operator under AOT dispatch (what torch.compile runs)."""

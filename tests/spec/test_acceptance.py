@@ -90,9 +90,9 @@ def test_sampled_acceptance_is_the_node_by_node_walk(device):
     assert cases > 40  # drafts were accepted, not only rejected
 
 
-def test_sampled_acceptance_on_logits_processed_a_few_rows_at_a_time():
-    """The verify's logits processed on demand, three rows at a time, accept what their whole processed
-    distributions accept."""
+def test_sampled_acceptance_on_logits_read_where_the_walk_reads_them():
+    """The verify's logits read a node at a time and a leaf's row at a time (:class:`ProcessedLogits`)
+    accept what their whole processed distributions accept."""
     gen = torch.Generator().manual_seed(5)
     trees, tokens = random_forest(gen, 8, 30)
     tree = forest(trees)
@@ -107,8 +107,8 @@ def test_sampled_acceptance_on_logits_processed_a_few_rows_at_a_time():
     rows = [t[tree.request] for t in settings]
     coins = torch.rand(8, tree.max_nodes + 1, generator=gen)
     whole = sample_accept(tree, tokens, process_logits(logits, *rows), coins)
-    chunked = sample_accept(tree, tokens, ProcessedLogits(logits, *rows, row_elements=3 * 30), coins)
-    assert all(torch.equal(a, b) for a, b in zip(whole, chunked, strict=True))
+    processed = sample_accept(tree, tokens, ProcessedLogits.of(logits, *rows), coins)
+    assert all(torch.equal(a, b) for a, b in zip(whole, processed, strict=True))
     assert int((whole[0] > 0).sum()) >= 2  # drafts accepted
 
 

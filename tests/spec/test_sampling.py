@@ -99,19 +99,24 @@ def test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch():
 
 
 @pytest.mark.parametrize("filtered", [True, False])
-def test_processed_logits_read_in_chunks_are_the_whole_rows(filtered):
-    """Values, row totals and rows read a few rows at a time equal process_logits of all rows at once,
-    bit for bit."""
+def test_processed_logits_read_what_process_logits_gives(filtered):
+    """Values read a node at a time (from each row's floor, argmax and normaliser) are process_logits' of all
+    rows at once to float32 rounding, greedy rows' one-hot exactly; totals are 1; whole rows bit for bit."""
     from trtllm_bole.spec.sampling import ProcessedLogits
 
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(11, 40, generator=gen) * 3
+    logits[0, 7] = logits[0, 3] = 9.0  # a greedy row's maximum tied: the first is its token
     temperature = torch.tensor([0.0, 0.7, 1.0, 1.3] * 3)[:11]
     top_k = torch.tensor([0, 5, 0, 12] * 3)[:11] if filtered else torch.zeros(11, dtype=torch.long)
     top_p = torch.tensor([1.0, 1.0, 0.8, 0.9] * 3)[:11] if filtered else torch.ones(11)
     whole = process_logits(logits, temperature, top_k, top_p)
-    chunked = ProcessedLogits(logits, temperature, top_k, top_p, filtered, row_elements=3 * 40)
-    rows, columns = torch.randint(11, (30,), generator=gen), torch.randint(40, (30,), generator=gen)
-    values, mass = chunked.at(rows, columns)
-    assert torch.equal(values, whole[rows, columns]) and torch.equal(mass, whole.sum(-1)[rows])
-    assert torch.equal(chunked.rows(rows[:4]), whole[rows[:4]])
+    processed = ProcessedLogits.of(logits, temperature, top_k, top_p, filtered=filtered)
+    rows = torch.cat([torch.zeros(40, dtype=torch.long), torch.randint(11, (60,), generator=gen)])
+    columns = torch.cat([torch.arange(40), torch.randint(40, (60,), generator=gen)])
+    values, mass = processed.at(rows, columns)
+    torch.testing.assert_close(values, whole[rows, columns], rtol=1e-6, atol=0)
+    assert torch.equal(values[:40], whole[0]) and int((values[:40] == 1).sum()) == 1
+    assert int((values == 0).sum()) == int((whole[rows, columns] == 0).sum())  # the same tokens filtered
+    assert torch.equal(mass, torch.ones(100))
+    assert torch.equal(processed.rows(rows[40:44]), whole[rows[40:44]])

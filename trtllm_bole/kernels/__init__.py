@@ -14,6 +14,8 @@
   its RoPE in one (the serving forward's glue);
 - :mod:`.forest`: a drafted forest's metadata (paths, pre-order, subtree sizes) in one launch;
 - :mod:`.filter_floor`: the top-k / top-p threshold of rows of logits by radix select, not by sorting them;
+  :mod:`.softmax_stats`: each row's argmax and filtered softmax normaliser in one read (what sampled
+  acceptance needs to read any probability without processing whole rows);
 - :mod:`.baselines`: today's scheme (serial per-node recurrence with per-node state snapshots), the
   yardstick of the benchmarks.
 """

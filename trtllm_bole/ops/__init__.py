@@ -65,6 +65,7 @@ __all__ = [
     "kv_commit",
     "rms_norm",
     "rms_norm_rope",
+    "softmax_stats",
     "stack_factors",
     "tree_attention",
     "tree_conv1d",
@@ -212,6 +213,28 @@ def filter_floor(
             f"{[list(t.shape) for t in (temperature, top_k, top_p)]} and top_k {top_k.dtype}"
         )
     return library.filter_floor(logits.contiguous(), temperature, top_k, top_p)
+
+
+def softmax_stats(
+    logits: torch.Tensor, temperature: torch.Tensor, floor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the softmax of each row of ``logits [N, V] / temperature [N]`` (> 0) over its logits at or above
+    ``floor [N]`` (:func:`filter_floor`'s; ``-inf`` keeps all) needs to give any one probability: the row's
+    argmax (int64 ``[N]``, the first of equal maxima) and its normaliser ``Σ exp(x / t - max)`` over the
+    kept ``x / t`` (``[N]``), so that ``p(x) = exp(x / t - max) / normaliser``
+    (:func:`trtllm_bole.reference.sampling.softmax_stats`). On CUDA one read of the rows
+    (:mod:`trtllm_bole.kernels.softmax_stats`), no ``[N, V]`` temporary."""
+    if logits.dim() != 2 or not logits.is_floating_point() or logits.shape[1] == 0:
+        raise ValueError(
+            f"softmax_stats takes float logits [N, V > 0], got {logits.dtype} {list(logits.shape)}"
+        )
+    rows = logits.shape[:1]
+    if any(t.shape != rows or not t.is_floating_point() for t in (temperature, floor)):
+        raise ValueError(
+            f"softmax_stats takes float temperature and floor [{rows[0]}], got "
+            f"{[(list(t.shape), t.dtype) for t in (temperature, floor)]}"
+        )
+    return library.softmax_stats(logits.contiguous(), temperature.contiguous(), floor.contiguous())
 
 
 # ----------------------------------------------------------------------------------------- #

@@ -156,6 +156,20 @@ filter_floor = _define(
 )
 
 
+def _softmax_stats_fake(logits: Tensor, temperature: Tensor, floor: Tensor) -> tuple[Tensor, Tensor]:
+    rows = logits.shape[:1]
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    return logits.new_empty(rows, dtype=torch.long), logits.new_empty(rows, dtype=dtype)
+
+
+softmax_stats = _define(
+    "softmax_stats(Tensor logits, Tensor temperature, Tensor floor) -> (Tensor, Tensor)",
+    cpu=sampling.softmax_stats,
+    cuda=_kernel("softmax_stats", "softmax_stats"),
+    fake=_softmax_stats_fake,
+)
+
+
 def _forest_metadata_torch(
     parents: Tensor, cu_seqlens: Tensor, depth: Tensor, max_depth: int, max_nodes: int
 ) -> tuple:

@@ -1,6 +1,8 @@
 """The top-k / top-p threshold of rows of logits, by sorting them: the truth of
 :func:`trtllm_bole.ops.filter_floor`, which the GPU finds without a sort
-(:mod:`trtllm_bole.kernels.filter_floor`)."""
+(:mod:`trtllm_bole.kernels.filter_floor`); and what a filtered softmax needs of a row to give any of
+its probabilities, the truth of :func:`trtllm_bole.ops.softmax_stats`
+(:mod:`trtllm_bole.kernels.softmax_stats`)."""
 
 from __future__ import annotations
 
@@ -32,3 +34,17 @@ def filter_floor(
     floor = torch.maximum(kth, nucleus_floor).squeeze(-1)
     filters = ((top_k > 0) & (top_k < vocab)) | (top_p < 1)
     return torch.where(filters, floor, float("-inf"))
+
+
+def softmax_stats(
+    logits: torch.Tensor, temperature: torch.Tensor, floor: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax (int64 ``[N]``, the first of equal maxima, as ``argmax``) and the normaliser of its
+    softmax at ``temperature [N]`` (> 0) over the scaled logits at or above ``floor [N]``:
+    ``Σ exp(x / t - max(x / t))`` over ``x / t >= floor`` (float32; float64 logits in float64), so that
+    ``p(x) = exp(x / t - max) / normaliser`` for a kept ``x``. The maximum is the argmax's logit divided
+    (division by a positive ``t`` keeps the order), and a floor from :func:`filter_floor` always keeps it."""
+    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature[:, None]
+    top = scaled.amax(-1, keepdim=True)
+    kept = scaled >= floor[:, None]
+    return logits.argmax(-1), torch.where(kept, (scaled - top).exp(), 0.0).sum(-1)

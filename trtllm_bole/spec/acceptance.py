@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from trtllm_bole.spec.sampling import ROW_ELEMENTS, ProcessedLogits
+from trtllm_bole.spec.sampling import ProcessedLogits
 from trtllm_bole.tree import TreeBatch
 
 
@@ -50,18 +50,15 @@ def accept(
     sampling: Sampling | None,
     *,
     filtered: bool = True,
-    row_elements: int = ROW_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A verify's acceptance from the target's logits ``[N, V]``: greedy when ``sampling`` is None, else
-    sampled with each request's settings (``filtered``: as :func:`process_logits` takes it), at most
-    ``row_elements`` logits processed at a time (:class:`ProcessedLogits`). Returns ``accepted_leaf [B]``
-    (local) and ``bonus [B]``."""
+    sampled with each request's settings (``filtered``: as :func:`~.sampling.process_logits` takes
+    it), reading the distributions where the walk reads them (:class:`ProcessedLogits`). Returns
+    ``accepted_leaf [B]`` (local) and ``bonus [B]``."""
     if sampling is None:
         return greedy_accept(tree, tokens, logits.argmax(-1))
     rows, s = tree.request, sampling
-    probs = ProcessedLogits(logits, s.temperature[rows], s.top_k[rows], s.top_p[rows], filtered, row_elements)
-    if logits.numel() <= row_elements:  # every row at once: processed once, the leaves read from it
-        probs = probs.rows(slice(None))
+    probs = ProcessedLogits.of(logits, s.temperature[rows], s.top_k[rows], s.top_p[rows], filtered=filtered)
     return sample_accept(tree, tokens, probs, sampling.coins)
 
 

@@ -63,51 +63,53 @@ def probabilities(
     return torch.where(greedy[:, None], one_hot, scaled.softmax(-1))
 
 
-ROW_ELEMENTS = 1 << 25
-"""How many logits :class:`ProcessedLogits` processes at once (128 MB in float32): a whole verify's nodes
-at a small vocabulary, ~220 rows at a real model's."""
-
-
 @dataclass(frozen=True, slots=True)
 class ProcessedLogits:
-    """:func:`process_logits` of rows of logits ``[N, V]`` with per-row settings ``[N]``, processed on
-    demand, at most ``row_elements`` logits at a time: what sampled acceptance reads of a verify's
-    distributions (a value per node and a few whole rows) without ``[N, V]`` probabilities, and the
-    temporaries of their sort, all held at once."""
+    """:func:`process_logits` of rows of logits ``[N, V]``, read where sampled acceptance reads it: one
+    probability a node (:meth:`at`) and a few whole rows (:meth:`rows`), without the ``[N, V]``
+    probabilities (nor, with top-k / top-p, a sort's temporaries) of every row. ``floor``: the rows'
+    :func:`filter_floors`, found once (:meth:`of`), or None where no row filters."""
 
     logits: torch.Tensor
     temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    filtered: bool = True
-    row_elements: int = ROW_ELEMENTS
+    floor: torch.Tensor | None
+
+    @classmethod
+    def of(
+        cls,
+        logits: torch.Tensor,
+        temperature: torch.Tensor,
+        top_k: torch.Tensor,
+        top_p: torch.Tensor,
+        *,
+        filtered: bool = True,
+    ) -> ProcessedLogits:
+        """Rows with per-row settings ``[N]``, as :func:`process_logits` takes them."""
+        floor = filter_floors(logits, temperature, top_k, top_p) if filtered else None
+        return cls(logits, temperature, floor)
 
     @property
     def vocab(self) -> int:
         return self.logits.shape[1]
 
-    def rows(self, index: torch.Tensor | slice, floor: torch.Tensor | None = None) -> torch.Tensor:
-        """The distributions of rows ``index`` (``[n]`` or a slice): ``[n, V]``; ``floor``: their
-        :func:`filter_floors` where the caller has them."""
-        settings = (self.temperature[index], self.top_k[index], self.top_p[index])
-        if self.filtered and floor is None:
-            floor = filter_floors(self.logits[index], *settings)
-        return probabilities(self.logits[index], settings[0], floor)
+    def rows(self, index: torch.Tensor | slice) -> torch.Tensor:
+        """The distributions of rows ``index`` (``[n]`` or a slice): ``[n, V]``."""
+        floor = None if self.floor is None else self.floor[index]
+        return probabilities(self.logits[index], self.temperature[index], floor)
 
     def at(self, rows: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``p[rows[i], columns[i]]`` and the total of row ``rows[i]`` (float32 ``[n]`` each), a chunk
-        of rows at a time (the floors of all rows at once: they take no ``[N, V]`` temporary on CUDA)."""
-        values = torch.zeros(rows.shape, device=rows.device)
-        mass = torch.zeros(rows.shape, device=rows.device)
-        floors = (
-            filter_floors(self.logits, self.temperature, self.top_k, self.top_p) if self.filtered else None
-        )
-        step = max(1, self.row_elements // self.vocab)
-        for start in range(0, self.logits.shape[0], step):
-            stop = min(start + step, self.logits.shape[0])
-            probs = self.rows(slice(start, stop), None if floors is None else floors[start:stop])
-            inside = (rows >= start) & (rows < stop)
-            local = (rows - start).clamp(0, stop - start - 1)
-            values = torch.where(inside, probs[local, columns], values)
-            mass = torch.where(inside, probs.sum(-1)[local], mass)
-        return values, mass
+        """``p[rows[i], columns[i]]`` and the total of row ``rows[i]`` (``[n]`` each), from each row's floor,
+        argmax and normaliser (:func:`~trtllm_bole.ops.softmax_stats`: on CUDA one read of the rows):
+        ``exp(x / t - max) / normaliser`` where ``x / t`` is kept, the one-hot of the argmax on greedy rows.
+        A total is 1, what the normaliser makes it (the sum of a row of :meth:`rows` is 1 to float32
+        rounding)."""
+        greedy = self.temperature <= 0
+        t = torch.where(greedy, 1.0, self.temperature)
+        floor = torch.full_like(t, float("-inf")) if self.floor is None else self.floor
+        argmax, normaliser = ops.softmax_stats(self.logits, t, floor)
+        t, floor, argmax, normaliser = (x[rows] for x in (t, floor, argmax, normaliser))
+        x = self.logits[rows, columns].float() / t
+        top = self.logits[rows, argmax].float() / t
+        p = torch.where(x >= floor, (x - top).exp() / normaliser, 0.0)
+        p = torch.where(greedy[rows], (columns == argmax).to(p.dtype), p)
+        return p, torch.ones_like(p)
