@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trtllm_bole.spec.acceptance import draw_coins, greedy_accept, sample_accept
+from trtllm_bole.spec.acceptance import CDF_BLOCK, draw_coins, greedy_accept, inverse_cdf, sample_accept
 from trtllm_bole.spec.sampling import ProcessedLogits, process_logits
 from trtllm_bole.testing import forest
 
@@ -220,3 +220,26 @@ def test_three_emitted_tokens_follow_the_target_through_a_deep_tree():
         counts[tuple(out[:3])] += 1
     expected = exact * draws
     assert expected.min() > 5 and chi_square(counts, expected) < 61.9  # 26 dof, p = 1e-4
+
+
+@pytest.mark.parametrize("vocab", [1, 5, CDF_BLOCK, 3 * CDF_BLOCK + 17])
+def test_inverse_cdf_is_the_first_index_past_the_coin(vocab):
+    """The two-level scan picks what one scan of the whole row picks: rows with zero weights (whole blocks
+    of them, the first and last weights), coins at 0 and just below 1; never a token of no weight."""
+    gen = torch.Generator().manual_seed(vocab)
+    weights = torch.rand(6, vocab, generator=gen, dtype=torch.float64)
+    weights[weights < 0.3] = 0.0
+    weights[:, -1] += 0.5  # every total positive
+    weights[1, : vocab // 2] = 0.0
+    weights[2, 1:] = 0.0
+    weights[2, 0] = 1.0
+    weights[3, -1] = 5.0
+    for u in (
+        torch.rand(6, generator=gen, dtype=torch.float64),
+        torch.zeros(6),
+        torch.full((6,), 1 - 2**-24),
+    ):
+        cdf = weights.cumsum(-1)
+        want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+        got = inverse_cdf(weights, u)
+        assert torch.equal(got, want) and bool((weights[torch.arange(6), got] > 0).all())

@@ -8,9 +8,9 @@ acceptance's time besides its floors at a real vocabulary. Here each row is spli
 :data:`SPAN` logits, one program a span (a row alone is too little work for an SM: a verify of one
 request has 64 rows), which keeps for each lane its largest logit and where it first saw it, and an online
 softmax of the kept logits (the largest kept ``x / t`` and the sum of ``exp`` below it, rescaled when it
-grows); a second launch, one program a row, merges the spans. ``x / t`` is rounded as torch divides
-(``div_rn``), so the floor keeps exactly what the reference's mask keeps. The sums are float32 in another
-order than the reference's, so normalisers agree to float32 rounding.
+grows: one ``exp`` a logit); a second launch, one program a row, merges the spans. ``x / t`` is rounded
+as torch divides (``div_rn``), so the floor keeps exactly what the reference's mask keeps. The sums are
+float32 in another order than the reference's, so normalisers agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ def _finite(top):
     """A running maximum to subtract, 0 while it is ``-inf`` (nothing kept yet, no mass to rescale): the
     ``exp`` of a kept value less it stays finite, and of ``-inf`` less it 0."""
     return tl.where(top > float("-inf"), top, 0.0)
+
+
+@triton.jit
+def _add(mass, top, s):
+    """A lane's online softmax after ``s`` (``-inf``: not kept): ``mass`` is the sum of ``exp`` of its kept
+    values less ``top``, their maximum. One ``exp`` a value: of ``s`` less the maximum if ``s`` is not
+    above it, else of the old maximum less ``s``, which rescales the sum."""
+    higher = s > top
+    grown = tl.where(higher, s, top)
+    e = tl.exp(tl.where(higher, top, s) - _finite(grown))
+    return tl.where(higher, mass * e + 1.0, mass + e), grown
 
 
 @triton.jit(do_not_specialize=["n", "row_stride", "spans"])
@@ -56,9 +67,7 @@ def _span_kernel(logits, temperature, floor, best, first, top, mass, n, row_stri
         lane_best = tl.where(higher, x, lane_best)
         s = tl.math.div_rn(x, t)
         s = tl.where(s >= f, s, float("-inf"))
-        grown = tl.maximum(lane_top, s)
-        lane_mass = lane_mass * tl.exp(lane_top - _finite(grown)) + tl.exp(s - _finite(grown))
-        lane_top = grown
+        lane_mass, lane_top = _add(lane_mass, lane_top, s)
     span_best = tl.max(lane_best, axis=0)
     span_top = tl.max(lane_top, axis=0)
     span_mass = tl.sum(lane_mass * tl.exp(lane_top - _finite(span_top)), axis=0)
