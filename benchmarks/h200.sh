@@ -23,7 +23,7 @@
 #   bash benchmarks/h200.sh prefill-tests # the GPU tests of the prefill's path, then its operators on CUDA (~2 min)
 #   bash benchmarks/h200.sh gdn-inputs # the GDN layer's fused q/k norms + gates and gated output norm: their tests, then their A/B
 #   bash benchmarks/h200.sh prefill-graphs # the prefill's GPU tests, then the A/B of its CUDA graphs with requests arriving
-#   bash benchmarks/h200.sh accept    # sampled acceptance at a real vocabulary: logits processed in chunks vs whole (memory, time)
+#   bash benchmarks/h200.sh accept    # sampled acceptance at a real vocabulary: read where the walk reads vs every row processed (memory, time); the bonus's inverse CDF
 #   bash benchmarks/h200.sh floor     # top-k / top-p floors by radix select: CUDA tests, then against the sort at 151,936 tokens (+ block sweep)
 #   bash benchmarks/h200.sh sampled   # the spec GPU tests, the sampled A/Bs (CHANGES="sampled-acceptance unfiltered-sampling"), the sampled step profile
 set -uo pipefail
@@ -165,6 +165,8 @@ accept)
         > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
     timeout 300 python benchmarks/bench_sampled_accept.py --out "$OUT" > "$OUT/accept_log.txt" 2>&1
     echo "bench rc=$?"; tail -9 "$OUT/accept_log.txt"
+    timeout 60 python benchmarks/probe_inverse_cdf.py --out "$OUT" > "$OUT/cdf_log.txt" 2>&1
+    echo "probe rc=$?"; tail -4 "$OUT/cdf_log.txt"
     ;;
 floor)
     python -m pytest -q tests/kernels/test_filter_floor.py tests/kernels/test_softmax_stats.py tests/ops tests/spec/test_sampling.py \

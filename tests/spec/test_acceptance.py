@@ -1,7 +1,14 @@
 import pytest
 import torch
 
-from trtllm_bole.spec.acceptance import CDF_BLOCK, draw_coins, greedy_accept, inverse_cdf, sample_accept
+from trtllm_bole.spec.acceptance import (
+    CDF_BLOCK,
+    draw_coins,
+    greedy_accept,
+    inverse_cdf,
+    sample_accept,
+    two_level_cdf,
+)
 from trtllm_bole.spec.sampling import ProcessedLogits, process_logits
 from trtllm_bole.testing import forest
 
@@ -243,3 +250,5 @@ def test_inverse_cdf_is_the_first_index_past_the_coin(vocab):
         want = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
         got = inverse_cdf(weights, u)
         assert torch.equal(got, want) and bool((weights[torch.arange(6), got] > 0).all())
+        assert torch.equal(inverse_cdf(weights[3:4], u[3:4]), want[3:4])  # one row: one scan
+        assert torch.equal(two_level_cdf(weights[3:4], u[3:4]), want[3:4])

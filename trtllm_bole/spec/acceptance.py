@@ -162,10 +162,22 @@ CDF_BLOCK = 1024
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Each row's first index whose cumulative weight exceeds ``u [B]`` (in ``[0, 1)``) times the row's
     total, for weights ``[B, V]`` (nonnegative, a positive total): a token drawn by inverse CDF, always one
-    of positive weight. Two levels, so that no scan runs along a whole row (torch scans a row in one
-    thread block: 0.28 ms for a real vocabulary's rows on the H200): the rows' sums of blocks of
-    :data:`CDF_BLOCK` weights are scanned to find the block, then that block's weights. Rounding may put
-    the target past the block's own scan: then its last positive weight is the token."""
+    of positive weight. torch scans a single row with the whole GPU but several rows one thread block
+    each (H200, rows of 151,936 float64: 15 µs for one row, 0.29-0.30 ms for 8 or 32;
+    benchmarks/probe_inverse_cdf.py), so one row takes one scan and several :func:`two_level_cdf`."""
+    if weights.shape[0] == 1:
+        cdf = weights.cumsum(-1)
+        return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp(
+            max=weights.shape[1] - 1
+        )
+    return two_level_cdf(weights, u)
+
+
+def two_level_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """:func:`inverse_cdf` without a scan along a whole row: the rows' sums of blocks of :data:`CDF_BLOCK`
+    weights are scanned to find the block, then that block's weights (H200: 64-100 µs for 8-32 rows of
+    151,936, 45 for one). Rounding may put the target past the block's own scan: then its last positive
+    weight is the token."""
     rows, vocab = weights.shape
     blocks = torch.nn.functional.pad(weights, (0, -vocab % CDF_BLOCK)).view(rows, -1, CDF_BLOCK)
     totals = blocks.sum(-1).cumsum(-1)

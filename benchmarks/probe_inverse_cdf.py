@@ -1,0 +1,58 @@
+"""The bonus token's inverse CDF at a real vocabulary: one torch scan of each whole row against
+:func:`~trtllm_bole.spec.acceptance.two_level_cdf`, at the rows a batch's bonus tokens draw from.
+
+    python benchmarks/probe_inverse_cdf.py --out DIR     # H200, seconds
+
+Rows of 151,936 float64 weights (uniform), 1, 8 and 32 rows; both sides must pick the same tokens,
+else nothing is timed. Times: CUDA-graph replays (``_bench_util.graph_timer``). Writes
+``<out>/probe_inverse_cdf_h200.json``: what :func:`~trtllm_bole.spec.acceptance.inverse_cdf`'s choice
+rests on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import _bench_util as U
+import torch
+
+from trtllm_bole.spec.acceptance import two_level_cdf
+
+
+def scanned(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    cdf = weights.cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args(argv)
+    if U.cuda_missing("probe_inverse_cdf.py", "cuda"):
+        return 2
+    measure = U.graph_timer(50)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for count in (1, 8, 32):
+        w = torch.rand(count, 151936, device="cuda", dtype=torch.float64, generator=gen)
+        u = torch.rand(count, device="cuda", dtype=torch.float64, generator=gen)
+        row = {"rows": count, "vocab": w.shape[1], "same": torch.equal(scanned(w, u), two_level_cdf(w, u))}
+        if not row["same"]:
+            print(f"{count} rows: the two sides picked different tokens: nothing reported", file=sys.stderr)
+            return 1
+        row["scan_us"] = measure(lambda w=w, u=u: scanned(w, u))
+        row["two_level_us"] = measure(lambda w=w, u=u: two_level_cdf(w, u))
+        print(
+            f"{count} rows: one scan {row['scan_us']:.1f} us, two levels {row['two_level_us']:.1f} us",
+            flush=True,
+        )
+        rows.append(row)
+    path = U.write_result(args.out, "probe_inverse_cdf_h200.json", {"meta": U.run_meta(), "rows": rows})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
