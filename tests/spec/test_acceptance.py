@@ -252,3 +252,21 @@ def test_inverse_cdf_is_the_first_index_past_the_coin(vocab):
         assert torch.equal(got, want) and bool((weights[torch.arange(6), got] > 0).all())
         assert torch.equal(inverse_cdf(weights[3:4], u[3:4]), want[3:4])  # one row: one scan
         assert torch.equal(two_level_cdf(weights[3:4], u[3:4]), want[3:4])
+
+
+def test_a_target_rounded_past_its_block_s_own_scan_takes_the_block_s_last_positive_weight():
+    """The block sums (pairwise) and the block's own scan (in order) round differently: a coin whose target
+    lands between them, past the scan's end, must still give a token of positive weight, the block's last."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        weights = torch.rand(2, CDF_BLOCK, generator=gen, dtype=torch.float64)
+        weights *= torch.logspace(-8, 8, CDF_BLOCK, dtype=torch.float64)
+        weights[:, -5:] = 0.0
+        scanned, summed = weights.cumsum(-1)[:, -1], weights.sum(-1)
+        u = scanned / summed
+        u = torch.where(u * summed >= scanned, u, torch.nextafter(u, torch.tensor(2.0, dtype=torch.float64)))
+        if bool((scanned < summed).all() & (u * summed >= scanned).all() & (u < 1).all()):
+            break
+    else:
+        pytest.fail("no weights found whose block sum rounds above their scan")
+    assert two_level_cdf(weights, u).tolist() == [CDF_BLOCK - 6] * 2
