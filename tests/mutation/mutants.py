@@ -1961,8 +1961,8 @@ MUTANTS = [
     Mutant(
         "S2",
         "trtllm_bole/kernels/softmax_stats.py",
-        "s = tl.where(s >= f, s, float(\"-inf\"))",
-        "s = tl.where(s > f, s, float(\"-inf\"))",
+        's = tl.where(s >= f, s, float("-inf"))',
+        's = tl.where(s > f, s, float("-inf"))',
         ["tests/kernels/test_softmax_stats.py"],
     ),
     Mutant(
