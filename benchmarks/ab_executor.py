@@ -349,8 +349,8 @@ def _draft_before(mtp_head, pending, last_hidden, slots, block_tables, mtp_conte
         hidden, logits, past = mtp_head.verify(
             frontier_hidden, pool.tokens[frontier], ctx, past=past, check_growth=False
         )
-        log_q = settings.log_probs(logits, pool.request[frontier])
-        tokens, log_rho = drafter.topk_children(pool.log_rho[frontier], log_q, top_k)
+        log_q, tokens = settings.top_log_probs(logits, pool.request[frontier], top_k)
+        log_rho = drafter.children_log_rho(pool.log_rho[frontier], log_q)
         owners = pool.request[frontier].repeat_interleave(top_k)
         children = pool.extend(
             tokens.flatten(), frontier.repeat_interleave(top_k), owners, level + 2, log_rho.flatten()

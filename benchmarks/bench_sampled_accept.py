@@ -11,7 +11,12 @@ Qwen3's (151,936). At every point both sides must accept the same leaves and bon
 coins, else nothing is timed. Times: CUDA-graph replays (``_bench_util.graph_timer``), and
 ``ops.softmax_stats`` alone on the rows (its read rate: the logits' bytes over its time); memory: the
 peak allocated by one call above what was live before it (``_bench_util.peak_bytes``). Writes
-``<out>/sampled_accept_h200.json``. ``--device cpu`` smoke-runs the check alone.
+``<out>/sampled_accept_h200.json``. ``--device cpu`` smoke-runs the checks alone.
+
+Drafting ranks each level's rows the same way (``ranking``): a level of 4 rows a request, their 4
+likeliest tokens and log-probabilities by ``DraftSettings.top_log_probs`` (the top 4 logits and each
+row's normaliser) against every row processed, its log and the top 4 of that, same tokens and values
+checked first.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 
 from trtllm_bole import ops
 from trtllm_bole.spec.acceptance import Sampling, accept, sample_accept
+from trtllm_bole.spec.drafter import DraftSettings
 from trtllm_bole.spec.sampling import filter_floors, process_logits
 from trtllm_bole.testing import forest, topk_parents
 
@@ -82,6 +88,41 @@ def point(batch: int, vocab: int, setting: str, device: str, gen: torch.Generato
     return row
 
 
+def ranked_whole(settings: DraftSettings, logits, request, k: int):
+    """Drafting's ranking before ``top_log_probs``: every row processed, its log, the top k of that."""
+    r = request
+    processed = process_logits(logits, settings.temperature[r], settings.top_k[r], settings.top_p[r])
+    return processed.log().topk(k, dim=-1)
+
+
+def ranking(batch: int, vocab: int, setting: str, device: str, gen: torch.Generator, measure) -> dict:
+    """A drafting level's ranking (``DraftSettings.top_log_probs``: 4 rows a request, their 4 likeliest
+    tokens) against every row processed whole; both must give the same tokens where the log-probabilities
+    are finite, and those within float32 rounding."""
+    logits = torch.randn(batch * 4, vocab, generator=gen, device=device) * 2
+    request = torch.arange(batch, device=device).repeat_interleave(4)
+    settings = DraftSettings.of([0.8] * batch, [0] * batch, [SETTINGS[setting]] * batch, device)
+    row = {"batch": batch, "rows": batch * 4, "vocab": vocab, "setting": setting}
+    (log_q, tokens), (want, want_tokens) = (
+        settings.top_log_probs(logits, request, 4),
+        ranked_whole(settings, logits, request, 4),
+    )
+    finite = torch.isfinite(want)
+    row["same_outcome"] = bool(
+        torch.equal(finite, torch.isfinite(log_q))
+        and torch.equal(tokens[finite], want_tokens[finite])
+        and torch.allclose(log_q[finite], want[finite], rtol=1e-5, atol=1e-5)
+    )
+    if row["same_outcome"] and measure is not None:
+        row["whole_us"] = measure(lambda: ranked_whole(settings, logits, request, 4))
+        row["top_us"] = measure(lambda: settings.top_log_probs(logits, request, 4))
+        print(f"ranking B={batch} V={vocab} {setting}: whole {row['whole_us']:.0f} us, top "
+              f"{row['top_us']:.0f} us", flush=True)  # fmt: skip
+    else:
+        print(f"ranking B={batch} V={vocab} {setting}: same outcome {row['same_outcome']}", flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
@@ -101,11 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (int(b) for b in args.batches.split(","))
         for setting in SETTINGS
     ]
-    if not all(r["same_outcome"] for r in rows):
-        print("the two sides accepted differently: nothing reported", file=sys.stderr)
+    ranked = [
+        ranking(batch, vocab, setting, args.device, gen, measure)
+        for vocab in (int(v) for v in args.vocabs.split(","))
+        for batch in (int(b) for b in args.batches.split(","))
+        for setting in SETTINGS
+    ]
+    if not all(r["same_outcome"] for r in rows + ranked):
+        print("the two sides accepted or ranked differently: nothing reported", file=sys.stderr)
         return 1
     if cuda:
-        path = U.write_result(args.out, "sampled_accept_h200.json", {"meta": U.run_meta(), "rows": rows})
+        result = {"meta": U.run_meta(), "rows": rows, "ranking": ranked}
+        path = U.write_result(args.out, "sampled_accept_h200.json", result)
         print(f"wrote {path}")
     return 0
 

@@ -12,4 +12,4 @@ def test_smoke_run_checks_that_both_sides_accept_alike(tmp_path):
            "--device", "cpu", "--vocabs", "50", "--batches", "2"]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.count("same outcome True") == 2 and not list(tmp_path.iterdir())
+    assert run.stdout.count("same outcome True") == 4 and not list(tmp_path.iterdir())

@@ -184,8 +184,15 @@ MUTANTS = [
     Mutant(
         "D3",
         "trtllm_bole/spec/drafter.py",
-        "torch.where(greedy[:, None], F.log_softmax(logits.float(), -1), processed.log())",
-        "torch.where(greedy[:, None], processed.log(), F.log_softmax(logits.float(), -1))",
+        "t = torch.where(temperature <= 0, 1.0, temperature)",
+        "t = torch.where(temperature <= 0, 1e-3, temperature)",
+        ["tests/spec/test_sampling.py::test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch"],
+    ),
+    Mutant(
+        "D3b",
+        "trtllm_bole/spec/drafter.py",
+        'return torch.where(scaled >= floor[:, None], log_q, float("-inf")), tokens',
+        "return log_q, tokens",
         ["tests/spec/test_sampling.py::test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch"],
     ),
     Mutant(

@@ -84,18 +84,31 @@ def test_a_batch_s_kind_of_settings(temperature, top_k, top_p, kind):
     assert settings.kind == kind and settings.all_greedy == (kind == "greedy")
 
 
-def test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch():
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [([0.0, 1.0], [0, 2], [1.0, 1.0]), ([0.0, 0.7], [0, 0], [1.0, 0.6]), ([0.0, 1.3], [0, 0], [1.0, 1.0]),
+     ([0.0, 0.0], [3, 0], [0.5, 1.0])],
+)  # fmt: skip
+def test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch(temperature, top_k, top_p):
     """Draft rows rank tokens as their own request samples them: a greedy request by the plain softmax
-    (a one-hot would leave a chain), a sampled one through its filters (nothing outside its top-k)."""
+    (a one-hot would leave a chain), a sampled one through its filters (nothing outside its top-k or its
+    nucleus: -inf). The k likeliest tokens and their log-probabilities are those of the whole rows
+    processed (the tokens where those are finite; among dropped tokens the order is the logits')."""
     from trtllm_bole.spec.drafter import DraftSettings
 
-    logits = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
-    settings = DraftSettings.of([0.0, 1.0], [0, 2], [1.0, 1.0], "cpu")
+    logits = torch.randn(4, 16, generator=torch.Generator().manual_seed(0)) * 2
+    settings = DraftSettings.of(temperature, top_k, top_p, "cpu")
     request = torch.tensor([0, 1, 1, 0])
-    got = settings.log_probs(logits, request)
+    log_q, tokens = settings.top_log_probs(logits, request, 4)
+    assert torch.equal(tokens, logits.topk(4, dim=-1).indices)
     for i, b in enumerate(request.tolist()):
-        want = logits[i].log_softmax(-1) if b == 0 else row(logits[i].tolist(), top_k=2).log()
-        torch.testing.assert_close(got[i], want)
+        if temperature[b] == 0:
+            want = logits[i].log_softmax(-1)
+        else:
+            want = row(logits[i].tolist(), temperature[b], top_k[b], top_p[b]).log()
+        torch.testing.assert_close(log_q[i], want[tokens[i]], rtol=1e-5, atol=1e-6)
+    if top_k[1] == 2:  # request 1's two rows keep two tokens each
+        assert int(torch.isinf(log_q).sum()) == 4
 
 
 @pytest.mark.parametrize("filtered", [True, False])

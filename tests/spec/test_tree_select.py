@@ -5,16 +5,16 @@ from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec.draft_graphs import SelectGraphs
 from trtllm_bole.spec.drafter import CandidatePool, _best_per_request, select_tree, selection_size
-from trtllm_bole.spec.tree_select import compact_forest, rank_order, select_nodes, topk_children
+from trtllm_bole.spec.tree_select import children_log_rho, compact_forest, rank_order, select_nodes
 from trtllm_bole.testing import TINY_MTP_CONFIG, topk_parents
 from trtllm_bole.tree import TreeBatch
 
 
-def test_topk_children_accumulate_log_rho():
-    log_q = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]).log()
-    tokens, log_rho = topk_children(torch.tensor([0.0, -1.0]), log_q, 2)
-    assert tokens.tolist() == [[0, 1], [2, 0]]
-    assert torch.allclose(log_rho.exp(), torch.tensor([[0.5, 0.3], [0.8 * 0.3679, 0.1 * 0.3679]]), atol=1e-4)
+def test_children_accumulate_log_rho_and_never_beat_their_parent():
+    log_q = torch.tensor([[0.5, 0.3], [0.8, 1.0 + 1e-6]]).log()  # a probability rounded above 1
+    log_rho = children_log_rho(torch.tensor([0.0, -1.0]), log_q)
+    assert torch.allclose(log_rho.exp(), torch.tensor([[0.5, 0.3], [0.8 * 0.3679, 0.3679]]), atol=1e-4)
+    assert float(log_rho[1, 1]) == -1.0
 
 
 def test_rank_order_breaks_ties_by_depth_then_index():

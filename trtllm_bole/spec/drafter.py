@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from trtllm_bole import ops
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.mtp import MTPHead
-from trtllm_bole.spec.sampling import process_logits
-from trtllm_bole.spec.tree_select import compact_forest, rank_order, select_nodes, topk_children
+from trtllm_bole.spec.sampling import filter_floors
+from trtllm_bole.spec.tree_select import children_log_rho, compact_forest, rank_order, select_nodes
 from trtllm_bole.transfer import device_tensor
 from trtllm_bole.tree import TreeBatch
 
@@ -87,18 +87,29 @@ class DraftSettings:
     def all_greedy(self) -> bool:
         return self.kind == "greedy"
 
-    def log_probs(self, logits: torch.Tensor, request: torch.Tensor) -> torch.Tensor:
+    def top_log_probs(
+        self, logits: torch.Tensor, request: torch.Tensor, k: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` likeliest tokens of each row of ``logits [F, V]`` as its request (``request [F]``)
+        samples them, best first, and their log-probabilities: ``(log_q, tokens)``, ``[F, k]`` each,
+        ``-inf`` for a token its filters drop. A greedy request ranks by the plain softmax (a one-hot
+        would leave a chain). Dividing by a positive temperature and filtering keep the logits' order,
+        so a sampled row's tokens are its ``k`` largest logits and their log-probabilities
+        ``x / t - max - log(normaliser)`` over its kept logits (:func:`~trtllm_bole.ops.softmax_stats`:
+        on CUDA one read of the rows), with no ``[F, V]`` probabilities."""
         if self.all_greedy:
-            return F.log_softmax(logits.float(), -1)
-        greedy = self.temperature[request] <= 0
-        processed = process_logits(
-            logits,
-            self.temperature[request],
-            self.top_k[request],
-            self.top_p[request],
-            filtered=self.kind == "filtered",
-        )
-        return torch.where(greedy[:, None], F.log_softmax(logits.float(), -1), processed.log())
+            return F.log_softmax(logits.float(), -1).topk(k, dim=-1)
+        top, tokens = logits.topk(k, dim=-1)
+        temperature = self.temperature[request]
+        t = torch.where(temperature <= 0, 1.0, temperature)
+        if self.kind == "filtered":
+            floor = filter_floors(logits, temperature, self.top_k[request], self.top_p[request])
+        else:
+            floor = torch.full_like(t, float("-inf"))
+        _, normaliser = ops.softmax_stats(logits, t, floor)
+        scaled = top.float() / t[:, None]
+        log_q = scaled - scaled[:, :1] - normaliser.log()[:, None]
+        return torch.where(scaled >= floor[:, None], log_q, float("-inf")), tokens
 
 
 def draft(
@@ -147,8 +158,8 @@ def draft(
         hidden, logits, past = mtp.verify(
             frontier_hidden, pool.tokens[frontier], ctx, past=past, check_growth=False
         )
-        log_q = settings.log_probs(logits, pool.request[frontier])
-        tokens, log_rho = topk_children(pool.log_rho[frontier], log_q, top_k)
+        log_q, tokens = settings.top_log_probs(logits, pool.request[frontier], top_k)
+        log_rho = children_log_rho(pool.log_rho[frontier], log_q)
         children = pool.extend(
             tokens.flatten(),
             frontier.repeat_interleave(top_k),

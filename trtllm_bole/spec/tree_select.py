@@ -12,15 +12,12 @@ from __future__ import annotations
 import torch
 
 
-def topk_children(log_rho: torch.Tensor, log_q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` most likely next tokens of each frontier node and their cumulative log ρ.
-
-    log_rho ``[F]``; log_q ``[F, V]`` the drafter's (processed) log-probabilities. Returns tokens and
-    log ρ, both ``[F, k]``, best first. ``log q`` is clamped to ``<= 0`` so rounding can never make a
-    child look likelier than its parent.
-    """
-    top, tokens = log_q.topk(k, dim=-1)
-    return tokens, log_rho[:, None] + top.clamp(max=0.0)
+def children_log_rho(log_rho: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """The cumulative log ρ ``[F, k]`` of each frontier node's children, from the node's ``log_rho [F]``
+    and the children's draft log-probabilities ``log_q [F, k]``
+    (:meth:`~trtllm_bole.spec.drafter.DraftSettings.top_log_probs`). ``log q`` is clamped to ``<= 0``
+    so rounding can never make a child look likelier than its parent."""
+    return log_rho[:, None] + log_q.clamp(max=0.0)
 
 
 def rank_order(log_rho: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
