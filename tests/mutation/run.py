@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write every mutant's record here (JSON)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per mutant's tests")
     args = parser.parse_args(argv)
+    repeated = sorted({m.id for m in MUTANTS if [n.id for n in MUTANTS].count(m.id) > 1})
+    if repeated:
+        parser.error(f"mutant ids used twice: {repeated}")
     chosen = [m for m in MUTANTS if not args.only or m.id in args.only]
     unknown = set(args.only or ()) - {m.id for m in MUTANTS}
     if unknown or not chosen:
