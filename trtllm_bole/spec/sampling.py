@@ -1,8 +1,10 @@
 """Turning logits into the distribution a request samples from: temperature, top-k, top-p.
 
 The target's logits go through it before acceptance, which tests each draft as a point mass against
-the result (BOLE.md §4); the drafter's go through it too, but only to rank and prune draft candidates
-(a request's drafts then follow its own temperature, top-k and top-p).
+the result (BOLE.md §4), read where the test reads them (:class:`ProcessedLogits`: a probability a node
+from each row's floor, argmax and softmax normaliser, and a few whole rows); the drafter's floors come
+from here too, to rank draft candidates as their request samples (a request's drafts then follow its own
+temperature, top-k and top-p; :meth:`~trtllm_bole.spec.drafter.DraftSettings.top_log_probs`).
 """
 
 from __future__ import annotations
