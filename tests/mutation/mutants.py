@@ -184,15 +184,15 @@ MUTANTS = [
     Mutant(
         "D3",
         "trtllm_bole/spec/drafter.py",
-        "t = torch.where(temperature <= 0, 1.0, temperature)",
-        "t = torch.where(temperature <= 0, 1e-3, temperature)",
+        "log_q, _ = log_probs_at(logits, temperature, floor, rows, tokens)",
+        "log_q, _ = log_probs_at(logits, temperature.abs() + 1e-3, floor, rows, tokens)",
         ["tests/spec/test_sampling.py::test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch"],
     ),
     Mutant(
         "D5",
         "trtllm_bole/spec/drafter.py",
-        'return torch.where(scaled >= floor[:, None], log_q, float("-inf")), tokens',
-        "return log_q, tokens",
+        "floor = filter_floors(logits, temperature, self.top_k[request], self.top_p[request])",
+        "floor = filter_floors(logits, temperature, self.top_k[request] * 0, self.top_p[request])",
         ["tests/spec/test_sampling.py::test_draft_ranking_follows_each_request_s_settings_in_a_mixed_batch"],
     ),
     Mutant(
@@ -1968,15 +1968,15 @@ MUTANTS = [
     Mutant(
         "ST6",
         "trtllm_bole/spec/sampling.py",
-        "p = torch.where(x >= floor, (x - top).exp() / normaliser, 0.0)",
-        "p = torch.where(x > floor, (x - top).exp() / normaliser, 0.0)",
+        'return torch.where(x >= floor, log_p, float("-inf")), argmax',
+        'return torch.where(x > floor, log_p, float("-inf")), argmax',
         ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
     ),
     Mutant(
         "ST7",
         "trtllm_bole/spec/sampling.py",
-        "top = self.logits[rows, argmax].float() / t",
-        "top = self.logits[rows, argmax].float()",
+        "top = logits[rows, argmax].float() / t",
+        "top = logits[rows, argmax].float()",
         ["tests/spec/test_sampling.py", "tests/spec/test_acceptance.py"],
     ),
     Mutant(

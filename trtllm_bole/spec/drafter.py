@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from trtllm_bole import ops
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.mtp import MTPHead
-from trtllm_bole.spec.sampling import filter_floors
+from trtllm_bole.spec.sampling import filter_floors, log_probs_at
 from trtllm_bole.spec.tree_select import children_log_rho, compact_forest, rank_order, select_nodes
 from trtllm_bole.transfer import device_tensor
 from trtllm_bole.tree import TreeBatch
@@ -94,22 +94,19 @@ class DraftSettings:
         samples them, best first, and their log-probabilities: ``(log_q, tokens)``, ``[F, k]`` each,
         ``-inf`` for a token its filters drop. A greedy request ranks by the plain softmax (a one-hot
         would leave a chain). Dividing by a positive temperature and filtering keep the logits' order,
-        so a sampled row's tokens are its ``k`` largest logits and their log-probabilities
-        ``x / t - max - log(normaliser)`` over its kept logits (:func:`~trtllm_bole.ops.softmax_stats`:
-        on CUDA one read of the rows), with no ``[F, V]`` probabilities."""
+        so a sampled row's tokens are its ``k`` largest logits, and their log-probabilities come from
+        each row's argmax and normaliser (:func:`~trtllm_bole.spec.sampling.log_probs_at`), with no
+        ``[F, V]`` probabilities."""
         if self.all_greedy:
             return F.log_softmax(logits.float(), -1).topk(k, dim=-1)
-        top, tokens = logits.topk(k, dim=-1)
+        tokens = logits.topk(k, dim=-1).indices
         temperature = self.temperature[request]
-        t = torch.where(temperature <= 0, 1.0, temperature)
+        floor = None
         if self.kind == "filtered":
             floor = filter_floors(logits, temperature, self.top_k[request], self.top_p[request])
-        else:
-            floor = torch.full_like(t, float("-inf"))
-        _, normaliser = ops.softmax_stats(logits, t, floor)
-        scaled = top.float() / t[:, None]
-        log_q = scaled - scaled[:, :1] - normaliser.log()[:, None]
-        return torch.where(scaled >= floor[:, None], log_q, float("-inf")), tokens
+        rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+        log_q, _ = log_probs_at(logits, temperature, floor, rows, tokens)
+        return log_q.float(), tokens
 
 
 def draft(

@@ -100,18 +100,34 @@ class ProcessedLogits:
         return probabilities(self.logits[index], self.temperature[index], floor)
 
     def at(self, rows: torch.Tensor, columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``p[rows[i], columns[i]]`` and the total of row ``rows[i]`` (``[n]`` each), from each row's floor,
-        argmax and normaliser (:func:`~trtllm_bole.ops.softmax_stats`: on CUDA one read of the rows):
-        ``exp(x / t - max) / normaliser`` where ``x / t`` is kept, the one-hot of the argmax on greedy rows.
-        A total is 1, what the normaliser makes it (the sum of a row of :meth:`rows` is 1 to float32
-        rounding)."""
-        greedy = self.temperature <= 0
-        t = torch.where(greedy, 1.0, self.temperature)
-        floor = torch.full_like(t, float("-inf")) if self.floor is None else self.floor
-        argmax, normaliser = ops.softmax_stats(self.logits, t, floor)
-        t, floor, argmax, normaliser = (x[rows] for x in (t, floor, argmax, normaliser))
-        x = self.logits[rows, columns].float() / t
-        top = self.logits[rows, argmax].float() / t
-        p = torch.where(x >= floor, (x - top).exp() / normaliser, 0.0)
-        p = torch.where(greedy[rows], (columns == argmax).to(p.dtype), p)
+        """``p[rows[i], columns[i]]`` and the total of row ``rows[i]`` (float64 ``[n]`` each): the kept
+        tokens' :func:`log_probs_at` exponentiated, the one-hot of the argmax on greedy rows. A total is
+        1, what the normaliser makes it (the sum of a row of :meth:`rows` is 1 to float32 rounding)."""
+        log_p, argmax = log_probs_at(self.logits, self.temperature, self.floor, rows, columns)
+        p = torch.where((self.temperature <= 0)[rows], (columns == argmax).double(), log_p.exp())
         return p, torch.ones_like(p)
+
+
+def log_probs_at(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    floor: torch.Tensor | None,
+    rows: torch.Tensor,
+    columns: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-probability of token ``columns`` in row ``rows`` (index tensors that broadcast) of ``logits
+    [N, V]`` under each row's softmax at its ``temperature [N]`` (``<= 0`` read as 1: the plain softmax)
+    over its logits at or above ``floor [N]`` (:func:`filter_floors`'; None keeps all): ``x / t - max -
+    log(normaliser)`` (float64, after the division in float32 as :func:`probabilities` rounds it), ``-inf``
+    for a token the floor drops; and the argmax of each of those rows. From each row's argmax and
+    normaliser (:func:`~trtllm_bole.ops.softmax_stats`: on CUDA one read of the rows), with no ``[N, V]``
+    temporary. Dividing by a positive temperature keeps the logits' order, so the maximum is the
+    argmax's logit divided."""
+    t = torch.where(temperature <= 0, 1.0, temperature)
+    floor = torch.full_like(t, float("-inf")) if floor is None else floor
+    argmax, normaliser = ops.softmax_stats(logits, t, floor)
+    t, floor, argmax, normaliser = (x[rows] for x in (t, floor, argmax, normaliser))
+    x = logits[rows, columns].float() / t
+    top = logits[rows, argmax].float() / t
+    log_p = x.double() - top.double() - normaliser.double().log()
+    return torch.where(x >= floor, log_p, float("-inf")), argmax
