@@ -49,11 +49,11 @@ def _span_kernel(logits, temperature, floor, best, first, top, mass, n, row_stri
     """Span ``program_id(1)`` of row ``program_id(0)``: its largest logit and its first index, its largest
     kept ``x / t`` (``-inf`` if it keeps none) and the sum of ``exp(x / t - that)`` over its kept logits,
     into ``[N, spans]`` partials."""
-    request = tl.program_id(0).to(tl.int64)
+    i_row = tl.program_id(0).to(tl.int64)
     span = tl.program_id(1)
-    row = logits + request * row_stride
-    t = tl.load(temperature + request).to(tl.float32)
-    f = tl.load(floor + request)
+    row = logits + i_row * row_stride
+    t = tl.load(temperature + i_row).to(tl.float32)
+    f = tl.load(floor + i_row)
     o = tl.arange(0, BLOCK)
     lane_best = tl.full([BLOCK], float("-inf"), tl.float32)
     lane_first = tl.zeros([BLOCK], tl.int32)
@@ -71,7 +71,7 @@ def _span_kernel(logits, temperature, floor, best, first, top, mass, n, row_stri
     span_best = tl.max(lane_best, axis=0)
     span_top = tl.max(lane_top, axis=0)
     span_mass = tl.sum(lane_mass * tl.exp(lane_top - _finite(span_top)), axis=0)
-    at = request * spans + span
+    at = i_row * spans + span
     tl.store(best + at, span_best)
     tl.store(first + at, tl.min(tl.where(lane_best == span_best, lane_first, n), axis=0))
     tl.store(top + at, span_top)
@@ -81,18 +81,18 @@ def _span_kernel(logits, temperature, floor, best, first, top, mass, n, row_stri
 @triton.jit(do_not_specialize=["n", "spans"])
 def _merge_kernel(best, first, top, mass, argmax, normaliser, n, spans, SPANS: tl.constexpr):
     """Row ``program_id(0)``'s argmax and normaliser from its spans' partials."""
-    request = tl.program_id(0).to(tl.int64)
+    i_row = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, SPANS)
     inside = o < spans
-    at = request * spans + o
+    at = i_row * spans + o
     span_best = tl.load(best + at, mask=inside, other=float("-inf"))
     span_first = tl.load(first + at, mask=inside, other=n)
     span_top = tl.load(top + at, mask=inside, other=float("-inf"))
     span_mass = tl.load(mass + at, mask=inside, other=0.0)
     row_best = tl.max(span_best, axis=0)
     row_top = tl.max(span_top, axis=0)
-    tl.store(argmax + request, tl.min(tl.where(span_best == row_best, span_first, n), axis=0).to(tl.int64))
-    tl.store(normaliser + request, tl.sum(span_mass * tl.exp(span_top - _finite(row_top)), axis=0))
+    tl.store(argmax + i_row, tl.min(tl.where(span_best == row_best, span_first, n), axis=0).to(tl.int64))
+    tl.store(normaliser + i_row, tl.sum(span_mass * tl.exp(span_top - _finite(row_top)), axis=0))
 
 
 def softmax_stats(
