@@ -18,12 +18,7 @@ from pathlib import Path
 import _bench_util as U
 import torch
 
-from trtllm_bole.spec.acceptance import two_level_cdf
-
-
-def scanned(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    cdf = weights.cumsum(-1)
-    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+from trtllm_bole.spec.acceptance import scanned_cdf, two_level_cdf
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,11 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     for count in (1, 8, 32):
         w = torch.rand(count, 151936, device="cuda", dtype=torch.float64, generator=gen)
         u = torch.rand(count, device="cuda", dtype=torch.float64, generator=gen)
-        row = {"rows": count, "vocab": w.shape[1], "same": torch.equal(scanned(w, u), two_level_cdf(w, u))}
+        same = torch.equal(scanned_cdf(w, u), two_level_cdf(w, u))
+        row = {"rows": count, "vocab": w.shape[1], "same": same}
         if not row["same"]:
             print(f"{count} rows: the two sides picked different tokens: nothing reported", file=sys.stderr)
             return 1
-        row["scan_us"] = measure(lambda w=w, u=u: scanned(w, u))
+        row["scan_us"] = measure(lambda w=w, u=u: scanned_cdf(w, u))
         row["two_level_us"] = measure(lambda w=w, u=u: two_level_cdf(w, u))
         print(
             f"{count} rows: one scan {row['scan_us']:.1f} us, two levels {row['two_level_us']:.1f} us",

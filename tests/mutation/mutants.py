@@ -1996,8 +1996,8 @@ MUTANTS = [
     Mutant(
         "ST10",
         "trtllm_bole/spec/acceptance.py",
-        "    if weights.shape[0] == 1:\n",
-        "    if weights.shape[0] >= 1:\n",
+        "return scanned_cdf(weights, u) if weights.shape[0] == 1 else two_level_cdf(weights, u)",
+        "return scanned_cdf(weights, u) if weights.shape[0] >= 1 else two_level_cdf(weights, u)",
         ["tests/spec/test_acceptance.py"],
         equivalent="one scan of every row gives the same tokens (two levels exist for their speed, measured by benchmarks/probe_inverse_cdf.py)",
     ),

@@ -164,13 +164,16 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     total, for weights ``[B, V]`` (nonnegative, a positive total): a token drawn by inverse CDF, always one
     of positive weight. torch scans a single row with the whole GPU but several rows one thread block
     each (H200, rows of 151,936 float64: 15 µs for one row, 0.29-0.30 ms for 8 or 32;
-    benchmarks/probe_inverse_cdf.py), so one row takes one scan and several :func:`two_level_cdf`."""
-    if weights.shape[0] == 1:
-        cdf = weights.cumsum(-1)
-        return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp(
-            max=weights.shape[1] - 1
-        )
-    return two_level_cdf(weights, u)
+    benchmarks/probe_inverse_cdf.py), so one row takes :func:`scanned_cdf` and several
+    :func:`two_level_cdf`."""
+    return scanned_cdf(weights, u) if weights.shape[0] == 1 else two_level_cdf(weights, u)
+
+
+def scanned_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """:func:`inverse_cdf` by one scan along each whole row."""
+    cdf = weights.cumsum(-1)
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return token.clamp(max=weights.shape[1] - 1)
 
 
 def two_level_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
