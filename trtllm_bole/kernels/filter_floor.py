@@ -114,7 +114,7 @@ def _histograms(src, n, inv_t, least, mx, scale, window, prefix, known, shift, C
     (higher x, higher digit); else the 4 key bits at ``shift`` under the bits ``known`` to be ``prefix``,
     of the keys in the window (``WINDOWED``: ``window`` at ``scale``) or of all."""
     counts = tl.zeros([16], tl.int32)
-    mass = tl.zeros([BLOCK, 16], tl.float32)
+    mass = tl.zeros([16, BLOCK], tl.float32)  # digits first: a lane's logits are its columns, not copied
     digits = tl.arange(0, 16)
     for start in range(0, n, BLOCK):
         x, key, member = _key_block(src, start, n, BLOCK)
@@ -133,9 +133,9 @@ def _histograms(src, n, inv_t, least, mx, scale, window, prefix, known, shift, C
         counts += tl.histogram(digit, 16, mask=member)
         if MASS:  # noqa: SIM102 (a constexpr: resolved when the kernel compiles, the test below at run time)
             if tl.max(member.to(tl.int32), axis=0) > 0:  # past the high digits most blocks hold none
-                hit = (digit[:, None] == digits[None, :]) & member[:, None]
-                mass += tl.where(hit, tl.exp((x - mx) * inv_t)[:, None], 0.0)
-    return counts.to(tl.float32), tl.sum(mass, axis=0)
+                e = tl.where(member, tl.exp((x - mx) * inv_t), 0.0)
+                mass += tl.where(digits[:, None] == digit[None, :], e[None, :], 0.0)
+    return counts.to(tl.float32), tl.sum(mass, axis=1)
 
 
 @triton.jit
