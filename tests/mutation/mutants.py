@@ -1903,6 +1903,13 @@ MUTANTS = [
         ["tests/kernels/test_filter_floor.py"],
     ),
     Mutant(
+        "F7",
+        "trtllm_bole/kernels/filter_floor.py",
+        "e = tl.where(member, tl.exp((x - mx) * inv_t), 0.0)",
+        "e = tl.exp((x - mx) * inv_t)",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
         "F6",
         "trtllm_bole/kernels/filter_floor.py",
         "tied = _divided(mid.to(tl.int32), t) >= goal",
