@@ -1903,7 +1903,7 @@ MUTANTS = [
         ["tests/kernels/test_filter_floor.py"],
     ),
     Mutant(
-        "F7",
+        "F10",
         "trtllm_bole/kernels/filter_floor.py",
         "e = tl.where(member, tl.exp((x - mx) * inv_t), 0.0)",
         "e = tl.exp((x - mx) * inv_t)",
