@@ -34,7 +34,7 @@ from trtllm_bole.spec.acceptance import Sampling, accept
 from trtllm_bole.testing import floor_agreement, floors_agree
 
 SETTINGS = {"top-p 0.9": (0, 0.9), "top-k 50, top-p 0.9": (50, 0.9), "top-k 50": (50, 1.0)}
-SWEEP = ((256, 4), (512, 4), (256, 8), (512, 8), (1024, 8), (1024, 16))
+SWEEP = ((256, 4), (512, 4), (256, 8), (512, 8), (1024, 8), (1024, 16), (2048, 8), (2048, 16), (4096, 16))
 
 
 @contextmanager
@@ -94,22 +94,37 @@ def launch(logits, temperature, top_k, top_p, floor, scratch, block: int, warps:
 
 
 def sweep(batches: list[int], vocab: int, gen: torch.Generator, measure) -> list[dict]:
-    """The kernel's time by block size and warps (its floors checked at each)."""
+    """The kernel's time by block size and warps (its floors checked at each); at batch 1 also on 4 of
+    its rows (a drafting level's)."""
     rows = []
     for batch in batches:
         for setting in ("top-p 0.9", "top-k 50, top-p 0.9"):
             k, p = SETTINGS[setting]
             tree, _, logits, sampling, _ = inputs(batch, vocab, p, "cuda", gen, top_k=k)
-            args = floor_args(tree, logits, sampling)
-            floor = torch.empty(tree.num_nodes, device="cuda")
-            scratch = torch.empty(tree.num_nodes, kernel.CAP, device="cuda")
-            for block, warps in SWEEP:
-                run = partial(launch, *args, floor, scratch, block, warps)
-                run()
-                ok = floors_agree(floor_agreement(floor, *args))
-                us = measure(run) if ok else None
-                rows.append({"batch": batch, "setting": setting, "block": block, "warps": warps, "us": us})
-                print(f"sweep B={batch} {setting} block {block} warps {warps}: {us}", flush=True)
+            full = floor_args(tree, logits, sampling)
+            for count in (len(full[0]), 4) if batch == 1 else (len(full[0]),):
+                args = tuple(a[:count] for a in full)
+                floor = torch.empty(count, device="cuda")
+                scratch = torch.empty(count, kernel.CAP, device="cuda")
+                for block, warps in SWEEP:
+                    run = partial(launch, *args, floor, scratch, block, warps)
+                    run()
+                    ok = floors_agree(floor_agreement(floor, *args))
+                    us = measure(run) if ok else None
+                    rows.append(
+                        {
+                            "batch": batch,
+                            "rows": count,
+                            "setting": setting,
+                            "block": block,
+                            "warps": warps,
+                            "us": us,
+                        }
+                    )
+                    print(
+                        f"sweep B={batch} rows {count} {setting} block {block} warps {warps}: {us}",
+                        flush=True,
+                    )
     return rows
 
 
@@ -166,9 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not cuda:
         return 0
-    data = {"meta": U.run_meta(block=kernel.BLOCK, num_warps=kernel.NUM_WARPS), "rows": rows}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for row in rows:
+        row["block"], row["warps"] = kernel.launch_shape(row["rows"], sms)
+    data = {
+        "meta": U.run_meta(sms=sms, wide=kernel.WIDE, block=kernel.BLOCK, num_warps=kernel.NUM_WARPS),
+        "rows": rows,
+    }
     if args.sweep:
-        data["sweep"] = sweep([b for b in batches if b > 1], args.vocab, gen, measure)
+        data["sweep"] = sweep(batches, args.vocab, gen, measure)
     path = U.write_result(args.out, "filter_floor_h200.json", data)
     print(f"wrote {path}")
     print(plot(rows, Path(args.out) / "filter_floor_h200.png", data["meta"]["device"]))

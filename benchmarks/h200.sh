@@ -174,7 +174,7 @@ floor)
         > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
     python -m pytest -q -m gpu tests/spec/test_acceptance.py tests/spec/test_executor.py -p no:cacheprovider \
         > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
-    timeout 400 python benchmarks/bench_filter_floor.py --sweep --out "$OUT" > "$OUT/floor_log.txt" 2>&1
+    timeout 520 python benchmarks/bench_filter_floor.py --sweep --batches 1,2,4,8,32 --out "$OUT" > "$OUT/floor_log.txt" 2>&1
     echo "bench rc=$?"; grep -v "^sweep" "$OUT/floor_log.txt" | tail -30
     ;;
 prefill)

@@ -9,7 +9,7 @@ import torch
 
 from tests.kernels.helpers import DEVICE
 from trtllm_bole import ops
-from trtllm_bole.kernels.filter_floor import BLOCK, CAP, filter_floor
+from trtllm_bole.kernels.filter_floor import BLOCK, CAP, NUM_WARPS, WIDE, filter_floor, launch_shape
 from trtllm_bole.reference import sampling
 from trtllm_bole.testing import floor_agreement, floors_agree
 
@@ -62,18 +62,27 @@ def test_top_p_with_and_without_top_k(vocab, cap, gen):
             check(x, torch.full((6,), k, device=DEVICE), top_p.roll(shift), cap)
 
 
-@pytest.mark.parametrize("cap", [CAP, 16])
-def test_random_settings_per_row(cap, gen):
-    """Every row its own top-k (off, 1 .. V) and top-p (off, or anywhere in (0, 1))."""
-    x = rows(gen, 24, 257)
-    top_k = torch.randint(-1, 260, (24,), generator=gen)
+@pytest.mark.parametrize("cap, shape", [(CAP, None), (16, None), (16, WIDE)])
+def test_random_settings_per_row(cap, shape, gen):
+    """Every row its own top-k (off, 1 .. V) and top-p (off, or anywhere in (0, 1)); also in the wide
+    blocks of a program alone on its SM (rows of 2,600: blocks full, part-full and empty)."""
+    vocab = 257 if shape is None else 2600
+    x = rows(gen, 24, vocab)
+    top_k = torch.randint(-1, vocab + 3, (24,), generator=gen)
     top_p = torch.rand(24, generator=gen).clamp_min(1e-3)
     top_p[::5] = 1.0
-    top_k[::5] = torch.tensor([0, 257, -1, 400, 0])
+    top_k[::5] = torch.tensor([0, vocab, -1, vocab + 143, 0])
     top_k, top_p = top_k.to(DEVICE), top_p.to(DEVICE)
-    check(x, top_k, top_p, cap)
-    off = ((top_k <= 0) | (top_k >= 257)) & (top_p >= 1)
-    assert off.any() and (filter_floor(x, ones(24), top_k, top_p, cap=cap)[off] == float("-inf")).all()
+    found = filter_floor(x, ones(24), top_k, top_p, cap=cap, shape=shape)
+    agreement = floor_agreement(found, x, ones(24), top_k, top_p)
+    assert floors_agree(agreement) and agreement["decided"] > 0, agreement
+    off = ((top_k <= 0) | (top_k >= vocab)) & (top_p >= 1)
+    assert off.any() and (found[off] == float("-inf")).all()
+
+
+def test_a_program_alone_on_its_sm_reads_wider_blocks():
+    assert launch_shape(4, 132) == launch_shape(132, 132) == WIDE
+    assert launch_shape(133, 132) == launch_shape(2048, 132) == (BLOCK, NUM_WARPS)
 
 
 def test_the_boundary_token_stays_and_the_next_goes(gen):

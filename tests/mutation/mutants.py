@@ -1938,6 +1938,13 @@ MUTANTS = [
         ["tests/kernels/test_filter_floor.py"],
     ),
     Mutant(
+        "F11",
+        "trtllm_bole/kernels/filter_floor.py",
+        "return WIDE if rows <= sms else (BLOCK, NUM_WARPS)",
+        "return WIDE if rows < sms else (BLOCK, NUM_WARPS)",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
         "ST1",
         "trtllm_bole/kernels/softmax_stats.py",
         "higher = x > lane_best  # strictly",

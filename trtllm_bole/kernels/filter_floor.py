@@ -45,6 +45,11 @@ INT32_MIN = tl.constexpr(-2147483648)
 INT32_MAX = tl.constexpr(2147483647)
 BLOCK = 512
 NUM_WARPS = 4
+WIDE = (2048, 16)
+"""(block, warps) of a program alone on its SM: with no more rows than SMs a pass is a chain of dependent
+steps, and wider steps take fewer of them (H200, 151,936 logits: top-p 0.80 -> 0.42 ms for 64 rows, 0.75
+-> 0.40 for 4; with 512 rows and more ``BLOCK`` at ``NUM_WARPS`` is the fastest,
+benchmarks/results/filter_floor_h200.json's sweep)."""
 CAP = 4096
 """Most keys a window may hold to be copied out and searched there (a row's scratch: 16 KB)."""
 LEVELS = tl.constexpr(3)
@@ -290,6 +295,11 @@ def _filter_floor_kernel(logits, temperature, top_k, top_p, floor, scratch, n, r
     tl.store(floor + request, tl.where(filters, _divided(least, t), float("-inf")))
 
 
+def launch_shape(rows: int, sms: int) -> tuple[int, int]:
+    """(block, warps) for ``rows`` programs on ``sms`` SMs: :data:`WIDE` while each has an SM to itself."""
+    return WIDE if rows <= sms else (BLOCK, NUM_WARPS)
+
+
 def filter_floor(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -297,17 +307,23 @@ def filter_floor(
     top_p: torch.Tensor,
     *,
     cap: int = CAP,
+    shape: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The smallest logit that top-k and top-p keep in each row of ``logits [N, V] / temperature [N]``
     (logits of any float dtype, unit stride along V; ``top_k``, ``top_p`` ``[N]``). Returns ``[N]``
     float32, ``-inf`` where neither filters (the reference's contract). ``cap``: :data:`CAP` (tests lower
-    it to reach every path on small rows)."""
+    it to reach every path on small rows); ``shape``: (block, warps), by default :func:`launch_shape`'s
+    on a GPU and ``(BLOCK, NUM_WARPS)`` in the interpreter."""
     rows, vocab = logits.shape
     floor = torch.empty(rows, dtype=torch.float32, device=logits.device)
     scratch = torch.empty((rows, cap) if vocab > cap else (1,), dtype=torch.float32, device=logits.device)
+    if shape is None:
+        sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 0
+        shape = launch_shape(rows, sms)
+    block, warps = shape
     if rows:
         _filter_floor_kernel[(rows,)](
-            logits, temperature, top_k, top_p, floor, scratch, vocab, logits.stride(0), BLOCK=BLOCK, CAP=cap,
-            num_warps=NUM_WARPS,
+            logits, temperature, top_k, top_p, floor, scratch, vocab, logits.stride(0), BLOCK=block, CAP=cap,
+            num_warps=warps,
         )  # fmt: skip
     return floor
