@@ -9,7 +9,7 @@ import torch
 
 from tests.kernels.helpers import DEVICE
 from trtllm_bole import ops
-from trtllm_bole.kernels.filter_floor import BLOCK, CAP, NUM_WARPS, WIDE, filter_floor, launch_shape
+from trtllm_bole.kernels.filter_floor import BLOCK, CAP, NUM_WARPS, SHAPES, filter_floor, launch_shape
 from trtllm_bole.reference import sampling
 from trtllm_bole.testing import floor_agreement, floors_agree
 
@@ -62,7 +62,7 @@ def test_top_p_with_and_without_top_k(vocab, cap, gen):
             check(x, torch.full((6,), k, device=DEVICE), top_p.roll(shift), cap)
 
 
-@pytest.mark.parametrize("cap, shape", [(CAP, None), (16, None), (16, WIDE)])
+@pytest.mark.parametrize("cap, shape", [(CAP, None), (16, None), (16, SHAPES[0])])
 def test_random_settings_per_row(cap, shape, gen):
     """Every row its own top-k (off, 1 .. V) and top-p (off, or anywhere in (0, 1)); also in the wide
     blocks of a program alone on its SM (rows of 2,600: blocks full, part-full and empty)."""
@@ -80,9 +80,10 @@ def test_random_settings_per_row(cap, shape, gen):
     assert off.any() and (found[off] == float("-inf")).all()
 
 
-def test_a_program_alone_on_its_sm_reads_wider_blocks():
-    assert launch_shape(4, 132) == launch_shape(132, 132) == WIDE
-    assert launch_shape(133, 132) == launch_shape(2048, 132) == (BLOCK, NUM_WARPS)
+def test_programs_that_share_their_sm_with_fewer_read_wider_blocks():
+    assert launch_shape(0, 132) == launch_shape(4, 132) == launch_shape(132, 132) == (2048, 16)
+    assert launch_shape(133, 132) == launch_shape(264, 132) == (1024, 8)
+    assert launch_shape(265, 132) == launch_shape(2048, 132) == launch_shape(4, 0) == (BLOCK, NUM_WARPS)
 
 
 def test_the_boundary_token_stays_and_the_next_goes(gen):

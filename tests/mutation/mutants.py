@@ -1940,8 +1940,8 @@ MUTANTS = [
     Mutant(
         "F11",
         "trtllm_bole/kernels/filter_floor.py",
-        "return WIDE if rows <= sms else (BLOCK, NUM_WARPS)",
-        "return WIDE if rows < sms else (BLOCK, NUM_WARPS)",
+        "sharing = -(-rows // sms) if sms else len(SHAPES)",
+        "sharing = rows // sms if sms else len(SHAPES)",
         ["tests/kernels/test_filter_floor.py"],
     ),
     Mutant(

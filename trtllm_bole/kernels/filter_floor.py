@@ -45,11 +45,12 @@ INT32_MIN = tl.constexpr(-2147483648)
 INT32_MAX = tl.constexpr(2147483647)
 BLOCK = 512
 NUM_WARPS = 4
-WIDE = (2048, 16)
-"""(block, warps) of a program alone on its SM: with no more rows than SMs a pass is a chain of dependent
-steps, and wider steps take fewer of them (H200, 151,936 logits: top-p 0.80 -> 0.42 ms for 64 rows, 0.75
--> 0.40 for 4; with 512 rows and more ``BLOCK`` at ``NUM_WARPS`` is the fastest,
-benchmarks/results/filter_floor_h200.json's sweep)."""
+SHAPES = ((2048, 16), (1024, 8), (BLOCK, NUM_WARPS))
+"""(block, warps) of a program by how many share its SM (one, two, more): one program a row, so with few
+rows a pass is a chain of dependent steps, and wider steps take fewer of them. H200, 151,936 logits, top-p
+0.9 (benchmarks/results/filter_floor_h200.json's sweep): 64 rows 0.81 -> 0.43 ms, 4 rows 0.75 -> 0.41,
+256 rows (1,024 at 8 warps) 1.07 -> 0.75; from 512 rows ``BLOCK`` at ``NUM_WARPS`` is the fastest with top-p
+alone (with top-k before it 1,024 at 8 warps was 5% faster at 512 rows)."""
 CAP = 4096
 """Most keys a window may hold to be copied out and searched there (a row's scratch: 16 KB)."""
 LEVELS = tl.constexpr(3)
@@ -296,8 +297,10 @@ def _filter_floor_kernel(logits, temperature, top_k, top_p, floor, scratch, n, r
 
 
 def launch_shape(rows: int, sms: int) -> tuple[int, int]:
-    """(block, warps) for ``rows`` programs on ``sms`` SMs: :data:`WIDE` while each has an SM to itself."""
-    return WIDE if rows <= sms else (BLOCK, NUM_WARPS)
+    """(block, warps) for ``rows`` programs on ``sms`` SMs (:data:`SHAPES`); ``(BLOCK, NUM_WARPS)`` where
+    the SMs are unknown (``sms`` 0: the interpreter)."""
+    sharing = -(-rows // sms) if sms else len(SHAPES)
+    return SHAPES[min(max(sharing, 1), len(SHAPES)) - 1]
 
 
 def filter_floor(
