@@ -255,6 +255,23 @@ def cuda_missing(script: str, device: str) -> bool:
     return True
 
 
+def probe_start(
+    doc: str, script: str, argv: list[str] | None
+) -> tuple[Any, Callable, torch.Generator] | None:
+    """A GPU probe's start: its command line (``--out``, default ``benchmarks/results``), a graph timer
+    (:func:`graph_timer`, 50 ms) and a CUDA generator seeded 0; None where there is no CUDA (said on
+    stderr)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print(f"{script} times on a GPU: it needs CUDA", file=sys.stderr)
+        return None
+    return args, graph_timer(50), torch.Generator(device="cuda").manual_seed(0)
+
+
 def write_result(out: str | Path, name: str, data: dict) -> Path:
     """``data`` as indented JSON in ``<out>/<name>`` (the folder made where missing); returns the path."""
     path = Path(out) / name

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["block"], row["warps"] = kernel.launch_shape(row["rows"], sms)
     data = {
-        "meta": U.run_meta(sms=sms, wide=kernel.WIDE, block=kernel.BLOCK, num_warps=kernel.NUM_WARPS),
+        "meta": U.run_meta(sms=sms, shapes=kernel.SHAPES),
         "rows": rows,
     }
     if args.sweep:

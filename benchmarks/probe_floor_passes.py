@@ -13,9 +13,7 @@ counts and masses (summed over spans), else nothing is timed. Writes ``<out>/pro
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import _bench_util as U
 import torch
@@ -162,13 +160,10 @@ def point(rows: int, gen: torch.Generator, measure) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = ap.parse_args(argv)
-    if U.cuda_missing("probe_floor_passes.py", "cuda"):
+    start = U.probe_start(__doc__, "probe_floor_passes.py", argv)
+    if start is None:
         return 2
-    measure = U.graph_timer(50)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args, measure, gen = start
     points = [point(rows, gen, measure) for rows in (64, 2048)]
     if None in points:
         return 1

@@ -11,9 +11,7 @@ rests on.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import _bench_util as U
 import torch
@@ -22,13 +20,10 @@ from trtllm_bole.spec.acceptance import scanned_cdf, two_level_cdf
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = ap.parse_args(argv)
-    if U.cuda_missing("probe_inverse_cdf.py", "cuda"):
+    start = U.probe_start(__doc__, "probe_inverse_cdf.py", argv)
+    if start is None:
         return 2
-    measure = U.graph_timer(50)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args, measure, gen = start
     rows = []
     for count in (1, 8, 32):
         w = torch.rand(count, 151936, device="cuda", dtype=torch.float64, generator=gen)

@@ -48,8 +48,8 @@ NUM_WARPS = 4
 SHAPES = ((2048, 16), (1024, 8), (BLOCK, NUM_WARPS))
 """(block, warps) of a program by how many share its SM (one, two, more): one program a row, so with few
 rows a pass is a chain of dependent steps, and wider steps take fewer of them. H200, 151,936 logits, top-p
-0.9 (benchmarks/results/filter_floor_h200.json's sweep): 64 rows 0.81 -> 0.43 ms, 4 rows 0.75 -> 0.41,
-256 rows (1,024 at 8 warps) 1.07 -> 0.75; from 512 rows ``BLOCK`` at ``NUM_WARPS`` is the fastest with top-p
+0.9 (benchmarks/results/filter_floor_h200.json's sweep): 64 rows 0.81 -> 0.43 ms, 4 rows 0.75 -> 0.40,
+256 rows (1,024 at 8 warps) 1.06 -> 0.74; from 512 rows ``BLOCK`` at ``NUM_WARPS`` is the fastest with top-p
 alone (with top-k before it 1,024 at 8 warps was 5% faster at 512 rows)."""
 CAP = 4096
 """Most keys a window may hold to be copied out and searched there (a row's scratch: 16 KB)."""
