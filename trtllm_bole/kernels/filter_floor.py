@@ -13,14 +13,13 @@ digit, and goes on in the digit that holds what it seeks:
   of each digit (a one-hot sum): the highest digit where the mass at or above it reaches ``top_p`` of the
   top-k mass (the mass before its first key is below ``top_p``).
 
-One program a row, as wide as the rows leave it (:data:`SHAPES`). Eight passes over a row of 151,936
-logits for each key cost more than the sort
-(measured: ``filter_floor_h200_first_shape.json``), so the program first narrows the search to a window
-of ``max - x`` that holds the key, a pass a level (16 windows of 1 nat, then 1/16 and 1/256 of one),
-until the window holds at most :data:`CAP` keys; it copies those to its scratch row and runs the eight
-digit passes there. Top-k copies the keys above its window too when they fit (fewer than k), so that
-top-p after it searches that copy without reading the row again (else it copies the top-k keys: at most
-k and its ties, no window). A window that ties keep wider than ``CAP`` at the last level is searched in
+One program a row, as wide as the rows leave it (:data:`SHAPES`). Eight passes over a row of 151,936 logits
+for each key cost more than the sort (measured: ``filter_floor_h200_first_shape.json``), so the program first
+narrows the search to a window of ``max - x`` that holds the key, a pass a level (16 windows of 1 nat, then
+1/16 and 1/256 of one), until the window holds at most :data:`CAP` keys; it copies those to its scratch row
+and runs the eight digit passes there. Top-k copies the keys above its window too when they fit (fewer than
+k), so that top-p after it searches that copy without reading the row again (else it copies the top-k keys: at
+most k and its ties, no window). A window that ties keep wider than ``CAP`` at the last level is searched in
 the row.
 
 Dividing by a positive temperature keeps the order of the logits, so the search runs on the logits as
