@@ -86,13 +86,6 @@ def point(batch: int, vocab: int, setting: str, device: str, gen: torch.Generato
     return row
 
 
-def launch(logits, temperature, top_k, top_p, floor, scratch, block: int, warps: int) -> None:
-    kernel._filter_floor_kernel[(logits.shape[0],)](
-        logits, temperature, top_k, top_p, floor, scratch, logits.shape[1], logits.stride(0), BLOCK=block,
-        CAP=kernel.CAP, num_warps=warps,
-    )  # fmt: skip
-
-
 def sweep(batches: list[int], vocab: int, gen: torch.Generator, measure) -> list[dict]:
     """The kernel's time by block size and warps (its floors checked at each); at batch 1 also on 4 of
     its rows (a drafting level's)."""
@@ -104,12 +97,9 @@ def sweep(batches: list[int], vocab: int, gen: torch.Generator, measure) -> list
             full = floor_args(tree, logits, sampling)
             for count in (len(full[0]), 4) if batch == 1 else (len(full[0]),):
                 args = tuple(a[:count] for a in full)
-                floor = torch.empty(count, device="cuda")
-                scratch = torch.empty(count, kernel.CAP, device="cuda")
                 for block, warps in SWEEP:
-                    run = partial(launch, *args, floor, scratch, block, warps)
-                    run()
-                    ok = floors_agree(floor_agreement(floor, *args))
+                    run = partial(kernel.filter_floor, *args, shape=(block, warps))
+                    ok = floors_agree(floor_agreement(run(), *args))
                     us = measure(run) if ok else None
                     rows.append(
                         {
