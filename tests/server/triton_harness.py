@@ -60,6 +60,15 @@ class Server:
         except OSError:
             return False
 
+    def metrics_listening(self) -> bool:
+        """Whether the metrics endpoint accepts connections: tritonserver starts it after the HTTP
+        endpoint, so a server :meth:`ready` over HTTP may still refuse a scrape for a moment."""
+        try:
+            socket.create_connection(("127.0.0.1", self.metrics_port), timeout=2).close()
+            return True
+        except OSError:
+            return False
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -78,7 +87,7 @@ def start_server(workdir: Path, args: list[str], timeout: float = 120.0) -> Serv
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     server = Server(process, http_port, grpc_port, metrics_port, log)
-    while not server.ready():
+    while not (server.ready() and server.metrics_listening()):
         if process.poll() is not None or time.monotonic() - start > timeout:
             stop_server(server)
             pytest.fail(f"tritonserver did not become ready:\n{server.log_tail()}")
