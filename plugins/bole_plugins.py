@@ -1,7 +1,8 @@
 """TensorRT plugin definitions (``tensorrt.plugin``) for the Bole kernels: bole::gdn_tree_verify,
+bole::gdn_tree_factors and bole::gdn_tree_values (the explicit-inverse verify in two launches),
 bole::gdn_commit and bole::tree_conv1d.
 
-Importing this module registers the three plugins (it needs TensorRT >= 10.8 with ``tensorrt.plugin``).
+Importing this module registers the five plugins (it needs TensorRT >= 10.8 with ``tensorrt.plugin``).
 Each plugin is a thin layer over :mod:`trtllm_bole.engine.aot`, which holds the logic as plain
 functions (tested on CPU): ``@trtp.register`` gives TensorRT the output descriptors, ``@trtp.autotune``
 the dtype combinations and one tactic per tiling config, and ``@trtp.aot_impl`` the PTX that Triton
@@ -141,6 +142,104 @@ def gdn_tree_verify_aot_impl(
     tactic: int,
 ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
     return _aot(VERIFY, locals())
+
+
+# ------------------------------------------------------------------------------------------------ #
+# bole::gdn_tree_factors, bole::gdn_tree_values: the explicit-inverse verify (trees of <= 64 nodes)  #
+# ------------------------------------------------------------------------------------------------ #
+
+FACTORS = SPECS["bole::gdn_tree_factors"]
+
+
+@trtp.register("bole::gdn_tree_factors")
+def gdn_tree_factors_desc(
+    q: trtp.TensorDesc,
+    k: trtp.TensorDesc,
+    g: trtp.TensorDesc,
+    beta: trtp.TensorDesc,
+    cu_seqlens: trtp.TensorDesc,
+    depth: trtp.TensorDesc,
+    paths: trtp.TensorDesc,
+    scale: float,
+    max_nodes: int,
+    max_depth: int,
+) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
+    return _describe(FACTORS, locals())
+
+
+@trtp.autotune("bole::gdn_tree_factors")
+def gdn_tree_factors_autotune(
+    q, k, g, beta, cu_seqlens, depth, paths, outputs
+) -> list[trtp.AutoTuneCombination]:
+    return _autotune(FACTORS, locals())
+
+
+@trtp.aot_impl("bole::gdn_tree_factors")
+def gdn_tree_factors_aot_impl(
+    q: trtp.TensorDesc,
+    k: trtp.TensorDesc,
+    g: trtp.TensorDesc,
+    beta: trtp.TensorDesc,
+    cu_seqlens: trtp.TensorDesc,
+    depth: trtp.TensorDesc,
+    paths: trtp.TensorDesc,
+    scale: float,
+    max_nodes: int,
+    max_depth: int,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
+    return _aot(FACTORS, locals())
+
+
+VALUES = SPECS["bole::gdn_tree_values"]
+
+
+@trtp.register("bole::gdn_tree_values")
+def gdn_tree_values_desc(
+    q: trtp.TensorDesc,
+    k: trtp.TensorDesc,
+    v: trtp.TensorDesc,
+    state: trtp.TensorDesc,
+    state_indices: trtp.TensorDesc,
+    cu_seqlens: trtp.TensorDesc,
+    dfs_order: trtp.TensorDesc,
+    subtree_size: trtp.TensorDesc,
+    depth: trtp.TensorDesc,
+    log_p: trtp.TensorDesc,
+    factors: trtp.TensorDesc,
+    scale: float,
+    max_nodes: int,
+) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+    return _describe(VALUES, locals())
+
+
+@trtp.autotune("bole::gdn_tree_values")
+def gdn_tree_values_autotune(
+    q, k, v, state, state_indices, cu_seqlens, dfs_order, subtree_size, depth, log_p, factors, outputs
+) -> list[trtp.AutoTuneCombination]:
+    return _autotune(VALUES, locals())
+
+
+@trtp.aot_impl("bole::gdn_tree_values")
+def gdn_tree_values_aot_impl(
+    q: trtp.TensorDesc,
+    k: trtp.TensorDesc,
+    v: trtp.TensorDesc,
+    state: trtp.TensorDesc,
+    state_indices: trtp.TensorDesc,
+    cu_seqlens: trtp.TensorDesc,
+    dfs_order: trtp.TensorDesc,
+    subtree_size: trtp.TensorDesc,
+    depth: trtp.TensorDesc,
+    log_p: trtp.TensorDesc,
+    factors: trtp.TensorDesc,
+    scale: float,
+    max_nodes: int,
+    outputs: tuple[trtp.TensorDesc],
+    tactic: int,
+) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
+    return _aot(VALUES, locals())
 
 
 # ------------------------------------------------------------------------------------------------ #

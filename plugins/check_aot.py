@@ -1,6 +1,7 @@
 """Launch each plugin's AOT payload exactly as TensorRT would, and check it against float64 truth.
 
-For bole::gdn_tree_verify, bole::gdn_commit and bole::tree_conv1d: build the payload that
+For bole::gdn_tree_verify, the explicit-inverse pair (bole::gdn_tree_factors, then bole::gdn_tree_values
+on its factors), bole::gdn_commit and bole::tree_conv1d: build the payload that
 ``@trtp.aot_impl`` returns (:func:`trtllm_bole.engine.aot.aot_payload`: kernel name, PTX, grid, block,
 shared memory, int32 extra args), load the PTX with cuda-python (``cuModuleLoadData``), and launch it
 with ``cuLaunchKernel`` on parameters in TensorRT's order — input pointers, extra int32 scalars,
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trtllm_bole.engine.aot import SPECS, AOTPayload, aot_payload
+from trtllm_bole.engine.aot import INVERSE_TILE, SPECS, AOTPayload, aot_payload
 from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config
 from trtllm_bole.reference import conv_tree, gdn_tree
 from trtllm_bole.testing import forest, random_gdn_inputs, topk_parents
@@ -55,23 +56,33 @@ def _check(result):
 
 
 class PTXKernel:
-    """A PTX entry loaded into the current (torch's) context."""
+    """A payload's kernel loaded into the current (torch's) context: from its PTX, as TensorRT embeds it (the
+    driver's JIT compiles it), or with ``cubin=True`` from the cubin Triton's own ptxas made of it (which
+    declares Triton's scratch pointers after the launch's parameters: they are passed as nulls)."""
 
-    def __init__(self, payload: AOTPayload) -> None:
+    def __init__(self, payload: AOTPayload, cubin: bool = False) -> None:
         from cuda.bindings import driver
 
         torch.cuda.init()
         self.payload = payload
-        self._image = np.frombuffer(payload.ptx.encode() + b"\0", dtype=np.uint8)  # alive while loading
+        image = payload.kernel.cubin if cubin else payload.ptx.encode() + b"\0"
+        self._image = np.frombuffer(image, dtype=np.uint8)  # alive while loading
+        self.trailing_nulls = payload.kernel.cubin_num_params - payload.kernel.num_params if cubin else 0
         self.module = _check(driver.cuModuleLoadData(self._image.ctypes.data))
         self.function = _check(driver.cuModuleGetFunction(self.module, payload.kernel_name.encode()))
+        attr = driver.CUfunction_attribute
+        self.registers = _check(driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.function))
+        self.spill_bytes = _check(
+            driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.function)
+        )
         shared = payload.launch.shared_mem
         if shared > 48 * 1024:  # beyond the default window, as TensorRT and Triton's launcher do
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             _check(driver.cuFuncSetAttribute(self.function, attr, shared))
 
     def launch(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Parameters in ``payload.params`` order: tensors by name, extra args as int32."""
+        """Parameters in ``payload.params`` order: tensors by name, extra args as int32; on torch's current
+        stream, without waiting (a CUDA graph can capture it)."""
         from cuda.bindings import driver
 
         p = self.payload
@@ -84,6 +95,7 @@ class PTXKernel:
             else np.array([tensors[name].data_ptr()], dtype=np.uint64)
             for name in p.params
         ]
+        holders += [np.zeros(1, dtype=np.uint64) for _ in range(self.trailing_nulls)]
         pointers = np.array([h.ctypes.data for h in holders], dtype=np.uint64)
         stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
         gx, gy, gz = (int(g) for g in p.launch.grid)
@@ -93,7 +105,6 @@ class PTXKernel:
                 self.function, gx, gy, gz, bx, by, bz, p.launch.shared_mem, stream, pointers.ctypes.data, 0
             )
         )
-        torch.cuda.synchronize()
 
     def close(self) -> None:
         from cuda.bindings import driver
@@ -101,7 +112,8 @@ class PTXKernel:
         _check(driver.cuModuleUnload(self.module))
 
 
-def _io(tensors: dict[str, torch.Tensor], spec) -> tuple[dict, dict]:
+def port_io(tensors: dict[str, torch.Tensor], spec) -> tuple[dict, dict]:
+    """The shapes and dtype names of ``spec``'s inputs among ``tensors`` (what TensorRT hands the plugin)."""
     names = [port.name for port in spec.inputs]
     return {n: tuple(tensors[n].shape) for n in names}, {n: TORCH_NAMES[tensors[n].dtype] for n in names}
 
@@ -130,17 +142,9 @@ def check_verify(arch: int, gen: torch.Generator, act: torch.dtype, tactics: lis
         "state": x.state.float(), "state_indices": state_indices, "cu_seqlens": tree.cu_seqlens,
         "dfs_order": tree.dfs_order, "subtree_size": tree.subtree_size,
     }  # fmt: skip
-    # Truth: the serial recurrence in float64 on exactly the values the kernel reads.
-    o_ref, _ = gdn_tree.serial_tree_recurrence(
-        *(tensors[k].double() for k in ("q", "k", "v", "g", "beta", "state")), tree,
-        scale=x.scale, state_indices=state_indices,
-    )  # fmt: skip
-    _, u_ref, lp_ref = gdn_tree.closed_form_tree_verify(
-        *(tensors[k].double() for k in ("q", "k", "v", "g", "beta", "state")), tree,
-        scale=x.scale, state_indices=state_indices,
-    )  # fmt: skip
+    truth = verify_truth(tensors, tree, x.scale)
     spec = SPECS["bole::gdn_tree_verify"]
-    shapes, dtypes = _io(tensors, spec)
+    shapes, dtypes = port_io(tensors, spec)
     all_tactics = spec.tactics(shapes)
     if tactics is None:  # what the runtime launches at this size (if listed), and the widest tile
         runtime = blocked_default_config(batch, HV, DK, DV)
@@ -156,14 +160,91 @@ def check_verify(arch: int, gen: torch.Generator, act: torch.dtype, tactics: lis
         }
         state_before = tensors["state"].clone()
         _run(payload, {**tensors, **out})
-        errors = {
-            "o": _rel_rms(out["o"], o_ref),
-            "u": _rel_rms(out["u"], u_ref),
-            "log_p": float((out["log_p"].double() - lp_ref).abs().max()),
-        }
-        ok = errors["o"] <= tol and errors["u"] <= tol and errors["log_p"] <= 1e-4
-        ok = ok and torch.equal(state_before, tensors["state"])  # verify never writes the state
+        errors = verify_errors(out, truth)
+        ok = verify_passed(errors, tol) and torch.equal(state_before, tensors["state"])  # never written
         results.append(_record(spec.plugin_id, payload, t, all_tactics[t], act, errors, tol, ok))
+    return results
+
+
+def verify_truth(tensors: dict[str, torch.Tensor], tree, scale: float) -> dict[str, torch.Tensor]:
+    """o, u and log_p in float64 on exactly the values a verify kernel reads: o from the serial recurrence
+    node by node, u and log_p from the closed form (they are its factors)."""
+    args = (*(tensors[k].double() for k in ("q", "k", "v", "g", "beta", "state")), tree)
+    slots = tensors["state_indices"]
+    o, _ = gdn_tree.serial_tree_recurrence(*args, scale=scale, state_indices=slots)
+    _, u, log_p = gdn_tree.closed_form_tree_verify(*args, scale=scale, state_indices=slots)
+    return {"o": o, "u": u, "log_p": log_p}
+
+
+def verify_errors(out: dict[str, torch.Tensor], truth: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Relative RMS of o and u, the largest absolute error of log_p (NaN where an output is unwritten)."""
+    return {
+        "o": _rel_rms(out["o"], truth["o"]),
+        "u": _rel_rms(out["u"], truth["u"]),
+        "log_p": float((out["log_p"].double() - truth["log_p"]).abs().max()),
+    }
+
+
+def verify_passed(errors: dict[str, float], tol: float) -> bool:
+    return errors["o"] <= tol and errors["u"] <= tol and errors["log_p"] <= 1e-4
+
+
+def inverse_io(tensors: dict[str, torch.Tensor], tree) -> dict[str, torch.Tensor]:
+    """The explicit-inverse pair's tensors: ``tensors`` (the verify's inputs), the tree's depths and paths,
+    and NaN-poisoned outputs of both launches (the factors, log_p, the scratch, o, u)."""
+    n, hv, d = tree.num_nodes, tensors["v"].shape[1], tree.paths.shape[1]
+    nan = float("nan")
+    return {
+        **tensors, "depth": tree.depth, "paths": tree.paths,
+        "factors": torch.full((2, hv, n, d), nan, device="cuda"),
+        "log_p": torch.full((n, hv), nan, device="cuda"),
+        "scratch": torch.full((n, hv, 2 * INVERSE_TILE), nan, device="cuda"),
+        "o": torch.full_like(tensors["v"], nan), "u": torch.full(tensors["v"].shape, nan, device="cuda"),
+    }  # fmt: skip
+
+
+def inverse_payloads(
+    tensors: dict[str, torch.Tensor], attrs: dict, arch: int, factor_tactic: int = 0, value_tactic: int = 0
+) -> tuple[AOTPayload, AOTPayload]:
+    """The pair's payloads for these tensors: bole::gdn_tree_factors, then bole::gdn_tree_values."""
+    out = []
+    for plugin, tactic in (
+        ("bole::gdn_tree_factors", factor_tactic),
+        ("bole::gdn_tree_values", value_tactic),
+    ):
+        shapes, dtypes = port_io(tensors, SPECS[plugin])
+        out.append(aot_payload(SPECS[plugin], shapes, dtypes, attrs, tactic, arch=arch))
+    return out[0], out[1]
+
+
+def check_inverse(arch: int, gen: torch.Generator, act: torch.dtype, tactics: list[int] | None) -> list[dict]:
+    """The pair at 9B heads: factors (tactic 0), then the value tiles under each tactic asked for (default:
+    the runtime's default first, and the widest tile), against the float64 truth of the same values."""
+    batch, nodes, depth, slots = 4, 64, 9, 8
+    tree = _tree(batch, nodes, depth)
+    x = random_gdn_inputs(tree.num_nodes, slots, H, HV, DK, DV, generator=gen, device="cuda")
+    inputs = {
+        "q": x.q.to(act), "k": x.k.to(act), "v": x.v.to(act), "g": x.g.float(), "beta": x.beta.to(act),
+        "state": x.state.float(), "state_indices": torch.tensor([5, 0, 7, 2], device="cuda"),
+        "cu_seqlens": tree.cu_seqlens, "dfs_order": tree.dfs_order, "subtree_size": tree.subtree_size,
+    }  # fmt: skip
+    truth = verify_truth(inputs, tree, x.scale)
+    attrs = {"scale": x.scale, "max_nodes": nodes, "max_depth": depth}
+    values = SPECS["bole::gdn_tree_values"]
+    all_tactics = values.tactics({"q": inputs["q"].shape, "v": inputs["v"].shape})
+    tol = EXACT if act == torch.float32 else SERVING
+    results = []
+    for t in tactics if tactics is not None else [0, len(all_tactics) - 1]:
+        io = inverse_io(inputs, tree)
+        state_before = io["state"].clone()
+        factors, apply = inverse_payloads(io, attrs, arch, 0, t)
+        _run(factors, io)
+        _run(apply, io)
+        errors = verify_errors(io, truth)
+        ok = verify_passed(errors, tol) and torch.equal(state_before, io["state"])
+        record = _record(values.plugin_id, apply, t, all_tactics[t], act, errors, tol, ok)
+        record["factors"] = {"entry": factors.kernel_name, "grid": [int(g) for g in factors.launch.grid]}
+        results.append(record)
     return results
 
 
@@ -197,7 +278,7 @@ def check_commit(arch: int, gen: torch.Generator) -> list[dict]:
     for t, cfg in enumerate(spec.tactics({"state": tuple(pool.shape)})):
         state = pool.clone()
         io = {"state": state, **tensors, "state_out": state}  # in place: the output aliases the input
-        shapes, dtypes = _io(io, spec)
+        shapes, dtypes = port_io(io, spec)
         payload = aot_payload(spec, shapes, dtypes, {"max_depth": depth}, t, arch=arch)
         _run(payload, io)
         untouched = torch.equal(state[:, state_indices[1]], pool[:, state_indices[1]])
@@ -225,7 +306,7 @@ def check_conv(arch: int, gen: torch.Generator, act: torch.dtype) -> list[dict]:
         state_indices=tensors["state_indices"],
     )  # fmt: skip
     spec = SPECS["bole::tree_conv1d"]
-    shapes, dtypes = _io(tensors, spec)
+    shapes, dtypes = port_io(tensors, spec)
     payload = aot_payload(spec, shapes, dtypes, {"silu": 1}, 0, arch=arch)
     y = torch.full_like(tensors["x"], float("nan"))
     _run(payload, {**tensors, "y": y})
@@ -240,6 +321,7 @@ def _run(payload: AOTPayload, tensors: dict[str, torch.Tensor]) -> None:
     kernel = PTXKernel(payload)
     try:
         kernel.launch(tensors)
+        torch.cuda.synchronize()
     finally:
         kernel.close()
 
@@ -269,7 +351,9 @@ def _record(plugin, payload: AOTPayload, tactic, cfg, act, errors, tol, ok) -> d
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for check_aot.json")
-    ap.add_argument("--all-verify-tactics", action="store_true", help="every verify tiling config, not two")
+    ap.add_argument(
+        "--all-verify-tactics", action="store_true", help="every tiling config of both verify paths, not two"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -282,14 +366,16 @@ def main(argv: list[str] | None = None) -> int:
     arch = 10 * major + minor
     gen = torch.Generator().manual_seed(args.seed)
     start = time.perf_counter()
-    verify_tactics = None
+    verify_tactics = inverse_tactics = None
     if args.all_verify_tactics:
-        verify_tactics = list(
-            range(len(SPECS["bole::gdn_tree_verify"].tactics({"q": (0, H, DK), "v": (0, HV, DV)})))
-        )
+        dims = {"q": (0, H, DK), "v": (0, HV, DV)}
+        verify_tactics = list(range(len(SPECS["bole::gdn_tree_verify"].tactics(dims))))
+        inverse_tactics = list(range(len(SPECS["bole::gdn_tree_values"].tactics(dims))))
     checks = [
         ("bole::gdn_tree_verify", lambda: check_verify(arch, gen, torch.float32, verify_tactics)),
         ("bole::gdn_tree_verify", lambda: check_verify(arch, gen, torch.bfloat16, None)),
+        ("bole::gdn_tree_values", lambda: check_inverse(arch, gen, torch.float32, [0])),
+        ("bole::gdn_tree_values", lambda: check_inverse(arch, gen, torch.bfloat16, inverse_tactics)),
         ("bole::gdn_commit", lambda: check_commit(arch, gen)),
         ("bole::tree_conv1d", lambda: check_conv(arch, gen, torch.float32)),
         ("bole::tree_conv1d", lambda: check_conv(arch, gen, torch.bfloat16)),

@@ -243,3 +243,17 @@ def test_aot_ptx_for_sm90_verify(tmp_path):
     assert info["name"] == "gdn_tree_verify_aot" and info["extra"] == []
     assert info["grid"] == [128 // 16, 32, 4]  # tactic 0: value tiles of 16, per head, per request
     check_ptx(info, tmp_path)
+
+
+@pytest.mark.slow
+def test_aot_ptx_for_sm90_explicit_inverse(tmp_path):
+    out = compile_in_subprocess(tmp_path, "bole::gdn_tree_factors", "bole::gdn_tree_values")
+    factors, values = out["bole::gdn_tree_factors"], out["bole::gdn_tree_values"]
+    assert factors["name"] == "gdn_tree_factors_aot" and factors["grid"] == [32, 4, 1]  # per head, request
+    assert values["name"] == "gdn_tree_values_aot" and values["grid"] == [128 // 64, 32, 4]  # + value tiles
+    assert factors["extra"] == values["extra"] == [256, 9]  # nodes, path length
+    assert factors["block"] == [8 * 32, 1, 1] and values["block"] == [4 * 32, 1, 1]
+    with open(values["ptx"]) as f:
+        assert re.search(r"^\.maxnreg 128$", f.read(), re.MULTILINE)  # tactic 0: the runtime's register cap
+    for info in out.values():
+        check_ptx(info, tmp_path)

@@ -25,31 +25,56 @@ def launch(plugin, tensors, attrs, tactic=0):
     extras = dict(zip(spec.extra_args, spec.extra_values(shapes), strict=True))
     args = [extras[name] if name in extras else tensors[name] for name in spec.params]
     grid = spec.grid(shapes, cfg, lambda a, b: -(-a // b))
-    num_warps, num_stages = spec.launch_options(cfg)
-    spec.adapter()[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+    options = spec.launch_options(cfg)
+    options.pop("maxnreg", None)  # a register cap means nothing to the interpreter
+    spec.adapter()[grid](*args, **constexprs, **options)
 
 
 def small_forest():
     return forest([topk_parents(9, 2, DEPTH), topk_parents(4, 3, 3)])
 
 
-def test_verify_adapter(gen):
+def verify_case(gen):
+    """A ragged forest, fp32 inputs (3 state slots, requests in slots 2 and 0) and NaN-poisoned outputs of
+    every verify plugin (o, u, log_p; the pair's factors and scratch)."""
     tree = small_forest()
     x = random_gdn_inputs(tree.num_nodes, 3, H, HV, DK, DV, generator=gen).cast(torch.float32)
-    slots = torch.tensor([2, 0])
+    n, d, nan = tree.num_nodes, tree.paths.shape[1], float("nan")
     tensors = {
-        "q": x.q, "k": x.k, "v": x.v, "g": x.g, "beta": x.beta, "state": x.state, "state_indices": slots,
-        "cu_seqlens": tree.cu_seqlens, "dfs_order": tree.dfs_order, "subtree_size": tree.subtree_size,
-        "o": torch.full_like(x.v, float("nan")), "u": torch.full_like(x.v, float("nan")),
-        "log_p": torch.full_like(x.g, float("nan")),
+        "q": x.q, "k": x.k, "v": x.v, "g": x.g, "beta": x.beta, "state": x.state.clone(),
+        "state_indices": torch.tensor([2, 0]), "cu_seqlens": tree.cu_seqlens, "dfs_order": tree.dfs_order,
+        "subtree_size": tree.subtree_size, "depth": tree.depth, "paths": tree.paths,
+        "factors": torch.full((2, HV, n, d), nan), "scratch": torch.full((n, HV, 128), nan),
+        "o": torch.full_like(x.v, nan), "u": torch.full_like(x.v, nan), "log_p": torch.full_like(x.g, nan),
     }  # fmt: skip
-    launch("bole::gdn_tree_verify", tensors, {"scale": x.scale, "max_depth": DEPTH})
+    return tree, x, tensors
+
+
+def assert_verified(tensors, x, tree):
+    """o, u and log_p against the float64 serial recurrence and closed form; the state untouched."""
     args = (x.q.double(), x.k.double(), x.v.double(), x.g.double(), x.beta.double(), x.state.double(), tree)
+    slots = tensors["state_indices"]
     o_ref, _ = gdn_tree.serial_tree_recurrence(*args, scale=x.scale, state_indices=slots)
     _, u_ref, lp_ref = gdn_tree.closed_form_tree_verify(*args, scale=x.scale, state_indices=slots)
     assert rel_rms(tensors["o"], o_ref) <= 1e-4
     assert rel_rms(tensors["u"], u_ref) <= 1e-4
     assert (tensors["log_p"].double() - lp_ref).abs().max() <= 1e-5
+    assert torch.equal(tensors["state"], x.state)  # the verify never writes the state
+
+
+def test_verify_adapter(gen):
+    tree, x, tensors = verify_case(gen)
+    launch("bole::gdn_tree_verify", tensors, {"scale": x.scale, "max_depth": DEPTH})
+    assert_verified(tensors, x, tree)
+
+
+def test_explicit_inverse_adapters_in_two_launches(gen):
+    """bole::gdn_tree_factors, then bole::gdn_tree_values on its factors: the runtime's two-launch path."""
+    tree, x, tensors = verify_case(gen)
+    attrs = {"scale": x.scale, "max_nodes": 9, "max_depth": DEPTH}
+    launch("bole::gdn_tree_factors", tensors, attrs)
+    launch("bole::gdn_tree_values", tensors, attrs)
+    assert_verified(tensors, x, tree)
 
 
 def test_commit_adapter_in_place(gen):

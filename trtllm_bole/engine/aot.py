@@ -71,10 +71,12 @@ def compile_kernel(
     arch: int,
     num_warps: int,
     num_stages: int,
+    maxnreg: int | None = None,
     ptx_version: int | None = None,
 ) -> CompiledKernel:
     """``triton.compile`` of ``fn`` for ``sm_<arch>``; ``signature`` maps every argument to a Triton type
-    (``"*fp32"``, ``"i32"``, ``"constexpr"``), ``constexprs`` gives the constexpr values.
+    (``"*fp32"``, ``"i32"``, ``"constexpr"``), ``constexprs`` gives the constexpr values; ``maxnreg`` caps
+    the registers per thread (a ``.maxnreg`` directive in the PTX).
 
     Triton appends scratch-buffer pointers to every kernel's parameters; the ones the kernel never
     reads are removed from the PTX, so that the entry declares exactly the runtime arguments (the
@@ -94,6 +96,8 @@ def compile_kernel(
         raise ValueError(f"{fn.__name__}: no signature entry for {missing}")
     constants = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
     options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     ptx_version = ptx_version if ptx_version is not None else PTX_VERSION.get(arch)
     if ptx_version is not None:
         options["ptx_version"] = ptx_version
@@ -205,8 +209,9 @@ class PluginSpec:
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         raise NotImplementedError
 
-    def launch_options(self, cfg: Any) -> tuple[int, int]:
-        return cfg.num_warps, getattr(cfg, "num_stages", 1)
+    def launch_options(self, cfg: Any) -> dict[str, Any]:
+        """The compile options of a tactic: warps, stages and, where the tactic caps them, registers."""
+        return {"num_warps": cfg.num_warps, "num_stages": getattr(cfg, "num_stages", 1)}
 
     def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
         """Ranks, dtypes and the dimensions the ports share; ``ValueError`` naming the port."""
@@ -319,6 +324,202 @@ class GDNTreeVerifySpec(PluginSpec):
 
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return ()
+
+
+INVERSE_TILE = 64
+"""Nodes per request the explicit-inverse plugins serve, in one tile (63 drafts and the pending token: an
+engine's default tree); requests of more nodes, or deeper than the compact factors serve, take
+``bole::gdn_tree_verify``. The kernel skips a larger request, so the attributes bound the trees at build."""
+
+
+def _inverse_limits(plugin_id: str, attrs: dict) -> None:
+    from trtllm_bole.kernels.gdn_tree_verify_inverse import COMPACT_MAX_DEPTH, compact_factors
+
+    nodes, depth = int(attrs["max_nodes"]), int(attrs.get("max_depth", 1))
+    if not (1 <= nodes <= INVERSE_TILE and depth >= 1 and compact_factors(depth)):
+        raise ValueError(
+            f"{plugin_id} serves trees of at most {INVERSE_TILE} nodes and depth {COMPACT_MAX_DEPTH} per "
+            f"request (max_nodes={nodes}, max_depth={depth}); build larger ones with bole::gdn_tree_verify"
+        )
+
+
+def _inverse_exact(dtypes: dict[str, str], names: Sequence[str]) -> bool:
+    """The fp32-exact mode (IEEE dots) when every float operand is fp32, else the serving precisions."""
+    return all(dtypes[n] == "float32" for n in names)
+
+
+def _inverse_configs(dk: int, dv: int) -> list[Any]:
+    """The value-tile settings ``(bk, bv, warps, register cap)`` of the explicit inverse's two-launch configs
+    in tiles of :data:`INVERSE_TILE` that tile dk and dv, each once, the runtime's default at large batches
+    first (:func:`~trtllm_bole.kernels.gdn_tree_verify.default_config`: value tiles of 64 at 4 warps under
+    128 registers)."""
+    from trtllm_bole.kernels.gdn_tree_verify_inverse import INVERSE_CONFIGS
+
+    seen, out = set(), []
+    for c in INVERSE_CONFIGS:
+        key = (c.bk, c.bv, c.num_warps, c.maxnreg)
+        if c.launches == 2 and c.bt == INVERSE_TILE and dk % c.bk == 0 and dv % c.bv == 0 and key not in seen:
+            seen.add(key)
+            out.append(c)
+    return sorted(out, key=lambda c: (c.bv, c.num_warps, c.maxnreg) != (64, 4, 128))
+
+
+@dataclass(frozen=True, slots=True)
+class FactorConfig:
+    num_warps: int = 8
+
+
+class GDNTreeFactorsSpec(PluginSpec):
+    """Phase 1 of the explicit-inverse verify (:mod:`trtllm_bole.kernels.gdn_tree_verify_inverse`): the
+    compact factors ``W'``, ``C'`` and ``logP`` once per (request, value head), for
+    ``bole::gdn_tree_values``. ``scratch`` holds each head's ``Q Kᵀ`` and ``K Kᵀ`` rows on the way."""
+
+    plugin_id = "bole::gdn_tree_factors"
+    inputs = (
+        Port("q", 3, FLOATS),
+        Port("k", 3, FLOATS),
+        Port("g", 2, ("float32",)),
+        Port("beta", 2, FLOATS),
+        Port("cu_seqlens", 1, ("int64",)),
+        Port("depth", 1, ("int64",)),
+        Port("paths", 2, ("int64",)),
+    )
+    outputs = (
+        Port("factors", 0, ("float32",)),
+        Port("log_p", 0, ("float32",)),
+        Port("scratch", 0, ("float32",)),
+    )
+    extra_args = ("num_nodes", "max_depth")
+    attrs = (("scale", float), ("max_nodes", int), ("max_depth", int))
+
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+        n, hv, d = shapes["q"][0], shapes["g"][1], shapes["paths"][1]
+        return [((2, hv, n, d), "float32"), ((n, hv), "float32"), ((n, hv, 2 * INVERSE_TILE), "float32")]
+
+    def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
+        super().check(shapes, dtypes)
+        _same(self.plugin_id, shapes, [
+            ("k", 0, "q", 0), ("k", 1, "q", 1), ("k", 2, "q", 2), ("g", 0, "q", 0), ("beta", 0, "q", 0),
+            ("beta", 1, "g", 1), ("depth", 0, "q", 0), ("paths", 0, "q", 0),
+        ])  # fmt: skip
+        _same_dtype(self.plugin_id, dtypes, ("q", "k"))
+        _inverse_dims(self.plugin_id, _const(shapes["q"][1]), _const(shapes["q"][2]), _const(shapes["g"][1]))
+
+    def tactics(self, shapes: Shapes) -> list[Any]:
+        return [FactorConfig(8), FactorConfig(4)]
+
+    def adapter(self) -> Any:
+        from trtllm_bole.engine.aot_kernels import gdn_tree_factors_aot
+
+        return gdn_tree_factors_aot
+
+    def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
+        from trtllm_bole.kernels._common import pow2_at_least
+
+        _inverse_limits(self.plugin_id, attrs)
+        return {
+            "SCALE": float(attrs["scale"]),
+            "H": _const(shapes["q"][1]),
+            "HV": _const(shapes["g"][1]),
+            "DK": _const(shapes["q"][2]),
+            "BT": INVERSE_TILE,
+            "DP": pow2_at_least(int(attrs["max_depth"])),
+            "SW": 2 * INVERSE_TILE,
+            "PREC": "ieee" if _inverse_exact(dtypes, ("q", "k")) else "tf32",
+        }
+
+    def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
+        return (_const(shapes["g"][1]), shapes["cu_seqlens"][0] - 1, 1)
+
+    def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
+        return (shapes["q"][0], shapes["paths"][1])
+
+
+class GDNTreeValuesSpec(PluginSpec):
+    """Phase 2 of the explicit-inverse verify: one program per (request, value head, value tile) forms
+    ``K S`` and ``Q S`` from the state (read, never written), then ``U = W' (V - D K S)`` and
+    ``O = scale D Q S + C' U`` from the factors of ``bole::gdn_tree_factors``."""
+
+    plugin_id = "bole::gdn_tree_values"
+    inputs = (
+        Port("q", 3, FLOATS),
+        Port("k", 3, FLOATS),
+        Port("v", 3, FLOATS),
+        Port("state", 4, ("float32",)),
+        Port("state_indices", 1, ("int64",)),
+        Port("cu_seqlens", 1, ("int64",)),
+        Port("dfs_order", 1, ("int64",)),
+        Port("subtree_size", 1, ("int64",)),
+        Port("depth", 1, ("int64",)),
+        Port("log_p", 2, ("float32",)),
+        Port("factors", 4, ("float32",)),
+    )
+    outputs = (Port("o", 0, FLOATS), Port("u", 0, ("float32",)))
+    extra_args = ("num_nodes", "max_depth")
+    attrs = (("scale", float), ("max_nodes", int))
+
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+        return [(shapes["v"], dtypes["v"]), (shapes["v"], "float32")]
+
+    def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
+        super().check(shapes, dtypes)
+        _same(self.plugin_id, shapes, [
+            ("k", 0, "q", 0), ("k", 1, "q", 1), ("k", 2, "q", 2), ("v", 0, "q", 0), ("state", 1, "v", 1),
+            ("state", 2, "q", 2), ("state", 3, "v", 2), ("dfs_order", 0, "q", 0), ("subtree_size", 0, "q", 0),
+            ("depth", 0, "q", 0), ("log_p", 0, "q", 0), ("log_p", 1, "v", 1), ("factors", 1, "v", 1),
+            ("factors", 2, "q", 0),
+        ])  # fmt: skip
+        _same_dtype(self.plugin_id, dtypes, ("q", "k"))
+        if _const(shapes["factors"][0]) != 2:
+            raise ValueError(
+                f"{self.plugin_id}: factors must be [2, HV, N, depth] (W', C'), got {shapes['factors']}"
+            )
+        h, dk, hv, dv = (_const(d) for d in (*shapes["q"][1:], *shapes["v"][1:]))
+        _inverse_dims(self.plugin_id, h, dk, hv)
+        if dv % 16:
+            raise ValueError(f"{self.plugin_id}: dv={dv} must be a multiple of 16")
+
+    def tactics(self, shapes: Shapes) -> list[Any]:
+        return _inverse_configs(_const(shapes["q"][2]), _const(shapes["v"][2]))
+
+    def adapter(self) -> Any:
+        from trtllm_bole.engine.aot_kernels import gdn_tree_values_aot
+
+        return gdn_tree_values_aot
+
+    def launch_options(self, cfg: Any) -> dict[str, Any]:
+        options = {"num_warps": cfg.num_warps, "num_stages": 1}
+        return options if cfg.maxnreg is None else {**options, "maxnreg": cfg.maxnreg}
+
+    def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
+        _inverse_limits(self.plugin_id, attrs)
+        exact = _inverse_exact(dtypes, ("q", "k", "v"))
+        return {
+            "SCALE": float(attrs["scale"]),
+            "H": _const(shapes["q"][1]),
+            "HV": _const(shapes["v"][1]),
+            "DK": _const(shapes["q"][2]),
+            "DV": _const(shapes["v"][2]),
+            "BT": INVERSE_TILE,
+            "BK": cfg.bk,
+            "BV": cfg.bv,
+            "PREC": "ieee" if exact else "tf32",
+            "S_BF16": not exact,  # the serving precision: bf16 state products (default_precision)
+        }
+
+    def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
+        return (_const(shapes["v"][2]) // cfg.bv, _const(shapes["v"][1]), shapes["cu_seqlens"][0] - 1)
+
+    def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
+        return (shapes["q"][0], shapes["factors"][3])
+
+
+def _inverse_dims(plugin_id: str, h: int, dk: int, hv: int) -> None:
+    if hv % h or dk < 16 or dk & (dk - 1):
+        raise ValueError(
+            f"{plugin_id}: HV={hv} must be a multiple of H={h} and dk={dk} a power of two >= 16 (the "
+            "explicit inverse loads whole rows of K)"
+        )
 
 
 class GDNCommitSpec(PluginSpec):
@@ -458,7 +659,14 @@ class TreeConv1dSpec(PluginSpec):
 
 
 SPECS: dict[str, PluginSpec] = {
-    s.plugin_id: s for s in (GDNTreeVerifySpec(), GDNCommitSpec(), TreeConv1dSpec())
+    s.plugin_id: s
+    for s in (
+        GDNTreeVerifySpec(),
+        GDNTreeFactorsSpec(),
+        GDNTreeValuesSpec(),
+        GDNCommitSpec(),
+        TreeConv1dSpec(),
+    )
 }
 
 
@@ -482,10 +690,9 @@ def aot_payload(
         raise ValueError(f"{spec.plugin_id}: tactic {tactic} outside [0, {len(configs)})")
     cfg = configs[tactic]
     constexprs = spec.constexprs(shapes, dtypes, attrs, cfg)
-    num_warps, num_stages = spec.launch_options(cfg)
     kernel = compile_kernel(
         spec.adapter(), spec.signature(dtypes, constexprs), constexprs,
-        arch=arch, num_warps=num_warps, num_stages=num_stages, ptx_version=ptx_version,
+        **spec.launch_options(cfg), arch=arch, ptx_version=ptx_version,
     )  # fmt: skip
     if kernel.num_params != len(spec.params):
         raise ValueError(f"{kernel.name}: {kernel.num_params} parameters, expected {len(spec.params)}")

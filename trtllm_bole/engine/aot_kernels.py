@@ -14,6 +14,7 @@ import triton.language as tl
 
 from trtllm_bole.kernels.gdn_commit import _gdn_commit_kernel
 from trtllm_bole.kernels.gdn_tree_verify import _gdn_tree_verify_kernel
+from trtllm_bole.kernels.gdn_tree_verify_inverse import _gdn_tree_verify_inverse_kernel, _path_factors_kernel
 from trtllm_bole.kernels.tree_conv1d import _tree_conv1d_kernel
 
 
@@ -51,6 +52,78 @@ def gdn_tree_verify_aot(
         dfs_order=dfs_order, subtree_size=subtree_size, o=o, u=u, log_p=log_p, a_log=g, dt_bias=g,
         scale=SCALE, hv=HV, n_squarings=SQUARINGS, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, LB=LB,
         FUSED=FUSED, USE_SLOTS=True, PREC=PREC, S_BF16=False, UPCAST=False, RAW_GATES=False,
+    )  # fmt: skip
+
+
+@triton.jit
+def gdn_tree_factors_aot(
+    q,
+    k,
+    g,
+    beta,
+    cu_seqlens,
+    depth,
+    paths,
+    num_nodes,
+    max_depth,
+    factors,
+    log_p,
+    scratch,
+    SCALE: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    BT: tl.constexpr,
+    DP: tl.constexpr,
+    SW: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # The factor kernel takes the value-tile kernel's argument list; the pointers it never reads (v, the
+    # state and its slots, the pre-order, o and u, the raw-gate parameters) are stood in for by q.
+    _path_factors_kernel(
+        q=q, k=k, v=q, g=g, beta=beta, state=q, slots=cu_seqlens, cu_seqlens=cu_seqlens, dfs_order=depth,
+        subtree_size=depth, depth=depth, paths=paths, o=q, u=q, log_p=log_p, factors=factors, scratch=scratch,
+        a_log=g, dt_bias=g, scale=SCALE, hv=HV, n_total=num_nodes, d=max_depth, n_squarings=0, plain_last=0,
+        H=H, DK=DK, BT=BT, DP=DP, SW=SW, PREC=PREC, UPCAST=False, RAW_GATES=False,
+    )  # fmt: skip
+
+
+@triton.jit
+def gdn_tree_values_aot(
+    q,
+    k,
+    v,
+    state,
+    state_indices,
+    cu_seqlens,
+    dfs_order,
+    subtree_size,
+    depth,
+    log_p,
+    factors,
+    num_nodes,
+    max_depth,
+    o,
+    u,
+    SCALE: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+    S_BF16: tl.constexpr,
+):
+    # Phase 2 of the explicit inverse from the stored factors; log_p stands in for the pointers it never
+    # reads (the gates, the raw-gate parameters, the paths and the factor kernel's scratch).
+    _gdn_tree_verify_inverse_kernel(
+        q=q, k=k, v=v, g=log_p, beta=log_p, state=state, slots=state_indices, cu_seqlens=cu_seqlens,
+        dfs_order=dfs_order, subtree_size=subtree_size, depth=depth, paths=depth, o=o, u=u, log_p=log_p,
+        factors=factors, scratch=log_p, a_log=log_p, dt_bias=log_p, scale=SCALE, hv=HV, n_total=num_nodes,
+        d=max_depth, n_squarings=0, plain_last=0, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, PHASE=2,
+        USE_SLOTS=True, PREC=PREC, S_BF16=S_BF16, UPCAST=False, RAW_GATES=False, BLOCKED=False,
     )  # fmt: skip
 
 

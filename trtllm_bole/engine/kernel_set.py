@@ -1,6 +1,8 @@
 """The Bole kernels an engine compiles: each plugin's kernel at the model's dimensions and dtypes, for
-the tiling configs the runtime picks at the engine's batch sizes (the verify plugin runs the blocked
-kernel, whose default config varies with batch), with the engine's maximum tree depth compiled in."""
+the tiling configs the runtime picks at the engine's batch sizes (the blocked verify's default config and
+the explicit inverse's both vary with batch), with the engine's maximum tree depth compiled in. The
+explicit-inverse pair (``bole::gdn_tree_factors``, ``bole::gdn_tree_values``) is compiled where its one
+tile holds the engine's trees."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from trtllm_bole.engine.aot import SPECS, AOTPayload, Shapes, aot_payload
+from trtllm_bole.engine.aot import INVERSE_TILE, SPECS, AOTPayload, FactorConfig, Shapes, aot_payload
 from trtllm_bole.models.config import Qwen35Config
 
 if TYPE_CHECKING:
@@ -54,30 +56,73 @@ def plugin_io(config: Qwen35Config, settings: BuildSettings, batch: int | None =
          "global_parents": i64},
         {"silu": 1},
     )  # fmt: skip
-    return {"bole::gdn_tree_verify": verify, "bole::gdn_commit": commit, "bole::tree_conv1d": conv}
+    tree = {"cu_seqlens": (b + 1,), "depth": (n,)}
+    limits = {"scale": dk**-0.5, "max_nodes": settings.max_draft_nodes + 1}
+    factors = (
+        {"q": (n, h, dk), "k": (n, h, dk), "g": (n, hv), "beta": (n, hv), **tree, "paths": (n, d)},
+        {"q": act, "k": act, "g": "float32", "beta": act, "cu_seqlens": i64, "depth": i64, "paths": i64},
+        {**limits, "max_depth": d},
+    )  # fmt: skip
+    values = (
+        {"q": (n, h, dk), "k": (n, h, dk), "v": (n, hv, dv), "state": (s, hv, dk, dv), "state_indices": (b,),
+         **tree, "dfs_order": (n,), "subtree_size": (n,), "log_p": (n, hv), "factors": (2, hv, n, d)},
+        {"q": act, "k": act, "v": act, "state": "float32", "state_indices": i64, "cu_seqlens": i64,
+         "dfs_order": i64, "subtree_size": i64, "depth": i64, "log_p": "float32", "factors": "float32"},
+        limits,
+    )  # fmt: skip
+    return {
+        "bole::gdn_tree_verify": verify,
+        "bole::gdn_tree_factors": factors,
+        "bole::gdn_tree_values": values,
+        "bole::gdn_commit": commit,
+        "bole::tree_conv1d": conv,
+    }
 
 
 def engine_payloads(config: Qwen35Config, settings: BuildSettings) -> dict[str, Callable[[int], AOTPayload]]:
     """``key -> (arch -> payload)`` for every kernel variant the engine ships."""
-    from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config
-
     jobs: dict[str, Callable[[int], AOTPayload]] = {}
     for plugin_id, (shapes, dtypes, attrs) in plugin_io(config, settings).items():
-        spec = SPECS[plugin_id]
-        tactics = spec.tactics(shapes)
-        chosen = [0]
-        if plugin_id == "bole::gdn_tree_verify":
-            c = config
-            defaults = {
-                blocked_default_config(b, c.linear_num_value_heads, c.linear_key_head_dim,
-                                       c.linear_value_head_dim)
-                for b in range(1, settings.max_batch_size + 1)
-            }  # fmt: skip
-            chosen = sorted(tactics.index(cfg) for cfg in defaults if cfg in tactics) or [0]
-        for t in chosen:
+        if plugin_id in INVERSE_PAIR and not inverse_serves(settings):
+            continue
+        for t in _runtime_tactics(plugin_id, SPECS[plugin_id].tactics(shapes), config, settings):
             key = f"{plugin_id.split('::')[1]}-t{t}"
             jobs[key] = partial(_payload, plugin_id, shapes, dtypes, attrs, t)
     return jobs
+
+
+INVERSE_PAIR = ("bole::gdn_tree_factors", "bole::gdn_tree_values")
+
+
+def inverse_serves(settings: BuildSettings) -> bool:
+    """Whether the explicit-inverse pair's one tile holds the engine's trees (nodes and depth)."""
+    from trtllm_bole.kernels.gdn_tree_verify_inverse import compact_factors
+
+    return settings.max_draft_nodes + 1 <= INVERSE_TILE and compact_factors(settings.tree_depth)
+
+
+def _runtime_tactics(
+    plugin_id: str, tactics: list, config: Qwen35Config, settings: BuildSettings
+) -> list[int]:
+    """The tactics of ``plugin_id`` the runtime's default configs pick at the engine's batch sizes (the
+    first one where that choice does not vary with batch or is not among the plugin's tactics)."""
+    from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config, default_config
+
+    c, nodes = config, settings.max_draft_nodes + 1
+    heads = (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
+    batches = range(1, settings.max_batch_size + 1)
+    if plugin_id == "bole::gdn_tree_verify":
+        picked = {blocked_default_config(b, *heads) for b in batches}
+    elif plugin_id in INVERSE_PAIR:
+        two = [cfg for cfg in (default_config(b * nodes, b, *heads) for b in batches) if cfg.launches == 2]
+        if plugin_id == "bole::gdn_tree_factors":
+            picked = {FactorConfig(cfg.warps1) for cfg in two}
+        else:
+            keys = {(cfg.bk, cfg.bv, cfg.num_warps, cfg.maxnreg) for cfg in two}
+            picked = {t for t in tactics if (t.bk, t.bv, t.num_warps, t.maxnreg) in keys}
+    else:
+        picked = set()
+    return sorted(tactics.index(cfg) for cfg in picked if cfg in tactics) or [0]
 
 
 def _payload(
