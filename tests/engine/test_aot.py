@@ -213,6 +213,7 @@ def check_ptx(info, tmp_path):
     assert ".target sm_90a" in ptx and re.search(r"^\.version 8\.0$", ptx, re.MULTILINE)
     assert re.search(rf"\.visible \.entry {info['name']}\(", ptx)
     assert len(entry_params(ptx, info["name"])) == len(info["params"])  # exactly TensorRT's launch
+    assert re.search(r"ld\.global[.\w]*\.v[24]\.", ptx)  # vector loads: pointers compiled as 16-byte aligned
     assert info["block"][0] % 32 == 0
     ptxas = shutil.which("ptxas") or str(TRITON_BIN / "ptxas")  # Triton ships one
     run = subprocess.run([ptxas, "-arch=sm_90a", info["ptx"], "-o", str(tmp_path / "k.cubin")])
