@@ -8,8 +8,11 @@ The network (strongly typed, dynamic N nodes / B requests / M context rows) comp
 draft forest, what ``Qwen35Model.verify`` computes:
 
 - GDN layers: projections (TensorRT matmuls), ``bole::tree_conv1d`` (+ SiLU), q/k L2 norm and the gates
-  (TensorRT elementwise layers), ``bole::gdn_tree_verify`` (closed form, state read-only), gated RMS
-  norm, out projection;
+  (TensorRT elementwise layers), the closed form (state read-only), gated RMS norm, out projection. The
+  closed form is the runtime's: ``bole::gdn_tree_factors`` then ``bole::gdn_tree_values`` (the explicit
+  inverse, q/k in the model's dtype after their norm, as the runtime hands them on) in a 16-bit engine
+  whose trees fit its one tile (``max_draft_nodes + 1 <= 64``, depth <= 16; the tree's ``paths`` are then
+  an input), else ``bole::gdn_tree_verify`` (the blocked kernel, fp32 q/k; IEEE dots in an fp32 engine);
 - attention layers: q/k RMSNorm, partial RoPE (cos/sin given per node), the output gate, and dense
   attention over ``[context rows | new nodes]`` with an additive mask: the context part is an input
   (the runtime gathers the committed K/V of the batch from its paged cache), the tree part is built in
@@ -27,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trtllm_bole.engine.aot import inverse_serves
 
 MISSING = (
     "--tensorrt needs the full TensorRT Python package `tensorrt` (with its Builder, version >= 10.8 for "
@@ -193,6 +198,13 @@ class VerifyNetwork:
         forest = ("state_indices", "cu_seqlens", "dfs_order", "subtree_size", "request", "depth")
         forest += ("global_parents",)  # the tree conv's walk up the path
         self.tree = {n: self.input(n, i64, (-1,)) for n in forest}
+        # The runtime's choice: the explicit inverse serves 16-bit activations; fp32 ones take the exact mode,
+        # the blocked kernel's IEEE dots (kernels.gdn_tree_verify.exact_config).
+        self.inverse = self.dtype != trt.float32 and inverse_serves(
+            b["max_draft_nodes"] + 1, b["max_draft_depth"] + 1
+        )
+        if self.inverse:  # each node's ancestors by depth, for the explicit inverse's compact factors
+            self.tree["paths"] = self.input("paths", i64, (-1, -1))
         self.gdn_state = self.input(
             "gdn_state",
             trt.float32,
@@ -281,33 +293,51 @@ class VerifyNetwork:
         g = self.ew(gate, self.const(-np.exp(self.w[p + "A_log"])[None], f32), "PROD")
         beta = self.act(b, "SIGMOID")
         state = self.reshape(self.take(self.gdn_state, 0, li, 1), (-1, hv, dk, dv))
-        verify = self.net.add_plugin(
-            self._op().gdn_tree_verify(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                state,
-                t["state_indices"],
-                t["cu_seqlens"],
-                t["dfs_order"],
-                t["subtree_size"],
-                scale=dk**-0.5,
-                max_depth=self.build_settings["max_draft_depth"] + 1,
-            ),
-            aot=True,
-        )
-        o = verify.get_output(0)
+        o, k, u, log_p = (self._explicit_inverse if self.inverse else self._blocked)(q, k, v, g, beta, state)
         self.output(k, f"gdn{li}.k")
-        self.output(verify.get_output(1), f"gdn{li}.u")
-        self.output(verify.get_output(2), f"gdn{li}.log_p")
+        self.output(u, f"gdn{li}.u")
+        self.output(log_p, f"gdn{li}.log_p")
         self.output(qkv, f"gdn{li}.conv_input")
         normed = self.cast(self.rms(o, 3, c.rms_norm_eps), self.dtype)
         zz = self.cast(self.reshape(z, (0, hv, dv)), f32)
         silu = self.cast(self.ew(zz, self.act(zz, "SIGMOID"), "PROD"), self.dtype)
         y = self.ew(self.ew(self.const(self.w[p + "norm"][None, None]), normed, "PROD"), silu, "PROD")
         return self.linear(self.reshape(y, (0, -1)), p + "out_proj")
+
+    def _blocked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> tuple[Any, ...]:
+        """``bole::gdn_tree_verify`` (fp32 q/k): o, the commit's k, u and log_p."""
+        t, b = self.tree, self.build_settings
+        verify = self.net.add_plugin(
+            self._op().gdn_tree_verify(
+                q, k, v, g, beta, state, t["state_indices"], t["cu_seqlens"], t["dfs_order"],
+                t["subtree_size"], scale=self.c.linear_key_head_dim**-0.5, max_depth=b["max_draft_depth"] + 1,
+            ),
+            aot=True,
+        )  # fmt: skip
+        return verify.get_output(0), k, verify.get_output(1), verify.get_output(2)
+
+    def _explicit_inverse(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> tuple[Any, ...]:
+        """``bole::gdn_tree_factors`` then ``bole::gdn_tree_values`` on q/k in the model's dtype: o, the
+        commit's k (those values, in fp32), u and log_p."""
+        t, b = self.tree, self.build_settings
+        q, k = self.cast(q, self.dtype), self.cast(k, self.dtype)
+        scale, nodes = self.c.linear_key_head_dim**-0.5, b["max_draft_nodes"] + 1
+        factors = self.net.add_plugin(
+            self._op().gdn_tree_factors(
+                q, k, g, beta, t["cu_seqlens"], t["depth"], t["paths"],
+                scale=scale, max_nodes=nodes, max_depth=b["max_draft_depth"] + 1,
+            ),
+            aot=True,
+        )  # fmt: skip
+        log_p = factors.get_output(1)
+        values = self.net.add_plugin(
+            self._op().gdn_tree_values(
+                q, k, v, state, t["state_indices"], t["cu_seqlens"], t["dfs_order"], t["subtree_size"],
+                t["depth"], log_p, factors.get_output(0), scale=scale, max_nodes=nodes,
+            ),
+            aot=True,
+        )  # fmt: skip
+        return values.get_output(0), self.cast(k, self.trt.float32), values.get_output(1), log_p
 
     def _l2norm(self, x: Any) -> Any:
         x = self.cast(x, self.trt.float32)
@@ -413,6 +443,9 @@ class VerifyNetwork:
         }  # fmt: skip
         for name in ("dfs_order", "subtree_size", "request", "depth", "global_parents"):
             shapes[name] = shapes["input_ids"]
+        if self.inverse:
+            levels = b["max_draft_depth"] + 1
+            shapes["paths"] = [(1, 1), (nodes // 2, levels), (nodes, levels)]
         shapes["rope_sin"], shapes["context_v"] = shapes["rope_cos"], shapes["context_k"]
         for name, (lo, opt, hi) in shapes.items():
             profile.set_shape(name, lo, opt, hi)

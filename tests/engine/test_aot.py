@@ -18,7 +18,7 @@ import triton
 
 from trtllm_bole.engine.aot import SPECS, compile_kernel, entry_params, trim_params
 from trtllm_bole.engine.build import BuildSettings
-from trtllm_bole.engine.kernel_set import plugin_io
+from trtllm_bole.engine.kernel_set import engine_payloads, plugin_io
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.presets import QWEN35_PRESETS
 
@@ -142,6 +142,42 @@ def test_tactics_only_tile_the_head_dims():
     assert (first.bk, first.bv, first.outer) == (128, 32, True)  # the runtime's default first
 
 
+def test_explicit_inverse_tactics_and_limits():
+    shapes, dtypes, attrs = plugin_io(NINE_B, SETTINGS, batch=16)["bole::gdn_tree_values"]
+    values = SPECS["bole::gdn_tree_values"]
+    tactics = values.tactics(shapes)
+    first = tactics[0]
+    assert (first.bk, first.bv, first.num_warps, first.maxnreg) == (64, 64, 4, 128)  # the runtime's default
+    assert values.launch_options(first) == {"num_warps": 4, "num_stages": 1, "maxnreg": 128}
+    keys = [(t.bk, t.bv, t.num_warps, t.maxnreg) for t in tactics]
+    assert len(set(keys)) == len(keys) and all(t.launches == 2 and t.bt == 64 for t in tactics)
+    assert values.constexprs(shapes, dtypes, attrs, first)["S_BF16"]  # bf16 serving: bf16 state products
+    exact = {**dtypes, "q": "float32", "k": "float32", "v": "float32"}
+    assert values.constexprs(shapes, exact, attrs, first)["PREC"] == "ieee"
+    for bad in ({"max_nodes": 65}, {"max_nodes": 0}):
+        with pytest.raises(ValueError, match="at most 64 nodes and depth 16"):
+            values.constexprs(shapes, dtypes, {**attrs, **bad}, first)
+    shapes, dtypes, attrs = plugin_io(NINE_B, SETTINGS, batch=16)["bole::gdn_tree_factors"]
+    factors = SPECS["bole::gdn_tree_factors"]
+    with pytest.raises(ValueError, match="at most 64 nodes and depth 16"):
+        factors.constexprs(shapes, dtypes, {**attrs, "max_depth": 17}, factors.tactics(shapes)[0])
+    assert factors.output_descs(shapes, dtypes, attrs) == [
+        ((2, 32, 16 * 64, 9), "float32"),  # W', C' per value head, node and path position
+        ((16 * 64, 32), "float32"),
+        ((16 * 64, 32, 128), "float32"),  # Q Kᵀ and K Kᵀ rows on the way
+    ]
+
+
+def test_engines_compile_the_pair_only_for_trees_it_serves():
+    keys = engine_payloads(NINE_B, BuildSettings(dtype="bfloat16", max_batch_size=16).validated("cuda"))
+    assert {"gdn_tree_factors-t0", "gdn_tree_values-t0"} <= set(keys)  # batch 16: the runtime's default
+    wide = BuildSettings(dtype="bfloat16", max_batch_size=16, max_draft_nodes=64).validated("cuda")
+    assert not any(
+        k.startswith(("gdn_tree_factors", "gdn_tree_values")) for k in engine_payloads(NINE_B, wide)
+    )
+    assert any(k.startswith("gdn_tree_verify") for k in engine_payloads(NINE_B, wide))
+
+
 PTX = """.visible .entry k(
 \t.param .u64 .ptr .global .align 1 k_param_0,
 \t.param .u32 k_param_1,
@@ -177,7 +213,7 @@ COMPILE = textwrap.dedent(
     import json, sys
     from trtllm_bole.engine.aot import SPECS, aot_payload
     from trtllm_bole.engine.build import BuildSettings
-    from trtllm_bole.engine.kernel_set import plugin_io
+    from trtllm_bole.engine.kernel_set import engine_payloads, plugin_io
     from trtllm_bole.models.config import load_config
     from trtllm_bole.models.presets import QWEN35_PRESETS
 

@@ -56,6 +56,24 @@ def test_definitions_match_the_specs(plugin):
     )
 
 
+def test_network_calls_each_plugin_as_specified():
+    """network.py cannot run here (no TensorRT): every plugin it adds takes the spec's number of inputs and
+    exactly its attributes by name, and every plugin but the runtime's commit is used."""
+    tree = ast.parse((ROOT / "plugins" / "network.py").read_text())
+    calls = [
+        node for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Call) and getattr(node.func.value.func, "attr", None) == "_op"
+    ]  # fmt: skip
+    used = set()
+    for call in calls:
+        spec = SPECS[f"bole::{call.func.attr}"]
+        used.add(spec.plugin_id)
+        assert len(call.args) == len(spec.inputs), spec.plugin_id
+        assert [kw.arg for kw in call.keywords] == [name for name, _ in spec.attrs], spec.plugin_id
+    assert used == set(SPECS) - {"bole::gdn_commit"}  # the commit stays in the runtime
+
+
 def tensorrt_plugin():
     """The real tensorrt.plugin module (full TensorRT), else a skip with the reason."""
     try:

@@ -341,11 +341,19 @@ engine's default tree); requests of more nodes, or deeper than the compact facto
 ``bole::gdn_tree_verify``. The kernel skips a larger request, so the attributes bound the trees at build."""
 
 
+def inverse_serves(max_nodes: int, max_depth: int) -> bool:
+    """Whether the explicit-inverse plugins serve trees of up to ``max_nodes`` nodes and ``max_depth`` levels
+    per request (the pending token included): one tile of :data:`INVERSE_TILE`, compact factors."""
+    from trtllm_bole.kernels.gdn_tree_verify_inverse import compact_factors
+
+    return 1 <= max_nodes <= INVERSE_TILE and max_depth >= 1 and compact_factors(max_depth)
+
+
 def _inverse_limits(plugin_id: str, attrs: dict) -> None:
-    from trtllm_bole.kernels.gdn_tree_verify_inverse import COMPACT_MAX_DEPTH, compact_factors
+    from trtllm_bole.kernels.gdn_tree_verify_inverse import COMPACT_MAX_DEPTH
 
     nodes, depth = int(attrs["max_nodes"]), int(attrs.get("max_depth", 1))
-    if not (1 <= nodes <= INVERSE_TILE and depth >= 1 and compact_factors(depth)):
+    if not inverse_serves(nodes, depth):
         raise ValueError(
             f"{plugin_id} serves trees of at most {INVERSE_TILE} nodes and depth {COMPACT_MAX_DEPTH} per "
             f"request (max_nodes={nodes}, max_depth={depth}); build larger ones with bole::gdn_tree_verify"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from trtllm_bole.engine.aot import INVERSE_TILE, SPECS, AOTPayload, FactorConfig, Shapes, aot_payload
+from trtllm_bole.engine.aot import SPECS, AOTPayload, FactorConfig, Shapes, aot_payload, inverse_serves
 from trtllm_bole.models.config import Qwen35Config
 
 if TYPE_CHECKING:
@@ -83,7 +83,9 @@ def engine_payloads(config: Qwen35Config, settings: BuildSettings) -> dict[str, 
     """``key -> (arch -> payload)`` for every kernel variant the engine ships."""
     jobs: dict[str, Callable[[int], AOTPayload]] = {}
     for plugin_id, (shapes, dtypes, attrs) in plugin_io(config, settings).items():
-        if plugin_id in INVERSE_PAIR and not inverse_serves(settings):
+        if plugin_id in INVERSE_PAIR and not inverse_serves(
+            settings.max_draft_nodes + 1, settings.tree_depth
+        ):
             continue
         for t in _runtime_tactics(plugin_id, SPECS[plugin_id].tactics(shapes), config, settings):
             key = f"{plugin_id.split('::')[1]}-t{t}"
@@ -92,13 +94,6 @@ def engine_payloads(config: Qwen35Config, settings: BuildSettings) -> dict[str, 
 
 
 INVERSE_PAIR = ("bole::gdn_tree_factors", "bole::gdn_tree_values")
-
-
-def inverse_serves(settings: BuildSettings) -> bool:
-    """Whether the explicit-inverse pair's one tile holds the engine's trees (nodes and depth)."""
-    from trtllm_bole.kernels.gdn_tree_verify_inverse import compact_factors
-
-    return settings.max_draft_nodes + 1 <= INVERSE_TILE and compact_factors(settings.tree_depth)
 
 
 def _runtime_tactics(
