@@ -18,7 +18,8 @@ depth 8, batch 1-32:
 
 Every variant's o, u and log_p are first checked against the float64 serial recurrence of the values it
 reads (relative RMS <= 1e-2); a variant that fails is reported and not timed, and a batch's ratios are
-given only where both sides passed. Times: CUDA-graph replays, the L2 flushed before each
+given only where both sides passed (``inverse_vs_blocked``, ``inverse_vs_runtime``: the other's time over
+the pair's, above 1 where the pair is faster). Times: CUDA-graph replays, the L2 flushed before each
 (``_bench_util.graph_timer``). Writes ``<out>/aot_verify_h200.json``.
 """
 
