@@ -285,9 +285,11 @@ def _commit_batch(b, batch: int) -> dict[str, Any]:
     log_p = gdn_tree.path_log_decay(x.g, tree)[None].expand(layers, -1, -1).contiguous()
     state = torch.randn(layers, batch, hv, b.dk, b.dv, device=b.device) * 0.1
     factors = GDNTreeFactors(tree, k, u, log_p)
-    leaf = torch.full((batch,), depth - 1, dtype=torch.long, device=b.device)  # the spine's end
+    deepest = int(torch.argmax(tree.depth[:size]))  # request 0's first deepest node (local = global index)
+    leaf = torch.full((batch,), deepest, dtype=torch.long, device=b.device)
     row: dict[str, Any] = {"model": name, "layers": layers, "batch": batch, "tree_size": size,
-                           "path_length": depth, "state_bytes_moved": 2 * state.numel() * 4}  # fmt: skip
+                           "path_length": int(tree.depth[deepest]),  # nodes committed per request
+                           "state_bytes_moved": 2 * state.numel() * 4}  # fmt: skip
     times = {}
     for cfg in b.commit_mod.COMMIT_CONFIGS if b.cuda else [None]:
         if _check_commit(b, factors, state, leaf, cfg):

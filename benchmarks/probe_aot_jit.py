@@ -21,7 +21,7 @@ from pathlib import Path
 import _bench_util as U
 import torch
 import triton
-from bench_aot_verify import HV, NODES, verify_inputs
+from bench_aot_plugins import HV, NODES, verify_inputs
 
 import trtllm_bole.engine.aot as aot
 from plugins.check_aot import SERVING, PTXKernel, inverse_io, port_io, verify_errors, verify_truth

@@ -251,7 +251,12 @@ def check_inverse(arch: int, gen: torch.Generator, act: torch.dtype, tactics: li
     return results
 
 
-def check_commit(arch: int, gen: torch.Generator) -> list[dict]:
+def check_commit(
+    arch: int, gen: torch.Generator, k_dtype: torch.dtype, tactics: list[int] | None
+) -> list[dict]:
+    """Three layers of four requests (one rejected, slots shuffled) against the serial recurrence's node
+    states in float64, k in ``k_dtype`` (the verify's: fp32, or the activations' dtype when serving), under
+    ``tactics`` (default: all)."""
     batch, nodes, depth, slots, layers = 4, 64, 9, 8, 3
     tree = _tree(batch, nodes, depth)
     n = tree.num_nodes
@@ -261,10 +266,12 @@ def check_commit(arch: int, gen: torch.Generator) -> list[dict]:
     ks, us, lps, truth = [], [], [], []
     for layer in range(layers):
         x = random_gdn_inputs(n, batch, H, HV, DK, DV, generator=gen, device="cuda")
+        k = x.k.to(k_dtype)
         pre = pool[layer, state_indices].double()
-        _, states = gdn_tree.serial_tree_recurrence(x.q, x.k, x.v, x.g, x.beta, pre, tree, scale=x.scale)
-        _, u, lp = gdn_tree.closed_form_tree_verify(x.q, x.k, x.v, x.g, x.beta, pre, tree, scale=x.scale)
-        ks.append(x.k.float()), us.append(u.float()), lps.append(lp.float())
+        args = (x.q, k.double(), x.v, x.g, x.beta, pre, tree)
+        _, states = gdn_tree.serial_tree_recurrence(*args, scale=x.scale)
+        _, u, lp = gdn_tree.closed_form_tree_verify(*args, scale=x.scale)
+        ks.append(k), us.append(u.float()), lps.append(lp.float())
         expected = pool[layer].double().clone()
         for b, node in enumerate(tree.accepted_nodes(accepted).tolist()):
             if node >= 0:
@@ -278,7 +285,9 @@ def check_commit(arch: int, gen: torch.Generator) -> list[dict]:
     }  # fmt: skip
     spec = SPECS["bole::gdn_commit"]
     results = []
-    for t, cfg in enumerate(spec.tactics({"state": tuple(pool.shape)})):
+    all_tactics = spec.tactics({"state": tuple(pool.shape)})
+    for t in range(len(all_tactics)) if tactics is None else tactics:
+        cfg = all_tactics[t]
         state = pool.clone()
         io = {"state": state, **tensors, "state_out": state}  # in place: the output aliases the input
         shapes, dtypes = port_io(io, spec)
@@ -289,7 +298,7 @@ def check_commit(arch: int, gen: torch.Generator) -> list[dict]:
         untouched = untouched and torch.equal(state[:, others], pool[:, others])
         errors = {"state": _rel_rms(state, truth)}
         ok = errors["state"] <= 1e-5 and untouched
-        results.append(_record(spec.plugin_id, payload, t, cfg, torch.float32, errors, 1e-5, ok))
+        results.append(_record(spec.plugin_id, payload, t, cfg, k_dtype, errors, 1e-5, ok))
     return results
 
 
@@ -379,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         ("bole::gdn_tree_verify", lambda: check_verify(arch, gen, torch.bfloat16, None)),
         ("bole::gdn_tree_values", lambda: check_inverse(arch, gen, torch.float32, [0])),
         ("bole::gdn_tree_values", lambda: check_inverse(arch, gen, torch.bfloat16, inverse_tactics)),
-        ("bole::gdn_commit", lambda: check_commit(arch, gen)),
+        ("bole::gdn_commit", lambda: check_commit(arch, gen, torch.float32, None)),
+        ("bole::gdn_commit", lambda: check_commit(arch, gen, torch.bfloat16, [0])),
         ("bole::tree_conv1d", lambda: check_conv(arch, gen, torch.float32)),
         ("bole::tree_conv1d", lambda: check_conv(arch, gen, torch.bfloat16)),
     ]

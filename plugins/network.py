@@ -318,7 +318,7 @@ class VerifyNetwork:
 
     def _explicit_inverse(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> tuple[Any, ...]:
         """``bole::gdn_tree_factors`` then ``bole::gdn_tree_values`` on q/k in the model's dtype: o, the
-        commit's k (those values, in fp32), u and log_p."""
+        commit's k (the same, as the runtime's commit reads it), u and log_p."""
         t, b = self.tree, self.build_settings
         q, k = self.cast(q, self.dtype), self.cast(k, self.dtype)
         scale, nodes = self.c.linear_key_head_dim**-0.5, b["max_draft_nodes"] + 1
@@ -337,7 +337,7 @@ class VerifyNetwork:
             ),
             aot=True,
         )  # fmt: skip
-        return values.get_output(0), self.cast(k, self.trt.float32), values.get_output(1), log_p
+        return values.get_output(0), k, values.get_output(1), log_p
 
     def _l2norm(self, x: Any) -> Any:
         x = self.cast(x, self.trt.float32)

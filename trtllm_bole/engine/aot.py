@@ -543,7 +543,7 @@ class GDNCommitSpec(PluginSpec):
     plugin_id = "bole::gdn_commit"
     inputs = (
         Port("state", 5, ("float32",)),
-        Port("k", 4, ("float32",)),
+        Port("k", 4, FLOATS),
         Port("u", 4, ("float32",)),
         Port("log_p", 3, ("float32",)),
         Port("accepted_leaf", 1, ("int64",)),

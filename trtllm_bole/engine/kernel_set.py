@@ -45,7 +45,7 @@ def plugin_io(config: Qwen35Config, settings: BuildSettings, batch: int | None =
         {"state": (layers, s, hv, dk, dv), "k": (layers, n, h, dk), "u": (layers, n, hv, dv),
          "log_p": (layers, n, hv), "accepted_leaf": (b,), "state_indices": (b,), "cu_seqlens": (b + 1,),
          "depth": (n,), "paths": (n, d)},
-        {"state": "float32", "k": "float32", "u": "float32", "log_p": "float32", "accepted_leaf": i64,
+        {"state": "float32", "k": act, "u": "float32", "log_p": "float32", "accepted_leaf": i64,
          "state_indices": i64, "cu_seqlens": i64, "depth": i64, "paths": i64},
         {"max_depth": d},
     )  # fmt: skip
