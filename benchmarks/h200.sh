@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang), GPU kernel tests, phase profile
 #   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it
+#   bash benchmarks/h200.sh commit-paths # every commit config by accepted path length (1-9 nodes): which to default to
 #   bash benchmarks/h200.sh aot       # AOT plugin check, then the plugins (verify: blocked and explicit-inverse pair; conv; commit) vs the runtime's
 #   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), where a step's time goes
 #   bash benchmarks/h200.sh repeats   # throughput at batch 8, 16, 32, three interleaved runs each (median, spread)
@@ -48,6 +49,10 @@ engine)
     cp /tmp/engine-h200/config.json /tmp/engine-h200/budget.json "$OUT/engine/"
     python -m trtllm_bole generate --model /tmp/engine-h200 --device cuda --max-tokens 48 \
         > "$OUT/engine/generate.txt" 2>&1; echo "generate rc=$?"
+    ;;
+commit-paths)
+    python benchmarks/probe_commit_paths.py --out "$OUT" > "$OUT/commit_paths.log" 2>&1; echo "probe rc=$?"
+    tail -10 "$OUT/commit_paths.log"
     ;;
 aot)
     mkdir -p "$OUT/plugins"
