@@ -99,8 +99,9 @@ INVERSE_PAIR = ("bole::gdn_tree_factors", "bole::gdn_tree_values")
 def _runtime_tactics(
     plugin_id: str, tactics: list, config: Qwen35Config, settings: BuildSettings
 ) -> list[int]:
-    """The tactics of ``plugin_id`` the runtime's default configs pick at the engine's batch sizes (the
-    first one where that choice does not vary with batch or is not among the plugin's tactics)."""
+    """The tactics of ``plugin_id`` that the runtime's default configs pick at the engine's batch sizes;
+    tactic 0 (the runtime's default) for the plugins whose config does not vary with batch, or where
+    none of the runtime's choices is among the tactics (the one-launch verify of small batches)."""
     from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config, default_config
 
     c, nodes = config, settings.max_draft_nodes + 1
