@@ -5,6 +5,7 @@ the constexprs, grid and warps of ``spec`` for tactic 0: the numbers the PTX pay
 itself is launched on the H200 by plugins/check_aot.py.)
 """
 
+import pytest
 import torch
 
 from tests.kernels.helpers import rel_rms
@@ -77,18 +78,22 @@ def test_explicit_inverse_adapters_in_two_launches(gen):
     assert_verified(tensors, x, tree)
 
 
-def test_commit_adapter_in_place(gen):
+@pytest.mark.parametrize("k_dtype", [torch.float32, torch.bfloat16], ids=["fp32 k", "bf16 k"])
+def test_commit_adapter_in_place(gen, k_dtype):
+    """The commit in place, k in the verify's dtype (bf16 when serving): the truth uses the rounded k."""
     tree = small_forest()
     x = random_gdn_inputs(tree.num_nodes, 2, H, HV, DK, DV, generator=gen)
-    _, states = gdn_tree.serial_tree_recurrence(x.q, x.k, x.v, x.g, x.beta, x.state, tree, scale=x.scale)
-    _, u, lp = gdn_tree.closed_form_tree_verify(x.q, x.k, x.v, x.g, x.beta, x.state, tree, scale=x.scale)
+    k = x.k.to(k_dtype)
+    args = (x.q, k.double(), x.v, x.g, x.beta, x.state, tree)
+    _, states = gdn_tree.serial_tree_recurrence(*args, scale=x.scale)
+    _, u, lp = gdn_tree.closed_form_tree_verify(*args, scale=x.scale)
     pool = torch.randn(1, 4, HV, DK, DV, generator=gen)
     slots = torch.tensor([3, 1])
     pool[0, slots] = x.state.float()
     state = pool.clone()
     accepted = torch.tensor([8, -1])
     tensors = {
-        "state": state, "k": x.k.float()[None], "u": u.float()[None], "log_p": lp.float()[None],
+        "state": state, "k": k[None], "u": u.float()[None], "log_p": lp.float()[None],
         "accepted_leaf": accepted, "state_indices": slots, "cu_seqlens": tree.cu_seqlens, "depth": tree.depth,
         "paths": tree.paths, "state_out": state,
     }  # fmt: skip
