@@ -6,8 +6,10 @@ core, the kernels, the operators): the suite then killed 62; tests added for the
 them; ``IV1`` changes no value (marked ``equivalent``). Second round (69: the model, its config and
 checkpoint, the LLM API, text, serving, the engine): 33 killed; tests added kill 32 of the 36
 survivors; ``N3`` and ``N19`` are equivalent; ``N18`` (NaN rows of padded queries, never gathered) and
-``SV11`` (the code of a reply Triton drops once its client cancelled) survive. An entry's ``old`` text must occur
-exactly once in its file; when the code moves on, ``run`` reports the entry stale.
+``SV11`` (the code of a reply Triton drops once its client cancelled) survive. Entries added later with the
+code they guard (e.g. ``AO1``-``AO6``, the TensorRT plugins' AOT compile and the explicit-inverse pair,
+2026-12-03: 6 killed) name the tests that kill them. An entry's ``old`` text must occur exactly once in its
+file; when the code moves on, ``run`` reports the entry stale.
 """
 
 # ruff: noqa: E501 (a mutant's texts are excerpts of the code, newlines and indentation included)
