@@ -45,7 +45,7 @@ from plugins.check_aot import (
     verify_passed,
     verify_truth,
 )
-from trtllm_bole.engine.aot import SPECS, FactorConfig, aot_payload
+from trtllm_bole.engine.aot import SPECS, FactorConfig, aot_payload, value_tiles
 from trtllm_bole.kernels._common import GDNTreeFactors
 from trtllm_bole.kernels.gdn_commit import gdn_commit
 from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config, default_config, gdn_tree_verify
@@ -64,8 +64,7 @@ def plugin_tactics(batch: int, dims: dict) -> dict[str, int]:
     blocked = SPECS["bole::gdn_tree_verify"].tactics(dims)
     values = SPECS["bole::gdn_tree_values"].tactics(dims)
     cfg = default_config(batch * NODES, batch, HV, U.DK, U.DV)
-    key = (cfg.bk, cfg.bv, cfg.num_warps, cfg.maxnreg)
-    value = next((i for i, t in enumerate(values) if (t.bk, t.bv, t.num_warps, t.maxnreg) == key), 0)
+    value = next((i for i, t in enumerate(values) if value_tiles(t) == value_tiles(cfg)), 0)
     factor = SPECS["bole::gdn_tree_factors"].tactics(dims).index(FactorConfig(values[value].warps1))
     return {
         "blocked": blocked.index(blocked_default_config(batch, HV, U.DK, U.DV)),

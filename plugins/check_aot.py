@@ -70,15 +70,15 @@ class PTXKernel:
         self.trailing_nulls = payload.kernel.cubin_num_params - payload.kernel.num_params if cubin else 0
         self.module = _check(driver.cuModuleLoadData(self._image.ctypes.data))
         self.function = _check(driver.cuModuleGetFunction(self.module, payload.kernel_name.encode()))
-        attr = driver.CUfunction_attribute
-        self.registers = _check(driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.function))
+        attrs = driver.CUfunction_attribute
+        self.registers = _check(driver.cuFuncGetAttribute(attrs.CU_FUNC_ATTRIBUTE_NUM_REGS, self.function))
         self.spill_bytes = _check(
-            driver.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.function)
+            driver.cuFuncGetAttribute(attrs.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self.function)
         )
         shared = payload.launch.shared_mem
         if shared > 48 * 1024:  # beyond the default window, as TensorRT and Triton's launcher do
-            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check(driver.cuFuncSetAttribute(self.function, attr, shared))
+            limit = attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(driver.cuFuncSetAttribute(self.function, limit, shared))
 
     def launch(self, tensors: dict[str, torch.Tensor]) -> None:
         """Parameters in ``payload.params`` order: tensors by name, extra args as int32; on torch's current

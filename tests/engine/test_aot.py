@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import triton
 
-from trtllm_bole.engine.aot import SPECS, compile_kernel, entry_params, trim_params
+from trtllm_bole.engine.aot import SPECS, compile_kernel, entry_params, trim_params, value_tiles
 from trtllm_bole.engine.build import BuildSettings
 from trtllm_bole.engine.kernel_set import engine_payloads, plugin_io
 from trtllm_bole.models.config import load_config
@@ -149,7 +149,7 @@ def test_explicit_inverse_tactics_and_limits():
     first = tactics[0]
     assert (first.bk, first.bv, first.num_warps, first.maxnreg) == (64, 64, 4, 128)  # the runtime's default
     assert values.launch_options(first) == {"num_warps": 4, "num_stages": 1, "maxnreg": 128}
-    keys = [(t.bk, t.bv, t.num_warps, t.maxnreg) for t in tactics]
+    keys = [value_tiles(t) for t in tactics]
     assert len(set(keys)) == len(keys) and all(t.launches == 2 and t.bt == 64 for t in tactics)
     assert values.constexprs(shapes, dtypes, attrs, first)["S_BF16"]  # bf16 serving: bf16 state products
     exact = {**dtypes, "q": "float32", "k": "float32", "v": "float32"}

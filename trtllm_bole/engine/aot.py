@@ -251,6 +251,11 @@ class PluginSpec:
         return sig
 
 
+def _exact(dtypes: dict[str, str], names: Sequence[str]) -> bool:
+    """The fp32-exact mode (IEEE dots) when every float operand is fp32, else the serving precisions."""
+    return all(dtypes[n] == "float32" for n in names)
+
+
 def _same_dtype(spec: str, dtypes: dict[str, str], names: Sequence[str]) -> None:
     if len({dtypes[n] for n in names}) > 1:
         raise ValueError(f"{spec}: {', '.join(names)} must share a dtype, got {[dtypes[n] for n in names]}")
@@ -312,7 +317,7 @@ class GDNTreeVerifySpec(PluginSpec):
 
     def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
         chain = min(int(attrs["max_depth"]), cfg.bt)
-        exact = dtypes["v"] == "float32" and dtypes["beta"] == "float32"
+        exact = _exact(dtypes, ("v", "beta"))
         return {
             "SCALE": float(attrs["scale"]),
             "H": _const(shapes["q"][1]),
@@ -360,9 +365,10 @@ def _inverse_limits(plugin_id: str, attrs: dict) -> None:
         )
 
 
-def _inverse_exact(dtypes: dict[str, str], names: Sequence[str]) -> bool:
-    """The fp32-exact mode (IEEE dots) when every float operand is fp32, else the serving precisions."""
-    return all(dtypes[n] == "float32" for n in names)
+def value_tiles(cfg: Any) -> tuple[int, int, int, int | None]:
+    """What the value-tile kernel of an explicit-inverse config compiles with: ``(bk, bv, warps, register
+    cap)`` (the factor kernel's warps and the launch count are not its own)."""
+    return cfg.bk, cfg.bv, cfg.num_warps, cfg.maxnreg
 
 
 def _inverse_configs(dk: int, dv: int) -> list[Any]:
@@ -374,11 +380,11 @@ def _inverse_configs(dk: int, dv: int) -> list[Any]:
 
     seen, out = set(), []
     for c in INVERSE_CONFIGS:
-        key = (c.bk, c.bv, c.num_warps, c.maxnreg)
+        key = value_tiles(c)
         if c.launches == 2 and c.bt == INVERSE_TILE and dk % c.bk == 0 and dv % c.bv == 0 and key not in seen:
             seen.add(key)
             out.append(c)
-    return sorted(out, key=lambda c: (c.bv, c.num_warps, c.maxnreg) != (64, 4, 128))
+    return sorted(out, key=lambda c: value_tiles(c)[1:] != (64, 4, 128))
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,7 +448,7 @@ class GDNTreeFactorsSpec(PluginSpec):
             "BT": INVERSE_TILE,
             "DP": pow2_at_least(int(attrs["max_depth"])),
             "SW": 2 * INVERSE_TILE,
-            "PREC": "ieee" if _inverse_exact(dtypes, ("q", "k")) else "tf32",
+            "PREC": "ieee" if _exact(dtypes, ("q", "k")) else "tf32",
         }
 
     def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
@@ -510,7 +516,7 @@ class GDNTreeValuesSpec(PluginSpec):
 
     def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
         _inverse_limits(self.plugin_id, attrs)
-        exact = _inverse_exact(dtypes, ("q", "k", "v"))
+        exact = _exact(dtypes, ("q", "k", "v"))
         return {
             "SCALE": float(attrs["scale"]),
             "H": _const(shapes["q"][1]),

@@ -10,7 +10,15 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from trtllm_bole.engine.aot import SPECS, AOTPayload, FactorConfig, Shapes, aot_payload, inverse_serves
+from trtllm_bole.engine.aot import (
+    SPECS,
+    AOTPayload,
+    FactorConfig,
+    Shapes,
+    aot_payload,
+    inverse_serves,
+    value_tiles,
+)
 from trtllm_bole.models.config import Qwen35Config
 
 if TYPE_CHECKING:
@@ -114,8 +122,8 @@ def _runtime_tactics(
         if plugin_id == "bole::gdn_tree_factors":
             picked = {FactorConfig(cfg.warps1) for cfg in two}
         else:
-            keys = {(cfg.bk, cfg.bv, cfg.num_warps, cfg.maxnreg) for cfg in two}
-            picked = {t for t in tactics if (t.bk, t.bv, t.num_warps, t.maxnreg) in keys}
+            keys = {value_tiles(cfg) for cfg in two}
+            picked = {t for t in tactics if value_tiles(t) in keys}
     else:
         picked = set()
     return sorted(tactics.index(cfg) for cfg in picked if cfg in tactics) or [0]
