@@ -19,6 +19,7 @@ import triton
 from trtllm_bole.engine.aot import SPECS, compile_kernel, entry_params, trim_params, value_tiles
 from trtllm_bole.engine.build import BuildSettings
 from trtllm_bole.engine.kernel_set import engine_payloads, plugin_io
+from trtllm_bole.kernels.gdn_commit import default_commit_config
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.presets import QWEN35_PRESETS
 
@@ -139,7 +140,9 @@ def test_tactics_only_tile_the_head_dims():
     assert tactics and all(128 % c.bk == 0 and 128 % c.bv == 0 for c in tactics)
     commit_shapes, _, _ = plugin_io(NINE_B, SETTINGS)["bole::gdn_commit"]
     first = SPECS["bole::gdn_commit"].tactics(commit_shapes)[0]
-    assert (first.bk, first.bv, first.outer) == (128, 32, True)  # the runtime's default first
+    depth = commit_shapes["paths"][1]  # the engine's tree depth
+    assert first == default_commit_config(128, 128, depth)  # the runtime's default first
+    assert (first.bk, first.bv, first.outer) == ((16, 64, False) if depth > 4 else (64, 64, True))
 
 
 def test_explicit_inverse_tactics_and_limits():
@@ -266,7 +269,7 @@ def check_ptx(info, tmp_path):
 def test_aot_ptx_for_sm90_commit_and_conv(tmp_path):
     out = compile_in_subprocess(tmp_path, "bole::gdn_commit", "bole::tree_conv1d")
     commit, conv = out["bole::gdn_commit"], out["bole::tree_conv1d"]
-    assert commit["name"] == "gdn_commit_aot" and commit["grid"] == [4, 32, 4 * 24]
+    assert commit["name"] == "gdn_commit_aot" and commit["grid"] == [128 // 64, 32, 4 * 24]  # dot form, depth 9
     assert commit["extra"] == [4, 8, 256, 9]
     assert conv["name"] == "tree_conv1d_aot" and conv["extra"] == [256]  # 4 requests x 64 nodes
     assert conv["grid"] == [64, 256 // 16, 1]

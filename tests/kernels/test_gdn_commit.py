@@ -49,6 +49,27 @@ def test_unstacked_commit_equals_serial_state(leaves, cfg, gen):
             assert rel_rms(state[b], states[node]) <= 1e-6
 
 
+@pytest.mark.parametrize("max_depth, outer", [(1, True), (4, True), (5, False), (9, False), (64, False)])
+def test_default_config_by_depth(max_depth, outer):
+    """The outer form while paths are at most 4 nodes long, the dot form beyond; tiles divide the dims."""
+    for dk, dv in ((128, 128), (16, 48), (32, 16)):
+        cfg = kernel.default_commit_config(dk, dv, max_depth)
+        assert cfg.outer is outer
+        assert dk % cfg.bk == 0 and dv % cfg.bv == 0
+
+
+def test_default_commit_of_shallow_trees_equals_serial_state(gen):
+    """Trees at most 4 deep take the outer form by default (the others, above, the dot form)."""
+    tree = forest([topk_parents(12, 3, 4), star_parents(5), [-1]], device=DEVICE)
+    assert tree.max_depth == 4
+    ((x, states, factors),) = verified_layers(tree, 1, 3, gen)
+    state = x.state.float()
+    accepted = torch.tensor([11, 3, 0], device=DEVICE)
+    kernel.gdn_commit(state, factors, accepted)
+    for b, node in enumerate(tree.accepted_nodes(accepted).tolist()):
+        assert rel_rms(state[b], states[node]) <= 1e-6
+
+
 @pytest.mark.parametrize("cfg", FORMS[1:], ids=["dot", "outer"])
 @pytest.mark.parametrize("bf16_keys", [False, True], ids=["k-fp32", "k-bf16"])
 def test_all_layers_one_launch_with_slot_pool(bf16_keys, cfg, gen):

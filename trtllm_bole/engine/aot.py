@@ -581,11 +581,10 @@ class GDNCommitSpec(PluginSpec):
             )
 
     def tactics(self, shapes: Shapes) -> list[Any]:
-        from trtllm_bole.kernels._common import tile_dividing
-        from trtllm_bole.kernels.gdn_commit import COMMIT_CONFIGS, CommitConfig
+        from trtllm_bole.kernels.gdn_commit import COMMIT_CONFIGS, default_commit_config
 
         dk, dv = _const(shapes["state"][3]), _const(shapes["state"][4])
-        default = CommitConfig(tile_dividing(dk, 128), tile_dividing(dv, 32), 4, outer=True)
+        default = default_commit_config(dk, dv, _const(shapes["paths"][1]))
         rest = [c for c in COMMIT_CONFIGS if dk % c.bk == 0 and dv % c.bv == 0 and c != default]
         return [default, *rest]
 
