@@ -285,12 +285,12 @@ def check_commit(
     }  # fmt: skip
     spec = SPECS["bole::gdn_commit"]
     results = []
-    all_tactics = spec.tactics({"state": tuple(pool.shape)})
+    shapes, dtypes = port_io({"state": pool, **tensors, "state_out": pool}, spec)
+    all_tactics = spec.tactics(shapes)
     for t in range(len(all_tactics)) if tactics is None else tactics:
         cfg = all_tactics[t]
         state = pool.clone()
         io = {"state": state, **tensors, "state_out": state}  # in place: the output aliases the input
-        shapes, dtypes = port_io(io, spec)
         payload = aot_payload(spec, shapes, dtypes, {"max_depth": depth}, t, arch=arch)
         _run(payload, io)
         untouched = torch.equal(state[:, state_indices[1]], pool[:, state_indices[1]])

@@ -269,7 +269,7 @@ def check_ptx(info, tmp_path):
 def test_aot_ptx_for_sm90_commit_and_conv(tmp_path):
     out = compile_in_subprocess(tmp_path, "bole::gdn_commit", "bole::tree_conv1d")
     commit, conv = out["bole::gdn_commit"], out["bole::tree_conv1d"]
-    assert commit["name"] == "gdn_commit_aot" and commit["grid"] == [128 // 64, 32, 4 * 24]  # dot form, depth 9
+    assert commit["name"] == "gdn_commit_aot" and commit["grid"] == [2, 32, 4 * 24]  # the dot form (depth 9)
     assert commit["extra"] == [4, 8, 256, 9]
     assert conv["name"] == "tree_conv1d_aot" and conv["extra"] == [256]  # 4 requests x 64 nodes
     assert conv["grid"] == [64, 256 // 16, 1]
