@@ -15,9 +15,7 @@ rotating, two rounds. Writes ``<out>/probe_transposed_tiles_h200.json``.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import _bench_util as U
 import torch
@@ -31,6 +29,7 @@ from trtllm_bole.testing import topk_parents
 CONFIG = inv.InverseConfig(64, 64, 64, 4, 2, 8, 128)
 POINTS = (("qwen3.5-9b", 32, 4), ("qwen3.5-9b", 32, 8), ("qwen3.5-9b", 32, 16), ("qwen3.5-9b", 32, 32),
           ("qwen3.5-27b", 48, 16))  # fmt: skip
+ROUNDS = 2
 VARIANTS = {  # name: (BV, warps, register cap, bf16 T x T products)
     "t64": (64, 4, None, False),
     "t64_r168": (64, 4, 168, False),
@@ -106,16 +105,10 @@ def launch_transposed(kernel_args: tuple, consts: dict, name: str, hv: int, batc
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    ap.add_argument("--rep-ms", type=int, default=25)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("probe_transposed_tiles.py times GPU kernels: it needs CUDA", file=sys.stderr)
+    start = U.probe_start(__doc__, "probe_transposed_tiles.py", argv)
+    if start is None:
         return 2
-    measure = U.graph_timer(args.rep_ms)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    args, measure, gen = start
     rows = []
     for model, hv, batch in POINTS:
         trees = [topk_parents(64, 4, 8)] * batch
@@ -153,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 timed.append(name)
             else:
                 print(f"{model} B={batch} {name}: failed its check (o {errors[0]:.2e}, u {errors[1]:.2e})")
-        for _ in range(args.rounds):
+        for _ in range(ROUNDS):
             for name in timed:
                 fn = values[name]
                 row["value_us"].setdefault(name, []).append(measure(U.Rotating(prepared, fn)))
