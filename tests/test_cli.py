@@ -27,6 +27,13 @@ def test_memory_table_writes_json(tmp_path):
     assert nine_b_100["ratio"] > 60
 
 
+def test_generate_help_shows_defaults_but_not_unset_ones():
+    command = [sys.executable, "-m", "trtllm_bole", "generate", "--help"]
+    out = " ".join(subprocess.run(command, capture_output=True, text=True, check=True).stdout.split())
+    assert "(default: 96)" in out and "(default: bole)" in out  # --max-tokens, --mode
+    assert "(default: None)" not in out and "(unset: 4)" in out  # --branching says what unset means
+
+
 def test_bad_generate_settings_end_in_one_error_line():
     """A value out of range is the user's to fix: one line naming it, exit code 2, before any loading."""
     cases = {"--depth": "max_depth: ", "--max-tokens": "max_tokens: ", "--model": "is not a directory"}
