@@ -58,14 +58,19 @@ def test_default_config_by_depth(max_depth, outer):
         assert dk % cfg.bk == 0 and dv % cfg.bv == 0
 
 
-def test_default_commit_of_shallow_trees_equals_serial_state(gen):
-    """Trees at most 4 deep take the outer form by default (the others, above, the dot form)."""
+def test_default_commit_of_shallow_trees_equals_serial_state(gen, monkeypatch):
+    """Trees at most 4 deep take the outer form by default (the others, above, the dot form): the default
+    is picked by the tree's own depth."""
     tree = forest([topk_parents(12, 3, 4), star_parents(5), [-1]], device=DEVICE)
     assert tree.max_depth == 4
     ((x, states, factors),) = verified_layers(tree, 1, 3, gen)
     state = x.state.float()
     accepted = torch.tensor([11, 3, 0], device=DEVICE)
+    picked = []
+    default = kernel.default_commit_config
+    monkeypatch.setattr(kernel, "default_commit_config", lambda *a: picked.append(a) or default(*a))
     kernel.gdn_commit(state, factors, accepted)
+    assert picked == [(32, 32, 4)] and default(*picked[0]).outer
     for b, node in enumerate(tree.accepted_nodes(accepted).tolist()):
         assert rel_rms(state[b], states[node]) <= 1e-6
 

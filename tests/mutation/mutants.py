@@ -8,8 +8,9 @@ checkpoint, the LLM API, text, serving, the engine): 33 killed; tests added kill
 survivors; ``N3`` and ``N19`` are equivalent; ``N18`` (NaN rows of padded queries, never gathered) and
 ``SV11`` (the code of a reply Triton drops once its client cancelled) survive. Entries added later with the
 code they guard (e.g. ``AO1``-``AO6``, the TensorRT plugins' AOT compile and the explicit-inverse pair,
-2026-12-03: 6 killed) name the tests that kill them. An entry's ``old`` text must occur exactly once in its
-file; when the code moves on, ``run`` reports the entry stale.
+2026-12-03: 6 killed; ``CD1``-``CD3``, the commit's default config by tree depth, 2026-12-04) name the
+tests that kill them. An entry's ``old`` text must occur exactly once in its file; when the code moves
+on, ``run`` reports the entry stale.
 """
 
 # ruff: noqa: E501 (a mutant's texts are excerpts of the code, newlines and indentation included)
@@ -2058,5 +2059,26 @@ MUTANTS = [
         "!= (64, 4, 128))",
         "!= (64, 4, None))",
         ["tests/engine/test_aot.py::test_explicit_inverse_tactics_and_limits"],
+    ),
+    Mutant(
+        "CD1",
+        "trtllm_bole/kernels/gdn_commit.py",
+        "    if max_depth <= 4:\n",
+        "    if max_depth < 4:\n",
+        ["tests/kernels/test_gdn_commit.py::test_default_config_by_depth"],
+    ),
+    Mutant(
+        "CD2",
+        "trtllm_bole/kernels/gdn_commit.py",
+        "    cfg = config or default_commit_config(dk, dv, tree.max_depth)\n",
+        "    cfg = config or default_commit_config(dk, dv, 1)\n",
+        ["tests/kernels/test_gdn_commit.py::test_default_commit_of_shallow_trees_equals_serial_state"],
+    ),
+    Mutant(
+        "CD3",
+        "trtllm_bole/engine/aot.py",
+        "        default = default_commit_config(dk, dv, _const(shapes[\"paths\"][1]))\n",
+        "        default = default_commit_config(dk, dv, 1)\n",
+        ["tests/engine/test_aot.py::test_tactics_only_tile_the_head_dims"],
     ),
 ]
