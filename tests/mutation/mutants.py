@@ -2077,7 +2077,7 @@ MUTANTS = [
     Mutant(
         "CD3",
         "trtllm_bole/engine/aot.py",
-        "        default = default_commit_config(dk, dv, _const(shapes[\"paths\"][1]))\n",
+        '        default = default_commit_config(dk, dv, _const(shapes["paths"][1]))\n',
         "        default = default_commit_config(dk, dv, 1)\n",
         ["tests/engine/test_aot.py::test_tactics_only_tile_the_head_dims"],
     ),
