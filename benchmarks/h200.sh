@@ -15,6 +15,7 @@
 #   bash benchmarks/h200.sh ratios    # the launcher's default vs SGLang, B = 1 and 16, five fresh-input rounds
 #   bash benchmarks/h200.sh ncu       # Nsight Compute on the verify's two kernels at batch 16 (what limits them)
 #   bash benchmarks/h200.sh probe     # what the value-tile kernel waits for: its inputs' traffic, its stores, its on-chip work (+ ncu)
+#   bash benchmarks/h200.sh transposed # the value-tile kernel transposed (register A operands) beside the kept one (EXPERIMENTS.md)
 #   bash benchmarks/h200.sh attention # tree attention: the Triton kernel vs the torch path at 9B/27B heads, and its A/B end to end
 #   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
 #   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
@@ -212,6 +213,10 @@ attention)
     echo "bench rc=$?"; tail -4 "$OUT/attention_log.txt"
     timeout 280 python benchmarks/ab_executor.py tree-attention --trials 6 --out "$OUT" > "$OUT/ab_log.txt" 2>&1
     echo "ab rc=$?"; tail -4 "$OUT/ab_log.txt"
+    ;;
+transposed)
+    python benchmarks/probe_transposed_tiles.py --out "$OUT" > "$OUT/transposed_log.txt" 2>&1; echo "probe rc=$?"
+    tail -6 "$OUT/transposed_log.txt"
     ;;
 probe)
     python benchmarks/probe_value_bytes.py --out "$OUT" > "$OUT/probe_log.txt" 2>&1; echo "probe rc=$?"
