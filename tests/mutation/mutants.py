@@ -1294,8 +1294,8 @@ MUTANTS = [
     Mutant(
         "C1",
         "trtllm_bole/models/config.py",
-        'interval = get("full_attention_interval", 4)',
-        'interval = get("full_attention_interval", 2)',
+        'interval = f.positive_int("full_attention_interval", f.get("full_attention_interval", 4))',
+        'interval = f.positive_int("full_attention_interval", f.get("full_attention_interval", 2))',
         [
             "tests/models/test_config.py",
             "tests/models/test_loader.py",
@@ -1333,8 +1333,8 @@ MUTANTS = [
     Mutant(
         "C4",
         "trtllm_bole/models/config.py",
-        'rms_norm_eps=number("rms_norm_eps", get("rms_norm_eps", 1e-6))',
-        'rms_norm_eps=number("rms_norm_eps", get("rms_norm_eps", 1e-5))',
+        'rms_norm_eps=f.number("rms_norm_eps", get("rms_norm_eps", 1e-6))',
+        'rms_norm_eps=f.number("rms_norm_eps", get("rms_norm_eps", 1e-5))',
         [
             "tests/models/test_config.py",
             "tests/models/test_loader.py",
@@ -1385,8 +1385,8 @@ MUTANTS = [
     Mutant(
         "C8",
         "trtllm_bole/models/config.py",
-        'rope = get("rope_parameters", None) or get("rope_scaling", None) or {}',
-        'rope = get("rope_parameters", None) or {}',
+        'rope = f.get("rope_parameters", None) or f.get("rope_scaling", None) or {}',
+        'rope = f.get("rope_parameters", None) or {}',
         [
             "tests/models/test_config.py",
             "tests/models/test_loader.py",

@@ -187,14 +187,16 @@ def read_generation_config(checkpoint: Path) -> dict[str, Any] | None:
     return load_json(path) if path.exists() else None
 
 
-def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
+def _text_section(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], str]:
+    """The text model's fields (``raw`` itself, or the ``qwen3_5`` wrapper's ``text_config``) and its
+    weights' prefix; refuses what is not a dense, unquantized Qwen3.5."""
     model_type = raw.get("model_type")
-    text, prefix, where = raw, _TEXT_PREFIX, ""
+    text, prefix = raw, _TEXT_PREFIX
     if model_type == "qwen3_5":
         text = raw.get("text_config")
         if not isinstance(text, dict):
             raise ValueError(f"{source}: model_type 'qwen3_5' needs a text_config object")
-        prefix, where = _WRAPPER_PREFIX, "text_config."
+        prefix = _WRAPPER_PREFIX
         if text.get("model_type", "qwen3_5_text") != "qwen3_5_text":
             model_type = text["model_type"]
     if model_type in _MOE_TYPES or "num_experts" in text:
@@ -215,57 +217,87 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
             f"{source}: model_type = {model_type!r}; expected 'qwen3_5_text' (Qwen3_5ForCausalLM) or "
             f"'qwen3_5' (the vision-language wrapper with a text_config)"
         )
+    return text, prefix
 
-    def get(name: str, default: Any = ...) -> Any:
-        if name in text:
-            return text[name]
+
+@dataclass(frozen=True)
+class _Fields:
+    """The text model's fields, read with errors that name the file and the field."""
+
+    text: dict[str, Any]
+    source: str
+    where: str  # "text_config." inside the wrapper, else ""
+
+    def get(self, name: str, default: Any = ...) -> Any:
+        if name in self.text:
+            return self.text[name]
         if default is ...:
-            raise ValueError(f"{source}: required field {where}{name} is missing")
+            raise ValueError(f"{self.source}: required field {self.where}{name} is missing")
         return default
 
-    def number(name: str, value: Any) -> float:
+    def number(self, name: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{source}: {where}{name} = {value!r} must be a number")
+            raise ValueError(f"{self.source}: {self.where}{name} = {value!r} must be a number")
         return float(value)
 
-    fixed = (
-        ("hidden_act", "silu"),
-        ("attention_bias", False),
-        ("attn_output_gate", True),
-        ("mtp_use_dedicated_embeddings", False),
-    )
-    for unsupported, ok in fixed:
-        if get(unsupported, ok) != ok:
-            raise ValueError(
-                f"{source}: {where}{unsupported} = {get(unsupported)!r} is not supported "
-                f"(Qwen3.5 uses {ok!r})"
-            )
-    num_layers = get("num_hidden_layers")
-    layer_types = get("layer_types", None)
-    if layer_types is None:
-        # transformers' rule when only the interval is given: every interval-th layer is full attention.
-        interval = get("full_attention_interval", 4)
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0:
-            raise ValueError(
-                f"{source}: {where}full_attention_interval = {interval!r} must be a positive integer"
-            )
-        if not isinstance(num_layers, int):
-            raise ValueError(
-                f"{source}: {where}num_hidden_layers = {num_layers!r} must be a positive integer"
-            )
-        layer_types = [LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION for i in range(num_layers)]
-    elif not isinstance(layer_types, list):
-        raise ValueError(f"{source}: {where}layer_types must be a list, got {layer_types!r}")
+    def positive_int(self, name: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{self.source}: {self.where}{name} = {value!r} must be a positive integer")
+        return value
 
-    rope = get("rope_parameters", None) or get("rope_scaling", None) or {}
+
+_FIXED = (
+    ("hidden_act", "silu"),
+    ("attention_bias", False),
+    ("attn_output_gate", True),
+    ("mtp_use_dedicated_embeddings", False),
+)
+"""Fields whose other values Qwen3.5 never uses and this package does not implement."""
+
+
+def _refuse_unsupported(f: _Fields) -> None:
+    for name, ok in _FIXED:
+        if f.get(name, ok) != ok:
+            raise ValueError(
+                f"{f.source}: {f.where}{name} = {f.get(name)!r} is not supported (Qwen3.5 uses {ok!r})"
+            )
+
+
+def _layer_types(f: _Fields, num_layers: Any) -> tuple[str, ...]:
+    """``layer_types``, or transformers' rule when only the interval is given: every interval-th layer is
+    full attention."""
+    layer_types = f.get("layer_types", None)
+    if layer_types is None:
+        interval = f.positive_int("full_attention_interval", f.get("full_attention_interval", 4))
+        num_layers = f.positive_int("num_hidden_layers", num_layers)
+        return tuple(LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION for i in range(num_layers))
+    if not isinstance(layer_types, list):
+        raise ValueError(f"{f.source}: {f.where}layer_types must be a list, got {layer_types!r}")
+    return tuple(layer_types)
+
+
+def _rope(f: _Fields) -> dict[str, Any]:
+    """``rope_parameters`` (or the older ``rope_scaling``); only default RoPE."""
+    rope = f.get("rope_parameters", None) or f.get("rope_scaling", None) or {}
     if not isinstance(rope, dict):
-        raise ValueError(f"{source}: {where}rope_parameters = {rope!r} must be an object")
+        raise ValueError(f"{f.source}: {f.where}rope_parameters = {rope!r} must be an object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise ValueError(
-            f"{source}: {where}rope_parameters.rope_type = {rope_type!r}; only 'default' RoPE is supported "
-            f"(Qwen3.5's multimodal sections reduce to plain 1-D positions for text)"
+            f"{f.source}: {f.where}rope_parameters.rope_type = {rope_type!r}; only 'default' RoPE is "
+            f"supported (Qwen3.5's multimodal sections reduce to plain 1-D positions for text)"
         )
+    return rope
+
+
+def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
+    text, prefix = _text_section(raw, source)
+    f = _Fields(text, source, "text_config." if prefix == _WRAPPER_PREFIX else "")
+    _refuse_unsupported(f)
+    get = f.get
+    num_layers = get("num_hidden_layers")
+    layer_types = _layer_types(f, num_layers)
+    rope = _rope(f)
     tie = raw.get("tie_word_embeddings", False)  # the wrapper's own field, as transformers reads it
     return Qwen35Config(
         vocab_size=get("vocab_size"),
@@ -279,11 +311,11 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
         linear_num_value_heads=get("linear_num_value_heads"),
         linear_key_head_dim=get("linear_key_head_dim"),
         linear_value_head_dim=get("linear_value_head_dim"),
-        layer_types=tuple(layer_types),
+        layer_types=layer_types,
         linear_conv_kernel_dim=get("linear_conv_kernel_dim", 4),
-        rms_norm_eps=number("rms_norm_eps", get("rms_norm_eps", 1e-6)),
-        rope_theta=number("rope_parameters.rope_theta", rope.get("rope_theta", get("rope_theta", 10000.0))),
-        partial_rotary_factor=number(
+        rms_norm_eps=f.number("rms_norm_eps", get("rms_norm_eps", 1e-6)),
+        rope_theta=f.number("rope_parameters.rope_theta", rope.get("rope_theta", get("rope_theta", 10000.0))),
+        partial_rotary_factor=f.number(
             "rope_parameters.partial_rotary_factor",
             rope.get("partial_rotary_factor", get("partial_rotary_factor", 0.25)),
         ),
