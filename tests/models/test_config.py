@@ -73,3 +73,16 @@ def test_a_config_without_an_mtp_layer_loads_no_mtp_head(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(settings))
     write_safetensors(tmp_path, random_tensors(load_config(settings), seed=0, mtp=True))
     assert load_model(tmp_path, dtype=torch.float32, progress=False).mtp is None
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("full_attention_interval", 0), ("full_attention_interval", True), ("num_hidden_layers", 0),
+     ("num_hidden_layers", "8")],
+)  # fmt: skip
+def test_a_bad_layer_count_or_interval_is_named(field, value):
+    """Without ``layer_types`` the layers' kinds come from the interval: both numbers must be positive
+    integers, and the error names the field."""
+    raw = {k: v for k, v in TINY_CONFIG.items() if k != "layer_types"}
+    with pytest.raises(ValueError, match=f"{field} = {value!r} must be a positive integer"):
+        load_config({**raw, field: value})
