@@ -171,7 +171,33 @@ def _autocast(device: torch.device):
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def _optimizer(model: torch.nn.Module, lr: float, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda",
+    )  # fmt: skip
+
+
+def _write_checkpoint(out: Path, model, config, config_json: dict, tokenizer) -> None:
+    """The trained model as a Hugging Face checkpoint in bf16 (its MTP head included), with its config
+    and tokenizer; earlier weight shards in ``out`` are removed first."""
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {n: t.to(torch.bfloat16) for n, t in export_tensors(model, config, mtp=True).items()}
+    for stale in out.glob("model*.safetensors*"):
+        stale.unlink()
+    write_safetensors(out, tensors, shard_bytes=SHARD_BYTES)
+    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOT, "pad_token": EOT,
+        "model_max_length": config_json["max_position_embeddings"], "clean_up_tokenization_spaces": False,
+    }, indent=2) + "\n")  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -195,7 +221,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--time-limit", type=float, default=450.0, help="stop the training loop early after this many seconds"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.manual_seed(args.seed)
@@ -217,12 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     model = random_model(config, seed=args.seed, dtype=torch.float32, device=device, mtp=True)
     model.requires_grad_(True)
     params = sum(p.numel() for p in model.parameters())
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda",
-    )  # fmt: skip
+    optimizer = _optimizer(model, args.lr, device)
 
     def lr_at(step: int) -> float:
         if step < args.warmup:
@@ -264,18 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     final = evaluate(model, heldout_stream, seq_len=args.seq_len, batch=args.batch_size,
                      device=device, mtp_steps=args.mtp_steps)  # fmt: skip
 
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {n: t.to(torch.bfloat16) for n, t in export_tensors(model, config, mtp=True).items()}
-    for stale in out.glob("model*.safetensors*"):
-        stale.unlink()
-    write_safetensors(out, tensors, shard_bytes=SHARD_BYTES)
-    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
-    tokenizer.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOT, "pad_token": EOT,
-        "model_max_length": config_json["max_position_embeddings"], "clean_up_tokenization_spaces": False,
-    }, indent=2) + "\n")  # fmt: skip
+    _write_checkpoint(args.out, model, config, config_json, tokenizer)
     record = {
         "command": "python build_scripts/train_tiny.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -295,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
         "corpus_sha256": {s: manifest["splits"][s]["sha256"] for s in ("train", "heldout")},
         "log": log,
     }
-    (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     print(
         json.dumps(
             {
