@@ -49,9 +49,12 @@ def test_unstacked_commit_equals_serial_state(leaves, cfg, gen):
             assert rel_rms(state[b], states[node]) <= 1e-6
 
 
-@pytest.mark.parametrize("max_depth, outer", [(1, True), (4, True), (5, False), (9, False), (64, False)])
+@pytest.mark.parametrize(
+    "max_depth, outer", [(1, True), (4, True), (5, False), (9, False), (16, False), (17, True), (64, True)]
+)
 def test_default_config_by_depth(max_depth, outer):
-    """The outer form while paths are at most 4 nodes long, the dot form beyond; tiles divide the dims."""
+    """The outer form while paths are at most 4 nodes long, the dot form up to 16 (padded to 16 rows), the
+    outer form again beyond (the dot form would spill); tiles divide the dims."""
     for dk, dv in ((128, 128), (16, 48), (32, 16)):
         cfg = kernel.default_commit_config(dk, dv, max_depth)
         assert cfg.outer is outer

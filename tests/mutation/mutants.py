@@ -8,7 +8,7 @@ checkpoint, the LLM API, text, serving, the engine): 33 killed; tests added kill
 survivors; ``N3`` and ``N19`` are equivalent; ``N18`` (NaN rows of padded queries, never gathered) and
 ``SV11`` (the code of a reply Triton drops once its client cancelled) survive. Entries added later with the
 code they guard (e.g. ``AO1``-``AO6``, the TensorRT plugins' AOT compile and the explicit-inverse pair,
-2026-12-03: 6 killed; ``CD1``-``CD3``, the commit's default config by tree depth, 2026-12-04) name the
+2026-12-03: 6 killed; ``CD1``-``CD4``, the commit's default config by tree depth, 2026-12-04) name the
 tests that kill them. An entry's ``old`` text must occur exactly once in its file; when the code moves
 on, ``run`` reports the entry stale.
 """
@@ -2063,8 +2063,8 @@ MUTANTS = [
     Mutant(
         "CD1",
         "trtllm_bole/kernels/gdn_commit.py",
-        "    if max_depth <= 4:\n",
-        "    if max_depth < 4:\n",
+        "    if 4 < max_depth <= 16:\n",
+        "    if 4 <= max_depth <= 16:\n",
         ["tests/kernels/test_gdn_commit.py::test_default_config_by_depth"],
     ),
     Mutant(
@@ -2076,6 +2076,13 @@ MUTANTS = [
     ),
     Mutant(
         "CD3",
+        "trtllm_bole/kernels/gdn_commit.py",
+        "    if 4 < max_depth <= 16:\n",
+        "    if 4 < max_depth:\n",
+        ["tests/kernels/test_gdn_commit.py::test_default_config_by_depth"],
+    ),
+    Mutant(
+        "CD4",
         "trtllm_bole/engine/aot.py",
         '        default = default_commit_config(dk, dv, _const(shapes["paths"][1]))\n',
         "        default = default_commit_config(dk, dv, 1)\n",

@@ -57,15 +57,18 @@ only the state tile on chip (fewer registers, more programs in flight per SM).""
 
 def default_commit_config(dk: int, dv: int, max_depth: int) -> CommitConfig:
     """The commit's config for trees at most ``max_depth`` nodes deep (the longest accepted path). The
-    outer form's time grows with the path it walks, the dot form's barely does (it pads the path to a
-    power of two). Measured on the H200 (benchmarks/probe_commit_paths.py,
-    results/probe_commit_paths_h200.json: 24 layers of Qwen3.5-9B heads, batch 16, bf16 k, state slots),
-    as a share of the copy bandwidth: the outer form ``(64, 64, 4 warps)`` 94 % at 1-node paths, 83 %
-    at 4, 60 % at 9; the dot form ``(16, 64, 2 warps)`` 82 % at 1, 80 % at 4, 78 % at 9. So trees of
-    at most 4 nodes a path take the outer form, deeper ones the dot form."""
-    if max_depth <= 4:
-        return CommitConfig(tile_dividing(dk, 64), tile_dividing(dv, 64), 4, outer=True)
-    return CommitConfig(16, tile_dividing(dv, 64), 2, outer=False)
+    outer form's time grows with the path it walks, the dot form's barely does (it pads the path to
+    ``DP`` rows, a power of two >= 16). Measured on the H200 (benchmarks/probe_commit_paths.py,
+    results/probe_commit_paths_h200.json: 24 layers of Qwen3.5-9B heads, batch 16, bf16 k, state slots,
+    trees 9 deep), as a share of the copy bandwidth: the outer form ``(64, 64, 4 warps)`` 94 % at 1-node
+    paths, 83 % at 4, 60 % at 9; the dot form ``(16, 64, 2 warps)`` 82 % at 1, 80 % at 4, 78 % at 9. So
+    trees of at most 4 nodes a path take the outer form, and trees up to 16 deep (``DP = 16``, as
+    measured) the dot form. Deeper trees keep the outer form: padded to 64 rows the dot form takes 255
+    registers and spills 256 bytes (sm_90, triton 3.6; 120 at ``DP = 16``), the outer form 80 at any
+    depth; neither is measured there."""
+    if 4 < max_depth <= 16:
+        return CommitConfig(16, tile_dividing(dv, 64), 2, outer=False)
+    return CommitConfig(tile_dividing(dk, 64), tile_dividing(dv, 64), 4, outer=True)
 
 
 @triton.jit
