@@ -124,11 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             kernel, grid, constexprs, options = inv.phase_launch(phase, CONFIG, consts, hv, U.DV, batch)
             kernel[grid](*kernel_args, **constexprs, **options)
 
-        def transposed(p, name, hv=hv, batch=batch):
-            launch_transposed(p[1], p[2], name, hv, batch)
-
         values = {"kept": lambda p: launch(p, 2)}
-        values.update({name: (lambda p, n=name: transposed(p, n)) for name in VARIANTS})
+        for name in VARIANTS:
+            values[name] = lambda p, n=name, hv=hv, batch=batch: launch_transposed(p[1], p[2], n, hv, batch)
         exact = U.exact_outputs(sets[0])
         row = {"model": model, "hv": hv, "batch": batch, "rel_rms": {}, "value_us": {}, "verify_us": {}}
         rows.append(row)

@@ -91,7 +91,7 @@ class Qwen35Config:
 
     @property
     def _where(self) -> str:
-        return "text_config." if self.weight_prefix == _WRAPPER_PREFIX else ""
+        return _field_scope(self.weight_prefix)
 
     def _check_integers(self) -> None:
         for name in (
@@ -185,6 +185,11 @@ def read_generation_config(checkpoint: Path) -> dict[str, Any] | None:
     """The checkpoint's ``generation_config.json``, None when it has none."""
     path = checkpoint / GENERATION_CONFIG
     return load_json(path) if path.exists() else None
+
+
+def _field_scope(weight_prefix: str) -> str:
+    """How errors name a field: ``text_config.`` inside the ``qwen3_5`` wrapper, else nothing."""
+    return "text_config." if weight_prefix == _WRAPPER_PREFIX else ""
 
 
 def _text_section(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], str]:
@@ -292,7 +297,7 @@ def _rope(f: _Fields) -> dict[str, Any]:
 
 def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
     text, prefix = _text_section(raw, source)
-    f = _Fields(text, source, "text_config." if prefix == _WRAPPER_PREFIX else "")
+    f = _Fields(text, source, _field_scope(prefix))
     _refuse_unsupported(f)
     get = f.get
     num_layers = get("num_hidden_layers")
