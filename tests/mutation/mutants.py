@@ -1622,15 +1622,15 @@ MUTANTS = [
     Mutant(
         "SM6",
         "trtllm_bole/serving/engine.py",
-        '            self._count(live, "error")\n',
-        "",
+        '            self._count(live, "error")\n            self._deliver(live, Update(live.key, [], "", True, "error", message))',
+        '            self._deliver(live, Update(live.key, [], "", True, "error", message))',
         ["tests/serving/test_serving_metrics.py"],
     ),
     Mutant(
         "SM7",
         "trtllm_bole/serving/engine.py",
-        'self._count(live, "abort")',
-        'self._count(live, "error")',
+        'self._count(live, "error")\n            error += "; it was aborted"',
+        'self._count(live, "abort")\n            error += "; it was aborted"',
         ["tests/serving/test_serving_metrics.py"],
     ),
     Mutant(
@@ -1658,10 +1658,37 @@ MUTANTS = [
         "SM12",
         "trtllm_bole/serving/engine.py",
         "        update = self._update(live, finished=True)  # first: its tokens may be the request's first\n"
-        "        self._count(live, live.request.finish_reason)\n",
+        "        delivered = self._deliver(live, update)\n"
+        '        self._count(live, live.request.finish_reason if delivered else "error")\n',
         "        self._count(live, live.request.finish_reason)\n"
-        "        update = self._update(live, finished=True)  # first: its tokens may be the request's first\n",
+        "        update = self._update(live, finished=True)  # first: its tokens may be the request's first\n"
+        "        self._deliver(live, update)\n",
         ["tests/serving/test_serving_metrics.py"],
+    ),
+    Mutant(
+        "SM13",
+        "trtllm_bole/serving/engine.py",
+        'live.request.finish_reason if delivered else "error"',
+        "live.request.finish_reason",
+        ["tests/serving/test_serving_engine.py::test_a_final_reply_that_fails_is_followed_by_a_final_error"],
+    ),
+    Mutant(
+        "CP1",
+        "trtllm_bole/serving/engine.py",
+        "everyone = now >= self._next_waiting_poll",
+        "everyone = True",
+        [
+            "tests/serving/test_serving_engine.py::test_the_queue_behind_the_free_places_is_asked_only_every_waiting_poll"
+        ],
+    ),
+    Mutant(
+        "CP2",
+        "trtllm_bole/serving/engine.py",
+        "if free <= 0 and not everyone:",
+        "if not everyone:",
+        [
+            "tests/serving/test_serving_engine.py::test_the_queue_behind_the_free_places_is_asked_only_every_waiting_poll"
+        ],
     ),
     Mutant(
         "QB1",
@@ -1675,6 +1702,13 @@ MUTANTS = [
         "trtllm_bole/serving/engine.py",
         "return max(0, self._waiting() - max(0, free))",
         "return self._waiting()",
+        ["tests/serving/test_serving_metrics.py"],
+    ),
+    Mutant(
+        "QB5",
+        "trtllm_bole/serving/engine.py",
+        "        if self._waits_for_blocks:\n            return self._waiting()\n",
+        "",
         ["tests/serving/test_serving_metrics.py"],
     ),
     Mutant(
@@ -1736,12 +1770,24 @@ MUTANTS = [
     ),
     Mutant(
         "SV11",
+        "trtllm_bole/serving/protocol.py",
+        'return f"[{self.status}] {self.error}"',
+        "return self.error",
+        ["tests/serving/test_serving_protocol.py"],
+    ),
+    Mutant(
+        "SV16",
         "triton_server/model_repository_template/bole/1/model.py",
-        '"cancelled": pb_utils.TritonError.CANCELLED,\n',
-        "",
-        ["tests/server"],
-        equivalent="a reply coded 'cancelled' answers a request its client cancelled, whose stream the client "
-        "has closed: the server drops it, so INTERNAL in its place reaches no one",
+        "pb_utils.TritonError(reply.message, ",
+        "pb_utils.TritonError(reply.error, ",
+        ["tests/server/test_triton_server.py::test_a_full_queue_refuses_a_request_with_unavailable"],
+    ),
+    Mutant(
+        "EI1",
+        "trtllm_bole/serving/protocol.py",
+        "if end_id is not None and end_id < -1:",
+        "if end_id is not None and end_id < -7:",
+        ["tests/serving/test_serving_protocol.py"],
     ),
     Mutant(
         "SV13",

@@ -272,9 +272,11 @@ def test_bad_requests_get_errors_while_others_are_served(server, llm):
             "one prompt per request",
         ),
     }
+    tritons_own = {"wrong dtype", "unknown input"}  # refused before the model sees them
     for case, (inputs, words) in cases.items():
         message = error_of(url, inputs)
         assert words in message, f"{case}: {message}"
+        assert case in tritons_own or "[INVALID_ARG] " in message, f"{case}: {message}"
         assert server.ready(), f"server unhealthy after {case}"
     worker.join(300)
     expected = llm.generate([PROMPTS[3]], SamplingParams(max_tokens=24), use_tqdm=False)[0].outputs[0]
@@ -310,7 +312,8 @@ def test_http_generate_and_generate_stream(server, llm):
     assert ids == expected.token_ids
 
     status, body = post(f"{base}/generate", {"text_input": PROMPTS[5], "parameters": {"max_tokens": 0}})
-    assert status == 400 and "max_tokens" in json.loads(body)["error"]
+    error = json.loads(body)["error"]
+    assert status == 400 and "[INVALID_ARG] " in error and "max_tokens" in error, body
 
 
 def test_client_cli(server, llm):
@@ -323,7 +326,7 @@ def test_client_cli(server, llm):
     assert done.stdout.rstrip("\n") == expected.text.rstrip("\n")
     assert "finish: length" in done.stderr and "mean accepted tokens per step" in done.stderr
     bad = subprocess.run([*client, "--prompt", "x", "--max-tokens", "0"], capture_output=True, text=True)
-    assert bad.returncode == 1 and "error: max_tokens" in bad.stderr
+    assert bad.returncode == 1 and "error: [INVALID_ARG] max_tokens" in bad.stderr
     nobody = [
         sys.executable,
         str(ROOT / "triton_server" / "client.py"),
@@ -374,7 +377,7 @@ def test_stopping_the_server_drains_requests_in_flight(tmp_path, repository):
     stop_server(server)  # the launcher and tritonserver exit 0, nothing outlives them
     thread.join(60)
     assert time.monotonic() - start < 20, server.log_tail()
-    assert errors and "the serving engine shut down" in errors[0], errors
+    assert errors and "[UNAVAILABLE] the serving engine shut down" in errors[0], errors
     assert 0 < sum(len(c.token_ids) for c in chunks) < 2000
 
 
@@ -423,7 +426,10 @@ def test_a_full_queue_refuses_a_request_with_unavailable(tmp_path):
             assert time.monotonic() < deadline, "the second request never waited"
             time.sleep(0.2)
         refused = error_of(server.grpc_url, build_inputs(PROMPTS[2], max_tokens=4))
-        assert "queue is full: 1 of max_queue_size 1 waiting for a place in the batch" in refused
+        assert (
+            "[UNAVAILABLE] the serving engine's queue is full: 1 of max_queue_size 1 waiting for a place"
+            in refused
+        )
         first.close()  # cancelled: the waiting request takes its place
         thread.join(120)
         assert waiting and waiting[0]["final"].finish_reason == "length" and len(waiting[0]["ids"]) == 4

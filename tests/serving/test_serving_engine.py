@@ -10,6 +10,7 @@ from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.serving import ServingEngine, TextDelta, Update, close_on_drain_file
+from trtllm_bole.serving import engine as engine_module
 from trtllm_bole.spec.executor import Executor
 from trtllm_bole.testing import TINY_MTP_CONFIG, pools_settled
 
@@ -171,6 +172,39 @@ def test_is_cancelled_is_polled_for_running_and_waiting_requests():
     engine.close()
 
 
+def test_the_queue_behind_the_free_places_is_asked_only_every_waiting_poll(monkeypatch):
+    """An ask is the client's round trip: every step asks the requests in the batch and those its free
+    places could take, the rest of the queue only every ``WAITING_POLL_S`` (here: only at the first
+    step), so that a long queue does not slow the batch's steps."""
+    monkeypatch.setattr(engine_module, "WAITING_POLL_S", 1e9)
+    engine = ServingEngine(make_executor(max_batch_size=1))
+    got = {name: Collector() for name in "abc"}
+    asks = []  # (who was asked, who had ended, whether it had tokens yet)
+
+    def asker(name):
+        def is_cancelled() -> bool:
+            ended = "".join(n for n, c in got.items() if c.done.is_set())
+            asks.append((name, ended, bool(got[name].updates)))
+            return False
+
+        return is_cancelled
+
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    for name, prompt in zip("abc", PROMPTS, strict=False):
+        engine.submit(prompt, params, got[name], is_cancelled=asker(name))
+    assert [c.final.finish_reason for c in got.values()] == ["length"] * 3
+    engine.close()
+
+    def count(name, ended, started=None):
+        return sum(x == (name, ended, started if started is not None else x[2]) for x in asks)
+
+    steps = sum(1 for u in got["a"].updates if u.token_ids)
+    assert steps >= 4 and count("a", "") >= steps - 1  # asked at every step it ran
+    assert count("b", "") <= 1 and count("c", "") <= 1  # behind a full batch: the first step only
+    assert count("b", "a", started=False) == 1  # next in line once a's place was free: before its prefill
+    assert count("c", "a") <= 1 and count("c", "ab", started=False) == 1
+
+
 def test_refused_requests_get_an_error_and_the_engine_keeps_serving(engine):
     cases = {
         "empty prompt": ([], SamplingParams(max_tokens=4)),
@@ -187,6 +221,24 @@ def test_refused_requests_get_an_error_and_the_engine_keeps_serving(engine):
     good = Collector()
     engine.submit(PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True), good)
     assert good.final.finish_reason == "length"
+
+
+def test_a_final_reply_that_fails_is_followed_by_a_final_error(engine):
+    """A consumer raising on the final update (its reply could not be built) still gets a final update,
+    an error saying why, so that its client is not left waiting; the metrics count what it was told."""
+    failing = Collector()
+
+    def fail_final(update):
+        if update.finished and update.finish_reason == "length":
+            raise ValueError("reply not built")
+        failing(update)
+
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=6, ignore_eos=True), fail_final)
+    final = failing.final
+    assert final.finish_reason == "error" and "ValueError: reply not built" in final.error, final
+    assert "aborted" not in final.error  # it had ended
+    assert until(lambda: engine.stats().finished_error == 1)
+    assert engine.stats().finished_length == 0 and settled(engine)
 
 
 def test_a_failing_callback_loses_only_its_request(engine):

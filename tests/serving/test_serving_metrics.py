@@ -71,8 +71,9 @@ def test_a_busy_engine_reports_its_batch_and_the_blocks_it_holds():
     assert engine.stats().finished_abort == len(keys) == 3
 
 
-def test_a_request_whose_consumer_fails_is_counted_as_aborted():
-    """The engine aborts a request whose consumer raises (a vanished client), and counts it so."""
+def test_a_request_whose_consumer_fails_is_counted_as_the_error_it_is_told():
+    """The engine aborts a request whose consumer raises (a vanished client), tells it so in a final
+    ``"error"`` update and counts it as that error."""
     engine = ServingEngine(make_executor())
     seen = []
 
@@ -82,9 +83,10 @@ def test_a_request_whose_consumer_fails_is_counted_as_aborted():
             raise ConnectionError("client vanished")
 
     engine.submit(PROMPTS[0], SamplingParams(max_tokens=50, ignore_eos=True), gone)
-    assert until(lambda: engine.stats().finished_abort == 1)
+    assert until(lambda: engine.stats().finished_error == 1)
     stats = engine.stats()
     engine.close()
+    assert stats.finished_abort == 0
     assert seen[-1].finish_reason == "error" and len(seen) == 3  # told so in a final update
     assert stats.generated_tokens == sum(len(u.token_ids) for u in seen) > 0  # what it got before
 
@@ -111,6 +113,26 @@ def test_a_full_queue_refuses_requests_until_one_leaves_it():
     assert engine.stats().rejected_shut_down == 0  # published by the engine thread, which has stopped
     with pytest.raises(ValueError, match="max_queue_size must be a positive integer"):
         ServingEngine(make_executor(), max_queue_size=0)
+
+
+def test_while_the_queue_waits_for_kv_blocks_free_places_do_not_hide_it():
+    """A batch of four places and KV blocks for one request at a time: the second request waits for
+    blocks with three places free, so it is queued, and with ``max_queue_size`` 1 the third is refused
+    (counting only the requests beyond the free places, it used to be taken: up to three more waited)."""
+    executor = make_executor(max_batch_size=4, num_blocks=6)  # 60 tokens + tree: 5 blocks a request
+    engine = ServingEngine(executor, max_queue_size=1)
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    collectors = [Collector() for _ in range(3)]
+    for prompt, got in zip(PROMPTS, collectors[:2], strict=False):
+        engine.submit(prompt, params, got)
+    assert until(lambda: engine.stats().active == 1 and engine.stats().waiting == 1)
+    with pytest.raises(RuntimeError, match="queue is full: 1 of max_queue_size 1 waiting"):
+        engine.submit(PROMPTS[2], params, collectors[2])
+    assert [c.final.finish_reason for c in collectors[:2]] == ["length"] * 2
+    assert until(lambda: engine.stats().waiting == 0)
+    engine.submit(PROMPTS[2], SamplingParams(max_tokens=2), collectors[2])  # room again
+    assert collectors[2].final.finish_reason == "length"
+    engine.close()
 
 
 def test_samples_cover_every_stat_under_its_family():

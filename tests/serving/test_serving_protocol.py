@@ -53,6 +53,8 @@ def test_ids_prompt_trimmed_by_input_lengths_and_parameters_as_fallback():
     )  # fmt: skip
     assert parsed.prompt == [5, 6, 7]
     assert parsed.params.max_tokens == 4  # the tensor wins over the parameter
+    ids = {"input_ids": np.array([[5, 6, 7, 8]], dtype=np.int32)}
+    assert parse_request(ids, {"input_lengths": 2}).prompt == [5, 6]  # a scalar: a parameter too
     assert parsed.params.temperature == 1.0 and parsed.stream
     assert parse_request({"text_input": text("x")}).params == SamplingParams()
     assert parse_request({"text_input": text("x")}, {"triton_enable_empty_final_response": True}).params
@@ -111,6 +113,13 @@ def test_end_id_replaces_the_models_end_token():
             r"unknown request parameters \['max_new_tokens'\]",
         ),
         ({"text_input": text("x"), "input_lengths": scalar(1, np.int32)}, {}, "does not apply to text_input"),
+        ({"text_input": text("x")}, {"input_lengths": 1}, "does not apply to text_input"),
+        (
+            {"text_input": text("x"), "end_id": scalar(-2, np.int32)},
+            {},
+            r"end_id -2 is neither a token id nor -1",
+        ),
+        ({"text_input": text("x")}, {"end_id": -7}, "end_id -7"),  # it used to mean "no end token"
     ],
 )
 def test_bad_requests_are_refused_with_the_reason(tensors, parameters, words):
@@ -176,6 +185,10 @@ def test_aborts_and_failures_become_errors():
     assert shutdown.code == "unavailable" and "shut down" in shutdown.error
     failed = ResponseStream(False)(update([], "", True, "error", "engine step failed"))
     assert failed.code == "internal" and failed.tensors is None
+    # Triton hands clients no status code of the model's errors: the message opens with it.
+    assert cancelled.message == "[CANCELLED] request cancelled"
+    assert shutdown.message == "[UNAVAILABLE] the serving engine shut down"
+    assert failed.message == "[INTERNAL] engine step failed"
 
 
 def test_model_parameters_become_llm_arguments():

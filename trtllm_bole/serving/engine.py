@@ -96,6 +96,12 @@ class RequestLatency:
     finish_reason: str
 
 
+WAITING_POLL_S = 1.0
+"""How often the requests further back in the queue than the batch's free places are asked whether
+they were cancelled (those in the batch or next in line for it are asked every step, so a cancelled
+request is never admitted). An ask is the client's round trip (~50 µs to Triton's server process): a
+long queue asked every step would slow every step of the batch."""
+
 LATENCY_BACKLOG = 65536
 """Ended requests' latencies kept until :meth:`ServingEngine.take_latencies` takes them (the oldest go
 first where nobody does)."""
@@ -118,7 +124,8 @@ class ServingEngine:
 
     ``decode`` turns token ids into text (the tokenizer's); without it updates carry ids only.
     ``max_queue_size``: requests that may wait beyond the batch's free places before :meth:`submit`
-    refuses more (TensorRT-LLM backend's parameter of that name; None: no bound).
+    refuses more (TensorRT-LLM backend's parameter of that name; None: no bound); while the head of the
+    queue waits for KV blocks, free places take no one and every waiting request counts.
     Callbacks run on the engine thread: they must be quick and must not call back into the engine
     synchronously except through :meth:`submit`, which only queues.
     """
@@ -147,6 +154,8 @@ class ServingEngine:
         self._rejected = {"queue_full": 0, "shut_down": 0}  # by submit(), under self._cv
         self._latencies: deque[RequestLatency] = deque(maxlen=LATENCY_BACKLOG)
         self._iterations = 0
+        self._waits_for_blocks = False  # the queue's head waits for KV blocks (engine thread writes)
+        self._next_waiting_poll = 0.0  # when the whole queue is next asked (_poll_cancellations)
         self._stats: EngineStats  # published by the engine thread (_publish), read by any thread
         self._publish()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -181,8 +190,9 @@ class ServingEngine:
         is_cancelled: Callable[[], bool] | None = None,
     ) -> int:
         """Queue a request and return its key. ``on_update`` gets every :class:`Update` (the last
-        has ``finished=True``), ``is_cancelled`` is polled once per step and aborts the request when
-        it returns true. Raises :class:`RuntimeError` once the engine is closed, or while
+        has ``finished=True``), ``is_cancelled`` is polled once per step while the request is in the
+        batch or next in line for it (every ``WAITING_POLL_S`` further back in the queue) and aborts the
+        request when it returns true. Raises :class:`RuntimeError` once the engine is closed, or while
         ``max_queue_size`` requests wait (retry later)."""
         live = _Live(0, on_update, is_cancelled, TextDelta(self.decode, params.stop))
         with self._cv:
@@ -207,7 +217,9 @@ class ServingEngine:
 
     def _queued(self) -> int:
         """Requests waiting beyond the batch's free places: those of a burst that the next step admits
-        are not queued (where KV blocks, not places, hold the waiting back, it counts fewer)."""
+        are not queued, unless the head of the queue waits for KV blocks (then no place takes anyone)."""
+        if self._waits_for_blocks:
+            return self._waiting()
         free = self.executor.max_batch_size - len(self.executor.scheduler.running)
         return max(0, self._waiting() - max(0, free))
 
@@ -272,6 +284,7 @@ class ServingEngine:
             if self.executor.has_unfinished:
                 self._step()
                 self._iterations += 1
+            self._waits_for_blocks = self.executor.scheduler.waits_for_blocks()
             self._publish()
 
     def _publish(self) -> None:
@@ -341,15 +354,35 @@ class ServingEngine:
             self._finish(live)
 
     def _poll_cancellations(self) -> None:
-        for live in list(self._live.values()):
-            if live.is_cancelled is None:
-                continue
-            try:
-                cancelled = live.is_cancelled()
-            except Exception:  # a vanished client counts as cancelled
-                cancelled = True
-            if cancelled:
-                self._abort(live.key)
+        """Abort the requests whose client cancelled: those in the batch, and the waiting ones that its
+        free places could take, every step; the rest of the queue every ``WAITING_POLL_S``."""
+        scheduler = self.executor.scheduler
+        for request in list(scheduler.running):
+            self._abort_if_cancelled(request)
+        now = time.monotonic()
+        everyone = now >= self._next_waiting_poll
+        if everyone:
+            self._next_waiting_poll = now + WAITING_POLL_S
+        free = self.executor.max_batch_size - len(scheduler.running)
+        for request in list(scheduler.waiting):
+            if free <= 0 and not everyone:
+                break
+            if not self._abort_if_cancelled(request):
+                free -= 1
+
+    def _abort_if_cancelled(self, request: Request) -> bool:
+        """Ask the request's client whether it cancelled, and abort the request if it did."""
+        live = self._by_request[request.request_id]
+        if live.is_cancelled is None:
+            return False
+        try:
+            cancelled = live.is_cancelled()
+        except Exception:  # a vanished client counts as cancelled
+            cancelled = True
+        if cancelled:
+            self.executor.abort(request)
+            self._finish(live)
+        return cancelled
 
     def _step(self) -> None:
         try:
@@ -369,19 +402,12 @@ class ServingEngine:
             else:
                 self._deliver(live, self._update(live, finished=False))
 
-    def _abort(self, key: int) -> None:
-        live = self._live.get(key)
-        if live is None:
-            return
-        self.executor.abort(live.request)
-        self._finish(live)
-
     def _finish(self, live: _Live) -> None:
         del self._live[live.key]
         del self._by_request[live.request.request_id]
         update = self._update(live, finished=True)  # first: its tokens may be the request's first
-        self._count(live, live.request.finish_reason)
-        self._deliver(live, update)
+        delivered = self._deliver(live, update)
+        self._count(live, live.request.finish_reason if delivered else "error")
 
     def _update(self, live: _Live, *, finished: bool) -> Update:
         """The request's output tokens not yet handed out (a step's committed tokens, or those of a
@@ -400,23 +426,26 @@ class ServingEngine:
             replace(r.stats),  # a copy: the request's own goes on counting
         )
 
-    def _deliver(self, live: _Live, update: Update) -> None:
-        """Hand ``update`` to the request's consumer. A consumer that raises loses its request, never
-        the engine: the request is aborted, and told so in a final ``"error"`` update where it can
-        still listen (a client that has gone cannot; one whose reply failed to build can)."""
+    def _deliver(self, live: _Live, update: Update) -> bool:
+        """Hand ``update`` to the request's consumer; whether it took it. A consumer that raises loses
+        its request, never the engine: a running request is aborted (counted as an error), and either
+        is told so in a final ``"error"`` update where it can still listen (a client that has gone
+        cannot; one whose reply failed to build can)."""
         try:
             live.on_update(update)
+            return True
         except Exception as e:
             traceback.print_exc(file=sys.stderr)
-            if not update.finished and live.key in self._live:
-                self.executor.abort(live.request)
-                del self._live[live.key]
-                del self._by_request[live.request.request_id]
-                self._count(live, "abort")
-                error = f"the request's reply failed ({type(e).__name__}: {e}); it was aborted"
-                final = Update(live.key, [], "", True, "error", error, update.stats)
-                with contextlib.suppress(Exception):
-                    live.on_update(final)
+            error = f"the request's reply failed ({type(e).__name__}: {e})"
+        if not update.finished:
+            self.executor.abort(live.request)
+            del self._live[live.key]
+            del self._by_request[live.request.request_id]
+            self._count(live, "error")
+            error += "; it was aborted"
+        with contextlib.suppress(Exception):
+            live.on_update(Update(live.key, [], "", True, "error", error, update.stats))
+        return False
 
 
 def close_on_drain_file(engine: ServingEngine, path: Path, *, poll: float = 0.1) -> threading.Thread:

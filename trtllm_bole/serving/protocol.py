@@ -16,7 +16,10 @@ Requests carry a batch dimension of one (``max_batch_size > 0`` in ``config.pbtx
 | ``stop_words`` | BYTES | [1, S] | stop when the text contains any of these |
 
 Every scalar may instead come as a request parameter of the same name (the HTTP ``generate``
-endpoint's ``"parameters"``); a tensor wins over a parameter. Outputs, on every response:
+endpoint's ``"parameters"``); a tensor wins over a parameter. An error's message opens with its status,
+``[INVALID_ARG]``, ``[UNAVAILABLE]`` (retry later), ``[CANCELLED]`` or ``[INTERNAL]``: Triton (2.51)
+hands clients no status code of a Python model's error (HTTP 400 for each, a gRPC stream error
+without one). Outputs, on every response:
 ``text_output`` BYTES [1, 1] and ``output_ids`` INT32 [1, n] (the delta when streaming, the whole
 output otherwise), ``finish_reason`` BYTES [1, 1] (empty until the final response), and the
 request's running speculation totals ``acceptance_rate`` FP32, ``total_accepted_draft_tokens`` INT32,
@@ -48,7 +51,7 @@ INPUT_NAMES = (
     "text_input", "input_ids", "input_lengths", "max_tokens", "temperature", "top_k", "top_p",
     "random_seed", "stream", "end_id", "stop_words",
 )  # fmt: skip
-PARAMETER_NAMES = frozenset({name for name, _ in SCALARS.values()} | {"end_id", "stream"})
+PARAMETER_NAMES = frozenset({name for name, _ in SCALARS.values()} | {"input_lengths", "end_id", "stream"})
 """The inputs a client may also send as request parameters (the HTTP generate endpoint's JSON fields
 that are not input tensors become parameters); others, but Triton's own ``triton_*``, are refused."""
 OUTPUT_NAMES = (
@@ -85,13 +88,15 @@ def parse_request(
             f"unknown request parameters {unknown}: this model reads {sorted(PARAMETER_NAMES)} (as inputs "
             "or as request parameters)"
         )
-    prompt = _prompt(tensors)
+    prompt = _prompt(tensors, parameters)
     values: dict[str, Any] = {}
     for field_name, (name, kind) in SCALARS.items():
         value = _scalar(tensors, parameters, name, kind)
         if value is not None:
             values[field_name] = value
     end_id = _scalar(tensors, parameters, "end_id", int)
+    if end_id is not None and end_id < -1:
+        raise RequestError(f"end_id {end_id} is neither a token id nor -1 (no end token)")
     if end_id is not None:
         values["ignore_eos"] = True
         values["stop_token_ids"] = [end_id] if end_id >= 0 else []
@@ -153,15 +158,34 @@ def check_request(
         raise RequestError("stop_words need a tokenizer and this model has none; use end_id instead")
 
 
+STATUS = {
+    "invalid": "INVALID_ARG",
+    "cancelled": "CANCELLED",
+    "unavailable": "UNAVAILABLE",
+    "internal": "INTERNAL",
+}
+"""A reply's error code -> the name of its Triton status (``pb_utils.TritonError``'s constant)."""
+
+
 @dataclass(slots=True)
 class Reply:
-    """What to send for one update: tensors, or an error (``code``: ``cancelled``, ``unavailable``,
-    ``internal``); ``final`` marks the request's last response."""
+    """What to send for one update: tensors, or an error (``code``: a key of ``STATUS``); ``final``
+    marks the request's last response."""
 
     tensors: dict[str, np.ndarray] | None
     final: bool
     error: str | None = None
     code: str = ""
+
+    @property
+    def status(self) -> str:
+        return STATUS[self.code]
+
+    @property
+    def message(self) -> str:
+        """The error as clients read it, opening with its status (``[UNAVAILABLE] ...``): Triton passes
+        them no status code of a Python model's error."""
+        return f"[{self.status}] {self.error}"
 
 
 @dataclass(slots=True)
@@ -204,15 +228,16 @@ def _tensors(token_ids: list[int], text: str, update: Update) -> dict[str, np.nd
     }
 
 
-def _prompt(tensors: Mapping[str, np.ndarray]) -> str | list[int]:
+def _prompt(tensors: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> str | list[int]:
     has_text, has_ids = "text_input" in tensors, "input_ids" in tensors
+    length = _scalar(tensors, parameters, "input_lengths", int)
     if has_text == has_ids:
         raise RequestError(
             "send exactly one of text_input (BYTES, the prompt text) and input_ids (INT32 token ids), "
             f"got {'both' if has_text else 'neither'}"
         )
     if has_text:
-        if "input_lengths" in tensors:
+        if length is not None:
             raise RequestError("input_lengths trims input_ids; it does not apply to text_input")
         texts = _strings(tensors["text_input"])
         if len(texts) != 1:
@@ -222,8 +247,7 @@ def _prompt(tensors: Mapping[str, np.ndarray]) -> str | list[int]:
     if ids.dtype.kind not in "iu":
         raise RequestError(f"input_ids must be integers, got {ids.dtype}")
     ids = [int(t) for t in ids.reshape(-1)]
-    if "input_lengths" in tensors:
-        length = _one(tensors["input_lengths"], "input_lengths", int)
+    if length is not None:
         if not 0 <= length <= len(ids):
             raise RequestError(f"input_lengths {length} is outside [0, {len(ids)}] (the input_ids given)")
         ids = ids[:length]

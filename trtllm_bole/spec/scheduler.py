@@ -218,6 +218,10 @@ class Scheduler:
             admitted.append(request)
         return admitted
 
+    def waits_for_blocks(self) -> bool:
+        """Whether the head of the queue waits for KV blocks (FIFO: no one behind it is admitted)."""
+        return bool(self.waiting) and self._reservation(self.waiting[0]) > self.blocks.num_free
+
     def finish(self, request: Request, reason: str, error: str | None = None) -> None:
         """Finish a request for any reason and return its slot and blocks at once."""
         if request.finished:

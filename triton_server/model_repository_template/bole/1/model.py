@@ -182,12 +182,8 @@ class Metrics:
 def _send(sender, reply: Reply) -> None:
     """Send one reply. Raises if the client is gone: the engine then drops the request."""
     if reply.error is not None:
-        code = {
-            "invalid": pb_utils.TritonError.INVALID_ARG,
-            "cancelled": pb_utils.TritonError.CANCELLED,
-            "unavailable": pb_utils.TritonError.UNAVAILABLE,
-        }.get(reply.code, pb_utils.TritonError.INTERNAL)
-        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error, code))
+        error = pb_utils.TritonError(reply.message, getattr(pb_utils.TritonError, reply.status))
+        response = pb_utils.InferenceResponse(error=error)
     else:
         tensors = [pb_utils.Tensor(name, array) for name, array in reply.tensors.items()]
         response = pb_utils.InferenceResponse(output_tensors=tensors)
