@@ -4,13 +4,13 @@ exact core, the kernels, the model, serving and the engine, each with the tests 
 Written in two rounds of mutation testing (2026-12-01). First round (81: the speculative logic, the exact
 core, the kernels, the operators): the suite then killed 62; tests added for the 18 real survivors kill
 them; ``IV1`` changes no value (marked ``equivalent``). Second round (69: the model, its config and
-checkpoint, the LLM API, text, serving, the engine): 33 killed; tests added kill 32 of the 36
-survivors; ``N3`` and ``N19`` are equivalent; ``N18`` (NaN rows of padded queries, never gathered) and
-``SV11`` (the code of a reply Triton drops once its client cancelled) survive. Entries added later with the
-code they guard (e.g. ``AO1``-``AO6``, the TensorRT plugins' AOT compile and the explicit-inverse pair,
-2026-12-03: 6 killed; ``CD1``-``CD4``, the commit's default config by tree depth, 2026-12-04) name the
-tests that kill them. An entry's ``old`` text must occur exactly once in its file; when the code moves
-on, ``run`` reports the entry stale.
+checkpoint, the LLM API, text, serving, the engine): 33 killed; tests added kill 32 of the 36 survivors;
+``N3`` and ``N19`` are equivalent; ``N18`` (NaN rows of padded queries, never gathered) and ``SV11`` (the
+code of a reply Triton drops once its client cancelled; gone with that code at 06cb0a3, its id not reused)
+survive. Entries added later with the code they guard (e.g. ``AO1``-``AO6``, the TensorRT plugins' AOT
+compile and the explicit-inverse pair, 2026-12-03: 6 killed; ``CD1``-``CD4``, the commit's default config by
+tree depth, 2026-12-04) name the tests that kill them. An entry's ``old`` text must occur exactly once in
+its file; when the code moves on, ``run`` reports the entry stale.
 """
 
 # ruff: noqa: E501 (a mutant's texts are excerpts of the code, newlines and indentation included)
@@ -1769,7 +1769,7 @@ MUTANTS = [
         ["tests/server"],
     ),
     Mutant(
-        "SV11",
+        "SV17",
         "trtllm_bole/serving/protocol.py",
         'return f"[{self.status}] {self.error}"',
         "return self.error",
