@@ -404,6 +404,26 @@ def test_stop_tokens_and_limits(config):
     assert ignoring.output_ids == free
 
 
+def test_a_request_keeps_the_params_it_was_submitted_with(config):
+    """A caller that reuses its SamplingParams object and changes it while its request waits, or is halfway
+    through its prefill, changes nothing of that request: a larger max_tokens there once ran it past the
+    KV blocks reserved at admission, writing where no block of its own was (and decoding other tokens)."""
+    bole = BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3)
+    ex = Executor(random_model(config, seed=3), bole, max_batch_size=1, max_seq_len=64, block_size=4,
+                  max_prefill_tokens=4)  # fmt: skip
+    shared = SamplingParams(max_tokens=2)
+    prefilling, waiting = ex.submit(PROMPTS[2], shared), ex.submit(PROMPTS[0], shared)
+    ex.step()
+    assert 0 < prefilling.context_len < len(PROMPTS[2]) and not waiting.blocks  # admitted, not yet whole
+    shared.max_tokens, shared.stop_token_ids = 40, [0]
+    while ex.has_unfinished:
+        ex.step()
+    alone = Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=1)
+    expected = [run(alone, [p], SamplingParams(max_tokens=2))[0].output_ids for p in (PROMPTS[2], PROMPTS[0])]
+    assert [prefilling.output_ids, waiting.output_ids] == expected
+    assert prefilling.params.max_tokens == waiting.params.max_tokens == 2
+
+
 def test_bad_requests(config):
     ex = Executor(random_model(config, seed=3), BoleConfig(mode="ar"))
     r = ex.submit([3, 99], SamplingParams())

@@ -233,7 +233,10 @@ class Executor:
     # ------------------------------------------------------------------------------------ #
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Request:
-        """Queue a request; one that can never fit is finished at once with an error."""
+        """Queue a request; one that can never fit is finished at once with an error. The request keeps a
+        copy of ``params``: a caller that changes its object later (SamplingParams validates assignments)
+        changes nothing here, where a larger max_tokens would outgrow the KV blocks reserved for it."""
+        params = params.model_copy(deep=True)
         if params.stop and self.decode_text is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         vocab = self.model.config.vocab_size
