@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # imported where used: --help answers without loading torch
+if TYPE_CHECKING:  # for the annotation (parser() loads torch anyway: BuildSettings' module imports it)
     from trtllm_bole.spec.calibration import CalibrationSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,8 @@ def parser() -> argparse.ArgumentParser:
         "--epsilon",
         type=float,
         default=DEFAULT_EPSILON,
-        help="a verify may cost up to (1 + epsilon) x a decode step",
+        help="a verify may cost up to (1 + epsilon) x a decode step (the engine serves at it unless "
+        "BoleConfig(epsilon=...) says otherwise)",
     )
     cal.add_argument(
         "--calibration-batches",
@@ -128,7 +129,8 @@ def parser() -> argparse.ArgumentParser:
         type=_ints,
         default=DEFAULT_CAPACITIES,
         metavar="N,N,...",
-        help="tree-token capacities to time (total across the batch)",
+        help="tree-token capacities to time (total across the batch; capped at --max-batch-size x "
+        "(--max-draft-nodes + 1))",
     )
     cal.add_argument(
         "--calibration-repeats", type=int, default=5, help="timed repeats per point (median kept)"

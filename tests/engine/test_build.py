@@ -268,6 +268,19 @@ def test_tokenizer_files_are_checked_at_build_and_load(tmp_path):
         LLM(path)
 
 
+def test_end_ids_every_load_would_refuse_are_refused_by_the_build(tmp_path):
+    checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
+    with pytest.raises(ValueError, match=r"ckpt \(generation_config\.json\): eos_token_id must be a token"):
+        build_engine(checkpoint, tmp_path / "e", device="cpu", progress=False)
+    assert not (tmp_path / "e").exists()
+
+
+def test_an_engine_given_as_the_checkpoint_is_named(engine, tmp_path):
+    with pytest.raises(ValueError, match=r"is a trtllm_bole engine, not a checkpoint: pass the Hugging Face"):
+        build_engine(engine[0], tmp_path / "e", device="cpu", progress=False)
+
+
 def test_an_edited_checkpoint_config_rebuilds(engine, tmp_path):
     checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
     path, _ = build_engine(checkpoint, tmp_path / "e", device="cpu", progress=False)

@@ -81,3 +81,30 @@ def test_calibration_covers_every_tree_token_of_a_full_batch(tmp_path, monkeypat
     )
     build_engine(DEFAULT_MODEL, tmp_path / "e", SMALL, device="cpu", calibration=calibration, progress=False)
     assert seen[0].capacities == (2, 4)  # 1 request x (3 drafts + the pending token)
+    assert seen[0].timing.depth == 3  # the engine's trees (2 drafts + the pending token), not the default 9
+
+
+def test_unserved_batch_buckets_are_refused_before_the_model_loads(tmp_path, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(build_mod, "load_model", no_load)
+    settings = BuildSettings(max_batch_size=4, max_seq_len=64, max_draft_depth=2, max_draft_nodes=3)
+    calibration = CalibrationSettings(capacities=(2,), batch_buckets=(1, 4), kv_buckets=(8,))
+    with pytest.raises(ValueError, match=r"batch buckets \[4\] exceed every capacity \[2\]"):
+        build_engine(DEFAULT_MODEL, tmp_path / "e", settings, device="cpu", calibration=calibration)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_engine_serves_at_the_epsilon_it_was_calibrated_for(tmp_path):
+    """The build's --epsilon is the engine's: BoleConfig's default 0.2 re-derived every budget at 0.2."""
+    calibration = CalibrationSettings(
+        epsilon=0.5, capacities=(2, 4), batch_buckets=(1,), kv_buckets=(8,),
+        timing=TimingSettings(warmup=0, repeats=1),
+    )  # fmt: skip
+    path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", SMALL, device="cpu", calibration=calibration)
+    assert LLM(path).executor.bole.epsilon == 0.5
+    assert LLM(path, speculative_config=BoleConfig(top_k=2)).executor.bole.epsilon == 0.5
+    assert LLM(path, speculative_config=BoleConfig(epsilon=0.1)).executor.bole.epsilon == 0.1
+    uncalibrated, _ = build_engine(DEFAULT_MODEL, tmp_path / "plain", SMALL, device="cpu", progress=False)
+    assert LLM(uncalibrated).executor.bole.epsilon == BoleConfig().epsilon

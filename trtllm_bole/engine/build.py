@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +31,18 @@ from pydantic import ValidationError
 
 from trtllm_bole.config import BoleConfig, check_device
 from trtllm_bole.engine import format as fmt
+from trtllm_bole.engine.load import is_engine_dir
 from trtllm_bole.models.checkpoint import write_safetensors
 from trtllm_bole.models.config import (
     GENERATION_CONFIG,
     Qwen35Config,
+    eos_token_ids,
     load_config,
     load_json,
     read_generation_config,
 )
 from trtllm_bole.models.loader import checkpoint_files, load_model
+from trtllm_bole.spec.budget import check_buckets
 from trtllm_bole.spec.calibration import CalibrationSettings, calibrate_model
 from trtllm_bole.spec.scheduler import MIN_SEQ_LEN
 from trtllm_bole.text import Tokenizer
@@ -121,8 +124,15 @@ def build_engine(
     settings = (settings or BuildSettings()).validated(device)
     if not checkpoint.is_dir():
         raise ValueError(f"checkpoint {checkpoint} is not a directory (config.json + safetensors expected)")
+    if is_engine_dir(checkpoint):
+        raise ValueError(
+            f"checkpoint {checkpoint} is a trtllm_bole engine, not a checkpoint: pass the Hugging Face "
+            f"checkpoint it was built from (source.checkpoint in its {fmt.CONFIG})"
+        )
     model_config = load_config(checkpoint)
     model_config.check_seq_len(settings.max_seq_len)
+    # End ids that every load would refuse are refused now, before minutes of loading and timing.
+    eos_token_ids(checkpoint, load_json(checkpoint / "config.json"), read_generation_config(checkpoint))
     metadata = [checkpoint / name for name in ("config.json", GENERATION_CONFIG, *fmt.TOKENIZER_FILES)]
     source_files = [*checkpoint_files(checkpoint), *(f for f in metadata if f.is_file())]
     digests = fmt.sha256_files(source_files, desc=f"hashing {checkpoint.name}", progress=progress)
@@ -133,7 +143,9 @@ def build_engine(
             settings.max_batch_size,
             settings.max_seq_len,
             settings.max_batch_size * (settings.max_draft_nodes + 1),
-        )
+        )  # and the engine's trees: the table is used at its depth
+        calibration = replace(calibration, timing=replace(calibration.timing, depth=settings.tree_depth))
+        check_buckets(calibration.capacities, calibration.batch_buckets)  # before the model loads
     # TensorRT's version when a plan is built (a new TensorRT rebuilds); False keeps earlier engines' ids.
     tensorrt = _tensorrt_version() if plan_builder is not None else False
     build_id = _build_id(sources, settings, calibration, tensorrt, env)

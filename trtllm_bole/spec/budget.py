@@ -36,6 +36,16 @@ def check_epsilon(epsilon: float) -> None:
         raise ValueError(f"epsilon must be a number >= 0, got {epsilon!r}")
 
 
+def check_buckets(capacities: Sequence[int], batch_buckets: Sequence[int]) -> None:
+    """Every batch bucket needs a capacity at least as large: each request verifies its pending token."""
+    unserved = [b for b in batch_buckets if not any(n >= b for n in capacities)]
+    if unserved:
+        raise ValueError(
+            f"batch buckets {unserved} exceed every capacity {list(capacities)}: a verify of B requests "
+            "holds at least B tree tokens; add a capacity at least as large"
+        )
+
+
 def budget_from_timings(
     capacities: Sequence[int], t_ver: Sequence[float], t_dec: float, epsilon: float
 ) -> int:
@@ -130,12 +140,7 @@ def calibrate(
     kv_len)``: one plain decode step. Capacities below the batch size are skipped (every request
     needs its pending token).
     """
-    unserved = [b for b in batch_buckets if not any(n >= b for n in capacities)]
-    if unserved:
-        raise ValueError(
-            f"batch buckets {unserved} exceed every capacity {list(capacities)}: a verify of B requests "
-            "holds at least B tree tokens; add a capacity at least as large"
-        )
+    check_buckets(capacities, batch_buckets)
     start = time.perf_counter()
     table = BudgetTable(epsilon, list(capacities), max_depth, device)
     buckets = [(b, kv) for b in batch_buckets for kv in kv_buckets]
