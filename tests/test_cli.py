@@ -36,13 +36,18 @@ def test_generate_help_shows_defaults_but_not_unset_ones():
 
 def test_bad_generate_settings_end_in_one_error_line():
     """A value out of range is the user's to fix: one line naming it, exit code 2, before any loading."""
-    cases = {"--depth": "max_depth: ", "--max-tokens": "max_tokens: ", "--model": "is not a directory"}
-    for flag, value in (("--depth", "20"), ("--max-tokens", "0"), ("--model", "/nonexistent")):
+    cases = {  # flag: (value, what the error line says)
+        "--depth": ("20", "max_depth: "),
+        "--max-tokens": ("0", "max_tokens: "),
+        "--model": ("/nonexistent", "is not a directory"),
+        "--max-nodes": ("3", "error: max_nodes (3) must be at least max_depth (8)"),  # a check of two fields
+    }
+    for flag, (value, words) in cases.items():
         done = subprocess.run(
             [sys.executable, "-m", "trtllm_bole", "generate", flag, value], capture_output=True, text=True
         )
         assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
-        assert cases[flag] in done.stderr
+        assert words in done.stderr, done.stderr
 
 
 def test_cuda_without_a_gpu_is_refused_by_name():

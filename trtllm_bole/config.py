@@ -127,11 +127,15 @@ def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> 
     """A validation error on one line: each failure's field (``names`` renames the first part), the
     reason, and the input it got, shortened."""
     names = names or {}
-    return "; ".join(
-        f"{'.'.join([names.get(str(e['loc'][0]), str(e['loc'][0])), *map(str, e['loc'][1:])])}: {e['msg']} "
-        f"(got {short_repr(e['input'])})"
-        for e in error.errors()
-    )
+    return "; ".join(_failure(e, names) for e in error.errors())
+
+
+def _failure(error: Mapping, names: Mapping[str, str]) -> str:
+    loc = error["loc"]
+    if not loc:  # a check of several fields (a model validator): its message names them and their values
+        return error["msg"].removeprefix("Value error, ")
+    field = ".".join([names.get(str(loc[0]), str(loc[0])), *map(str, loc[1:])])
+    return f"{field}: {error['msg']} (got {short_repr(error['input'])})"
 
 
 def short_repr(value: object) -> str:
