@@ -39,6 +39,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
+    from trtllm_bole.cli_help import HelpWithDefaults
     from trtllm_bole.engine.build import BuildSettings
     from trtllm_bole.spec.budget import (
         DEFAULT_BATCH_BUCKETS,
@@ -49,9 +50,7 @@ def parser() -> argparse.ArgumentParser:
 
     default = BuildSettings()
 
-    p = argparse.ArgumentParser(
-        prog="build_engine.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="build_engine.py", description=__doc__, formatter_class=HelpWithDefaults)
     p.add_argument(
         "--checkpoint",
         type=Path,
@@ -69,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
         default=default.dtype,
-        help="weight and activation dtype (auto: bfloat16 on a GPU, float32 on CPU)",
+        help="weight and activation dtype; auto: bfloat16 on a GPU, float32 on CPU",
     )
     p.add_argument(
         "--device",

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from trtllm_bole.cli_help import HelpWithDefaults
 from trtllm_bole.spec.scheduler import MAX_PREFILL_TOKENS
 
 if TYPE_CHECKING:
@@ -86,20 +87,13 @@ def _stream(args: argparse.Namespace, llm: LLM, prompt: str | list[int], params:
     return 0
 
 
-class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each option's default, except ``None``: those options say in their help what unset means."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trtllm_bole", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser(
         "generate", help="stream a continuation (default: the embedded model, on CPU)",
-        formatter_class=_HelpWithDefaults,
+        formatter_class=HelpWithDefaults,
     )  # fmt: skip
     gen.add_argument("--model", default=None, help="checkpoint or engine dir (default: the embedded model)")
     gen.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue")

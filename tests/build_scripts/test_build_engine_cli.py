@@ -18,6 +18,9 @@ def test_help_documents_every_option():
         "--max-draft-nodes", "--calibrate", "--tensorrt", "--force", "--epsilon", "--calibration-batches",
     ):  # fmt: skip
         assert option in out
+    flat = " ".join(out.split())
+    assert "(default: 1024)" in flat and "(default: 1,2,4,8,16,32)" in flat  # --max-seq-len, the batches
+    assert "(default: False)" not in flat and "(default: None)" not in flat  # flags; unset says its meaning
 
 
 def test_cli_builds_then_keeps_then_refuses(tmp_path):
