@@ -3,7 +3,7 @@
 # root with the wheels of .whl/ carried along (see benchmarks/README.md); results go under $OUT.
 #
 #   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang), GPU kernel tests, phase profile
-#   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it
+#   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it, the engine tests
 #   bash benchmarks/h200.sh commit-paths # every commit config by accepted path length (1-9 nodes): which to default to
 #   bash benchmarks/h200.sh aot       # AOT plugin check, then the plugins (verify: blocked and explicit-inverse pair; conv; commit) vs the runtime's
 #   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), where a step's time goes
@@ -50,6 +50,9 @@ engine)
     cp /tmp/engine-h200/config.json /tmp/engine-h200/budget.json "$OUT/engine/"
     python -m trtllm_bole generate --model /tmp/engine-h200 --device cuda --max-tokens 48 \
         > "$OUT/engine/generate.txt" 2>&1; echo "generate rc=$?"
+    # The engine's tests where the kernels compile for this GPU, and the calibration's GPU test.
+    python -m pytest -q tests/engine tests/spec/test_calibration.py tests/spec/test_budget.py -p no:cacheprovider \
+        > "$OUT/engine/pytest.txt" 2>&1; echo "engine tests rc=$?"; tail -3 "$OUT/engine/pytest.txt"
     ;;
 commit-paths)
     python benchmarks/probe_commit_paths.py --out "$OUT" > "$OUT/commit_paths.log" 2>&1; echo "probe rc=$?"

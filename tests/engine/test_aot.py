@@ -205,6 +205,7 @@ def test_trim_params_drops_unused_trailing_scratch_pointers():
         trim_params(PTX, "k", 5)
 
 
+@pytest.mark.interpreter
 def test_compile_refuses_the_interpreter():
     assert os.environ.get("TRITON_INTERPRET") == "1"
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):

@@ -13,6 +13,8 @@ from trtllm_bole.engine.aot import SPECS
 from trtllm_bole.reference import conv_tree, gdn_tree
 from trtllm_bole.testing import forest, random_gdn_inputs, topk_parents
 
+pytestmark = pytest.mark.interpreter
+
 H, HV, DK, DV, DEPTH = 1, 2, 64, 64, 5
 
 
