@@ -58,6 +58,21 @@ def test_older_configs_rope_scaling_is_read_and_checked():
         load_config({**TINY_CONFIG, "rope_scaling": {"type": "yarn", "factor": 4.0}})
 
 
+def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_reads_it():
+    """transformers takes ``rope_scaling`` over ``rope_parameters`` when a config carries both."""
+    transformers = pytest.importorskip("transformers")
+    both = {
+        **TINY_CONFIG,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25},
+        "rope_scaling": {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5},
+    }
+    kwargs = {k: v for k, v in both.items() if k != "model_type"}
+    rope = transformers.Qwen3_5TextConfig(**kwargs).rope_parameters
+    assert (rope["rope_theta"], rope["partial_rotary_factor"]) == (5e5, 0.5)
+    ours = load_config(both)
+    assert (ours.rope_theta, ours.rotary_dim) == (5e5, 8)
+
+
 def test_an_end_token_only_the_text_config_declares_is_read(tmp_path):
     assert eos_token_ids(tmp_path, {"model_type": "qwen3_5", "text_config": {"eos_token_id": 5}}, None) == [5]
     assert eos_token_ids(tmp_path, {"eos_token_id": 1, "text_config": {"eos_token_id": [5, 1]}}, None) == [

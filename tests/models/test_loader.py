@@ -154,10 +154,31 @@ def test_partial_mtp_is_an_error_unless_skipped(tmp_path, tiny_settings):
 
 def test_tied_checkpoint_may_carry_an_lm_head_copy(tmp_path, tiny_settings):
     settings = tiny_settings(tie_word_embeddings=True)
-    tensors = _write(tmp_path, settings, lm_head__weight=torch.zeros(96, 32))
+    embed = random_tensors(load_config(settings), seed=0)["model.embed_tokens.weight"]
+    _write(tmp_path, settings, lm_head__weight=embed.clone())  # as torch .bin conversions write it
     model = _load(tmp_path)
     assert model.lm_head is None
-    assert torch.equal(model.lm_head_weight, tensors["model.embed_tokens.weight"])
+    assert torch.equal(model.lm_head_weight, embed)
+
+
+def test_tied_config_beside_another_lm_head_is_refused(tmp_path, tiny_settings):
+    """transformers serves such a checkpoint untied (its lm_head, with a warning); tying it would serve other
+    logits without a word."""
+    _write(tmp_path, tiny_settings(tie_word_embeddings=True), lm_head__weight=torch.zeros(96, 32))
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors: lm_head\.weight differs from model\.embed_tokens\.weight, but "
+        r".*config\.json sets tie_word_embeddings = true",
+    ):
+        _load(tmp_path)
+
+
+@pytest.mark.parametrize("weight_map", [["model.norm.weight"], {"model.norm.weight": 1}])
+def test_an_index_without_a_map_of_file_names_is_named(tmp_path, tiny_settings, weight_map):
+    _write(tmp_path, tiny_settings(), shard_bytes=20_000)
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ValueError, match=rf"{INDEX_FILE}: not a safetensors index with a weight_map"):
+        _load(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -183,6 +204,9 @@ def test_tied_checkpoint_may_carry_an_lm_head_copy(tmp_path, tiny_settings):
         ({"rope_parameters": {"rope_type": "yarn"}}, r"rope_type = 'yarn'; only 'default'"),
         ({"rms_norm_eps": "1e-6"}, r"rms_norm_eps = '1e-6' must be a number"),
         ({"mtp_num_hidden_layers": 2}, r"mtp_num_hidden_layers = 2; only 0 or 1"),
+        ({"mtp_num_hidden_layers": "1"}, r"mtp_num_hidden_layers = '1'; only 0 or 1"),
+        ({"mtp_num_hidden_layers": True}, r"mtp_num_hidden_layers = True; only 0 or 1"),
+        ({"tie_word_embeddings": "false"}, r"tie_word_embeddings = 'false' must be true or false"),
         ({"max_position_embeddings": 0}, r"max_position_embeddings = 0 must be a positive integer"),
         ({"model_type": "llama"}, r"model_type = 'llama'"),
     ],

@@ -146,9 +146,9 @@ class Qwen35Config:
                 f"{self.source}: {where}rms_norm_eps = {self.rms_norm_eps} and rope_theta = "
                 f"{self.rope_theta} must be positive"
             )
-        if self.mtp_num_hidden_layers not in (0, 1):
+        if isinstance(self.mtp_num_hidden_layers, bool) or self.mtp_num_hidden_layers not in (0, 1):
             raise ValueError(
-                f"{self.source}: {where}mtp_num_hidden_layers = {self.mtp_num_hidden_layers}; only 0 or 1 "
+                f"{self.source}: {where}mtp_num_hidden_layers = {self.mtp_num_hidden_layers!r}; only 0 or 1 "
                 f"MTP layer is supported (the published Qwen3.5 checkpoints ship one)"
             )
 
@@ -282,8 +282,9 @@ def _layer_types(f: _Fields, num_layers: Any) -> tuple[str, ...]:
 
 
 def _rope(f: _Fields) -> dict[str, Any]:
-    """``rope_parameters`` (or the older ``rope_scaling``); only default RoPE."""
-    rope = f.get("rope_parameters", None) or f.get("rope_scaling", None) or {}
+    """``rope_parameters``, or the older ``rope_scaling``, which transformers takes first when a config has
+    both; only default RoPE."""
+    rope = f.get("rope_scaling", None) or f.get("rope_parameters", None) or {}
     if not isinstance(rope, dict):
         raise ValueError(f"{f.source}: {f.where}rope_parameters = {rope!r} must be an object")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -304,6 +305,8 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
     layer_types = _layer_types(f, num_layers)
     rope = _rope(f)
     tie = raw.get("tie_word_embeddings", False)  # the wrapper's own field, as transformers reads it
+    if not isinstance(tie, bool):
+        raise ValueError(f"{source}: tie_word_embeddings = {tie!r} must be true or false")
     return Qwen35Config(
         vocab_size=get("vocab_size"),
         hidden_size=get("hidden_size"),
@@ -324,7 +327,7 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
             "rope_parameters.partial_rotary_factor",
             rope.get("partial_rotary_factor", get("partial_rotary_factor", 0.25)),
         ),
-        tie_word_embeddings=bool(tie),
+        tie_word_embeddings=tie,
         mtp_num_hidden_layers=get("mtp_num_hidden_layers", 1),
         max_position_embeddings=get("max_position_embeddings", 32768),
         weight_prefix=prefix,

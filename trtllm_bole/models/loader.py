@@ -9,7 +9,8 @@ or infinity, in the file or once converted (a float32 value beyond bfloat16's ra
 name: it would serve NaN logits without a word.
 
 Ignored: the vision tower (``model.visual.*``), ``rotary_emb.inv_freq`` buffers, and ``lm_head.weight``
-when the embeddings are tied. The MTP module (``mtp.*``) loads when present and complete; when it is
+when the embeddings are tied and it is their copy (another one is refused: transformers would serve it
+untied). The MTP module (``mtp.*``) loads when present and complete; when it is
 absent a warning says so (fine without speculation); a partial one is an error.
 """
 
@@ -36,6 +37,7 @@ from trtllm_bole.models.model import Qwen35Model
 log = logging.getLogger(__name__)
 
 _IGNORED_PREFIXES = ("model.visual.", "visual.")
+_COMPARE_ROWS = 4096  # rows of a vocabulary-sized tensor compared at a time
 
 
 WEIGHT_DTYPES = ("F32", "F16", "BF16")
@@ -68,6 +70,7 @@ def load_model(
         )
     layout = checkpoint_layout(config, mtp=load_mtp)
     _check_headers(path, config, headers, layout, load_mtp)
+    _check_tied_head(config, headers)
 
     model = Qwen35Model(config, dtype=dtype, device=device, mtp=load_mtp)
     with tqdm(total=len(layout), desc=f"loading {path.name}", unit="tensor", disable=not progress) as bar:
@@ -138,11 +141,7 @@ def checkpoint_files(path: Path) -> list[Path]:
             "earlier save; remove it"
         )
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: not a safetensors index with a weight_map ({e!r})") from None
-        files = [path / name for name in sorted(set(weight_map.values()))]
+        files = [path / name for name in sorted(set(_weight_map(index).values()))]
     elif (path / SINGLE_FILE).exists():
         files = [path / SINGLE_FILE]
     else:
@@ -151,6 +150,19 @@ def checkpoint_files(path: Path) -> list[Path]:
         if not file.is_file():
             raise ValueError(f"{file}: listed in {INDEX_FILE} but missing")
     return files
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """Tensor name -> shard file name, from a ``model.safetensors.index.json``."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{index}: not a safetensors index with a weight_map ({e!r})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ValueError(
+            f"{index}: not a safetensors index with a weight_map (an object of tensor name: file name)"
+        )
+    return weight_map
 
 
 def _open(file: Path) -> safe_open:
@@ -174,12 +186,34 @@ def _read_headers(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:
                 headers[name] = (file, tuple(header.get_shape()), header.get_dtype())
     index = path / INDEX_FILE
     if index.exists():
-        for name, file in json.loads(index.read_text())["weight_map"].items():
+        for name, file in _weight_map(index).items():
             if headers.get(name, (None,))[0] != path / file:
                 raise ValueError(
                     f"{path / file}: {INDEX_FILE} lists tensor {name} but the file does not hold it"
                 )
     return headers
+
+
+def _check_tied_head(config: Qwen35Config, headers: dict[str, tuple[Path, tuple[int, ...], str]]) -> None:
+    """A tied config beside an ``lm_head.weight`` that is not a copy of the embeddings is refused:
+    transformers serves such a checkpoint untied, with its lm_head, and tying it would serve other logits.
+    Compared a few thousand rows at a time: neither vocabulary-sized tensor is ever whole in host memory."""
+    embed = f"{config.weight_prefix}embed_tokens.weight"
+    if not config.tie_word_embeddings or "lm_head.weight" not in headers:
+        return
+    (head_file, head_shape, _), (embed_file, embed_shape, _) = headers["lm_head.weight"], headers[embed]
+    with _open(head_file) as h, _open(embed_file) as e:
+        head, table = h.get_slice("lm_head.weight"), e.get_slice(embed)
+        same = head_shape == embed_shape and all(
+            torch.equal(head[i : i + _COMPARE_ROWS].float(), table[i : i + _COMPARE_ROWS].float())
+            for i in range(0, embed_shape[0], _COMPARE_ROWS)
+        )
+    if not same:
+        raise ValueError(
+            f"{head_file}: lm_head.weight differs from {embed}, but {config.source} sets "
+            "tie_word_embeddings = true (transformers would serve this lm_head untied): set it to false, or "
+            "remove lm_head.weight to tie"
+        )
 
 
 def _check_headers(
