@@ -45,11 +45,48 @@ HERE = Path(__file__).resolve().parent
 
 
 def load_dataset(path: Path, llm: LLM) -> list[tuple[list[int], int]]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Every request of a dataset (JSON lines of ``input_ids`` or ``prompt``, and ``output_tokens``), or
+    a ValueError that names the line and what is wrong: a request the executor would refuse or cut short
+    fails here, before any timing, not as a failed request inside a run."""
+    config = llm.model.config
+    context = config.max_position_embeddings - 1  # prompt + output at the longest max_seq_len
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"dataset {path} cannot be read: {e}") from None
     out = []
-    for row in rows:
-        ids = row["input_ids"] if "input_ids" in row else llm.encode(row["prompt"])
-        out.append((ids, int(row["output_tokens"])))
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"dataset {path}, line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(row, dict) or not {"input_ids", "prompt"} & row.keys():
+            raise ValueError(f"{where}: expected an object with input_ids or prompt, and output_tokens")
+        n = row.get("output_tokens")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{where}: output_tokens must be an integer of 1 or more, got {n!r}")
+        try:
+            ids = llm.encode(row["input_ids"] if "input_ids" in row else row["prompt"])
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if not ids:
+            raise ValueError(f"{where}: empty prompt")
+        if bad := [t for t in ids if not 0 <= t < config.vocab_size]:
+            raise ValueError(
+                f"{where}: token ids {bad[:5]} are outside the vocabulary [0, {config.vocab_size})"
+            )
+        if len(ids) + n > context:
+            raise ValueError(
+                f"{where}: a prompt of {len(ids)} tokens and {n} output tokens exceed the model's context of "
+                f"{context} tokens (max_position_embeddings {config.max_position_embeddings}); shorten the "
+                "prompt or ask for fewer output_tokens"
+            )
+        out.append((ids, n))
+    if not out:
+        raise ValueError(f"dataset {path} holds no requests")
     return out
 
 
@@ -168,9 +205,10 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99)}
 
 
-def max_seq_len_for(dataset) -> int:
-    """The executor's ``max_seq_len`` for a dataset: its longest prompt plus output, and some room."""
-    return max(len(p) + n for p, n in dataset) + 32
+def max_seq_len_for(dataset, llm: LLM) -> int:
+    """The executor's ``max_seq_len`` for a dataset: its longest prompt plus output, and some room, within
+    the model's positions (a request that fits them is served whole: :func:`load_dataset`)."""
+    return min(max(len(p) + n for p, n in dataset) + 32, llm.model.config.max_position_embeddings)
 
 
 def executor_for(llm: LLM, mode: str, bole_args: dict, max_batch: int, max_seq_len: int) -> Executor:
@@ -196,7 +234,7 @@ def run(
     default :func:`max_seq_len_for` of the dataset (a warm-up passes the timed dataset's: the same cache
     sizes and draft graphs as the timed runs). ``temperature > 0``: sampled, request ``i`` seeded with
     ``i`` (so that two runs of one mode draw the same tokens)."""
-    executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or max_seq_len_for(dataset))
+    executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or max_seq_len_for(dataset, llm))
     graphs = [g for g in executor.graph_sets if g is not None]
     captured_before = sum(g.captures for g in graphs)
     sync = torch.cuda.synchronize if llm.model.device.type == "cuda" else (lambda: None)
@@ -270,7 +308,7 @@ def warm_up(
     second or more that must not land inside a timed run; then capture the CUDA graphs (drafting's, the
     verify step's of full trees; greedy, or sampled too at a ``temperature``) of every batch size up to
     ``batch`` (the timed runs' executors meet the same cache and graphs)."""
-    limit = max_seq_len_for(dataset)
+    limit = max_seq_len_for(dataset, llm)
     if tokens > 0:
         prompts = [prompt for prompt, _ in itertools.islice(itertools.cycle(dataset), batch)]
         warm = [(p, tokens) for p in prompts]
@@ -301,6 +339,22 @@ def check_against_ar(llm: LLM, dataset, result: dict, outputs, reference: list[l
         result["exact_up_to_near_ties"] = all(p["near_tie"] for p in result["partings"])
 
 
+MODES = ("ar", "chain", "tree-serial", "bole")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], list[int]]:
+    """The modes and batch sizes of the command line, or its error (before the model loads)."""
+    modes = args.modes.split(",")
+    if not set(modes) <= set(MODES) or len(set(modes)) < len(modes):
+        parser.error(f"--modes {args.modes}: each of {', '.join(MODES)} at most once, comma-separated")
+    sizes = args.batch_sizes.split(",")
+    if not all(b.isdigit() and int(b) > 0 for b in sizes):
+        parser.error(f"--batch-sizes {args.batch_sizes}: comma-separated integers of 1 or more")
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error(f"--repeats {args.repeats} (1 or more), --warmup {args.warmup} (0 or more)")
+    return modes, [1] if args.kind == "latency" else [int(b) for b in sizes]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -311,8 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a GPU, float32 on CPU")  # fmt: skip
-    parser.add_argument("--modes", default="ar,chain,tree-serial,bole")
-    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    parser.add_argument(
+        "--modes",
+        default="ar,chain,tree-serial,bole",
+        help="ar always runs (the reference), reported if listed",
+    )
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="throughput only (latency: 1)")
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--branching", type=int, default=4)
     parser.add_argument("--max-nodes", type=int, default=63, help="draft tokens (+1 pending: 64)")
@@ -324,15 +382,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default=None, help="file name stem (default: bench_<kind>_<device>)")
     args = parser.parse_args(argv)
 
-    modes = args.modes.split(",")
-    batches = [1] if args.kind == "latency" else [int(b) for b in args.batch_sizes.split(",")]
+    modes, batches = check_args(parser, args)
     llm = LLM(
         args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype, max_batch_size=1
     )
+    try:
+        dataset = load_dataset(args.dataset, llm)
+    except ValueError as e:
+        parser.error(str(e))
     # Prompts of every prefill chunk shape first: the per-(batch, mode) warm-ups serve only the dataset's
     # first prompts, and a commit variant met first inside a timed run compiled there (ar, batch 1).
     llm.warm_up(use_tqdm=False)
-    dataset = load_dataset(args.dataset, llm)
     bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
     runs = []
     for batch in batches:
@@ -385,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
             r["error"] = "greedy output differs from ar beyond near-ties: no speed-up reported"
 
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    tag = args.tag or f"bench_{args.kind}_{'h200' if 'H200' in device else 'cpu'}"
+    tag = args.tag or f"bench_{args.kind}_{device_tag(device)}"
     result = {
         "kind": args.kind,
         "command": "python benchmarks/bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -402,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             "output_tokens_mean": statistics.fmean(n for _, n in dataset),
         },
         "speculation": bole_args,
+        "warmup_tokens": args.warmup,
+        "repeats": args.repeats,
         "all_identical_to_ar": all(r["identical_to_ar"] for r in runs),
         "all_exact_up_to_near_ties": all(r["exact_up_to_near_ties"] for r in runs),
         "near_tie_logits": NEAR_TIE_LOGITS,
@@ -412,6 +474,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out / f'{tag}.json'}")
     plot(runs, modes, args.out / f"{tag}.png", device)
     return 0 if result["all_exact_up_to_near_ties"] else 1
+
+
+def device_tag(device: str) -> str:
+    """A result file's device part: ``h200``, ``cpu``, else the GPU's name (never another device's tag)."""
+    return "h200" if "H200" in device else "cpu" if device == "cpu" else device.replace(" ", "_").lower()
 
 
 def plot(runs: list[dict], modes: list[str], path: Path, device: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 import triton
-from bench import divergence  # this folder's bench.py (scripts run with it on sys.path)
+from bench import device_tag, divergence  # this folder's bench.py (scripts run with it on sys.path)
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
 
@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         return LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype,
                    max_batch_size=args.batch)  # fmt: skip
 
-    reference, ar_stats, ar_seconds = run(llm_for("ar", 1, 1, 1), prompts, args.max_tokens)
+    ar = llm_for("ar", 1, 1, 1)
+    dtype = str(ar.model.dtype).removeprefix("torch.")  # what --dtype auto resolved to on this device
+    reference, ar_stats, ar_seconds = run(ar, prompts, args.max_tokens)
+    del ar  # one model loaded at a time
     rows = [{"shape": "ar", "mode": "ar", "identical_to_ar": True, "seconds": ar_seconds, **ar_stats}]
     print(f"{'shape':<12}{'MAT':>7}{'accept':>8}{'tok/fwd':>9}{'same as ar':>12}")
     for name, mode, depth, branching, nodes in SHAPES:
@@ -96,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             row["error"] = "greedy output differs from ar: statistics withheld"
             row["divergence"] = divergence(outputs, reference)
         rows.append(row)
-        mat = f"{stats['mean_accepted_tokens']:7.2f}" if same else "      -"
-        print(
-            f"{name:<12}{mat}{stats['acceptance_rate']:8.2f}{stats['tokens_per_target_forward']:9.2f}{same!s:>12}"
-        )
+        if same:  # a differing shape's statistics are withheld here as in the JSON
+            shown = f"{stats['mean_accepted_tokens']:7.2f}{stats['acceptance_rate']:8.2f}"
+            shown += f"{stats['tokens_per_target_forward']:9.2f}"
+        else:
+            shown = f"{'-':>7}{'-':>8}{'-':>9}"
+        print(f"{name:<12}{shown}{same!s:>12}")
 
     curve, curve_errors = {}, {}
     for nodes in [int(n) for n in args.curve.split(",") if n]:
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "dtype": args.dtype,
+        "dtype": dtype,
         "model": str(args.model or "embedded qwen35-code-tiny"),
         "prompts": len(prompts),
         "max_tokens": args.max_tokens,
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "mat_by_draft_tokens": curve,
         "mat_curve_withheld": curve_errors,
     }
-    tag = "h200" if "H200" in device else "cpu" if device == "cpu" else device.replace(" ", "_").lower()
+    tag = device_tag(device)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"acceptance_{tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

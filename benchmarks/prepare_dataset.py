@@ -22,6 +22,14 @@ from pathlib import Path
 HELDOUT = Path(__file__).resolve().parent / "data" / "heldout_code_prompts.jsonl"
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer of 1 or more (a request of no tokens, or no requests, is no benchmark)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not an integer of 1 or more")
+    return value
+
+
 def _clamped_normal(rng: random.Random, mean: float, stdev: float) -> int:
     return max(1, round(rng.gauss(mean, stdev)))
 
@@ -69,19 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     unif = modes.add_parser("token-unif-dist")
     real = modes.add_parser("code")
     for sub in (norm, unif, real):
-        sub.add_argument("--num-requests", type=int, required=True)
+        sub.add_argument("--num-requests", type=_positive, required=True)
     for sub in (norm, unif):
-        sub.add_argument("--vocab-size", type=int, required=True)
+        sub.add_argument("--vocab-size", type=_positive, required=True)
     norm.add_argument("--input-mean", type=float, required=True)
     norm.add_argument("--input-stdev", type=float, default=0.0)
     norm.add_argument("--output-mean", type=float, required=True)
     norm.add_argument("--output-stdev", type=float, default=0.0)
-    unif.add_argument("--input-min", type=int, required=True)
-    unif.add_argument("--input-max", type=int, required=True)
-    unif.add_argument("--output-min", type=int, required=True)
-    unif.add_argument("--output-max", type=int, required=True)
-    real.add_argument("--output-tokens", type=int, default=128)
+    unif.add_argument("--input-min", type=_positive, required=True)
+    unif.add_argument("--input-max", type=_positive, required=True)
+    unif.add_argument("--output-min", type=_positive, required=True)
+    unif.add_argument("--output-max", type=_positive, required=True)
+    real.add_argument("--output-tokens", type=_positive, default=128)
     args = parser.parse_args(argv)
+    if args.mode == "token-unif-dist" and (
+        args.input_min > args.input_max or args.output_min > args.output_max
+    ):
+        parser.error("token-unif-dist: --input-min and --output-min must not exceed their --*-max")
     make = {"token-norm-dist": token_norm_dist, "token-unif-dist": token_unif_dist, "code": code}[args.mode]
     rows = make(args, random.Random(args.seed))
     args.out.parent.mkdir(parents=True, exist_ok=True)

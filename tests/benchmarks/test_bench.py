@@ -55,6 +55,7 @@ def test_throughput_bench_reports_and_checks_exactness(tmp_path, checkpoint):
     trials = bole["output_tokens_per_s_trials"]
     assert len(trials) == 3 and bole["output_tokens_per_s"] == sorted(trials)[1]
     assert bole["ttft_ms"]["p50"] > 0 and "speedup_vs_ar" in bole
+    assert result["warmup_tokens"] == 1 and result["repeats"] == 3  # the settings, not only the command
 
 
 def test_acceptance_eval_checks_every_shape_against_plain_decoding(tmp_path):
@@ -62,7 +63,7 @@ def test_acceptance_eval_checks_every_shape_against_plain_decoding(tmp_path):
            "--max-tokens", "6", "--curve", "2", "--out", str(tmp_path)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     result = json.loads((tmp_path / "acceptance_cpu.json").read_text())
-    assert result["dtype"] == "auto" and result["prompts"] == 2
+    assert result["dtype"] == "float32" and result["prompts"] == 2  # what auto resolved to
     assert all(r["identical_to_ar"] for r in result["rows"]) and len(result["rows"]) == 7
     assert all(r["mean_accepted_tokens"] >= 1.0 for r in result["rows"])
     assert set(result["mat_by_draft_tokens"]) == {"2"} and result["mat_curve_withheld"] == {}
@@ -194,3 +195,117 @@ def test_copy_ceiling_is_never_graph_timed(monkeypatch):
     _sections.copy_bandwidth(b)
     assert b.r["copy_bandwidth"]["time_us"] == 2.0
     assert b.r["copy_bandwidth"]["bytes_per_s"] == 2 * 2**20 / 2e-6
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from trtllm_bole import LLM
+
+    return LLM(max_batch_size=1, max_seq_len=64)
+
+
+def test_a_bad_dataset_line_is_named_before_any_run(tmp_path, embedded):
+    """Every request is checked as it loads: the line and what is wrong, never a traceback from inside a
+    timed run or a request silently served short."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench
+
+    context = embedded.model.config.max_position_embeddings - 1
+    ok = json.dumps({"input_ids": [5, 7], "output_tokens": 3})
+    for lines, message in (
+        ([], "holds no requests"),
+        ([ok, "{bad json"], "line 2: not JSON"),
+        ([ok, "[1, 2]"], "line 2: expected an object"),
+        ([json.dumps({"input_ids": [5]})], "line 1: output_tokens must be an integer of 1 or more, got None"),
+        ([json.dumps({"input_ids": [5], "output_tokens": 0})], "got 0"),
+        ([json.dumps({"input_ids": [5], "output_tokens": 2.7})], "got 2.7"),
+        ([json.dumps({"input_ids": [], "output_tokens": 2})], "line 1: empty prompt"),
+        ([json.dumps({"prompt": "", "output_tokens": 2})], "line 1: empty prompt"),
+        ([json.dumps({"input_ids": [5, 10**9], "output_tokens": 2})], "outside the vocabulary"),
+        ([json.dumps({"input_ids": [5] * context, "output_tokens": 1})], "exceed the model's context"),
+    ):
+        data = tmp_path / "d.jsonl"
+        data.write_text("".join(line + "\n" for line in lines))
+        with pytest.raises(ValueError, match=message):
+            bench.load_dataset(data, embedded)
+    data.write_text(ok + "\n\n" + json.dumps({"prompt": "def f(x):", "output_tokens": 2}) + "\n")
+    (a, b) = bench.load_dataset(data, embedded)
+    assert a == ([5, 7], 3) and b[0] == embedded.encode("def f(x):") and b[1] == 2
+
+
+def test_a_request_at_the_context_limit_is_served_whole(monkeypatch, embedded):
+    """The executor's max_seq_len stays within the model's positions: a dataset that fits them is served,
+    not refused for the benchmark's own headroom past its longest request."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench
+
+    monkeypatch.setattr(embedded.model.config, "max_position_embeddings", 48)
+    dataset = [([5, 7, 9] * 10, 17)]  # 47 tokens: the context of max_seq_len 48
+    assert bench.max_seq_len_for(dataset, embedded) == 48
+    result = bench.run(embedded, "ar", {}, dataset, 1, sequential=True)
+    assert result["output_tokens"] == 17
+
+
+def test_bench_refuses_a_bad_dataset_or_command_line_with_a_message(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"input_ids": [5, 7], "output_tokens": 0}) + "\n")
+    bench = [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "throughput", "--dataset", str(data),
+             "--out", str(tmp_path)]  # fmt: skip
+    for extra, message in (
+        ([], "line 1: output_tokens must be an integer of 1 or more, got 0"),
+        (["--modes", "ar,medusa"], "--modes ar,medusa: each of ar, chain, tree-serial, bole"),
+        (["--batch-sizes", "1,0"], "--batch-sizes 1,0: comma-separated integers of 1 or more"),
+        (["--repeats", "0"], "--repeats 0 (1 or more)"),
+    ):
+        done = subprocess.run([*bench, *extra], capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_prepare_dataset_refuses_requests_of_no_tokens(tmp_path):
+    out = tmp_path / "d.jsonl"
+    for mode, extra, message in (
+        ("code", ["--num-requests", "2", "--output-tokens", "0"], "0 is not an integer of 1 or more"),
+        ("code", ["--num-requests", "0"], "0 is not an integer of 1 or more"),
+        ("token-unif-dist", ["--num-requests", "2", "--input-min", "5", "--input-max", "3", "--output-min",
+                             "1", "--output-max", "2", "--vocab-size", "9"], "must not exceed"),
+        ("token-norm-dist", ["--num-requests", "2", "--input-mean", "5", "--output-mean", "3",
+                             "--vocab-size", "0"], "0 is not an integer of 1 or more"),
+    ):  # fmt: skip
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "prepare_dataset.py"), "--out", str(out), mode,
+               *extra]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def test_result_files_take_their_gpu_name():
+    """A result of another GPU is never written under the H200's or the CPU's name."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench import device_tag
+
+    assert device_tag("NVIDIA H200") == "h200" and device_tag("cpu") == "cpu"
+    assert device_tag("NVIDIA A100-SXM4-80GB") == "nvidia_a100-sxm4-80gb"
+
+
+def test_acceptance_eval_prints_no_statistic_it_withholds(tmp_path, monkeypatch, capsys):
+    """A shape whose output differs from ar's shows no MAT, acceptance or tokens per forward, on screen
+    as in the JSON."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import eval_acceptance
+
+    def fake_llm(model, *, speculative_config, **kwargs):
+        return SimpleNamespace(mode=speculative_config.mode, model=SimpleNamespace(dtype=torch.float32))
+
+    stats = {"mean_accepted_tokens": 3.25, "acceptance_rate": 0.875, "tokens_per_target_forward": 2.5}
+    outputs = {"ar": [[1, 2]], "chain": [[1, 3]], "bole": [[1, 2]]}
+    monkeypatch.setattr(eval_acceptance, "LLM", fake_llm)
+    monkeypatch.setattr(eval_acceptance, "run", lambda llm, prompts, n: (outputs[llm.mode], stats, 0.1))
+    assert eval_acceptance.main(["--prompts", "1", "--curve", "", "--out", str(tmp_path)]) == 1
+    lines = {line.split()[0] + " " + line.split()[1]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["chain d4"].split()[2:] == ["-", "-", "-", "False"]
+    assert lines["tree d4"].split()[3:] == ["3.25", "0.88", "2.50", "True"]
+    result = json.loads((tmp_path / "acceptance_cpu.json").read_text())
+    assert "acceptance_rate" not in result["rows"][1] and result["dtype"] == "float32"
