@@ -1385,7 +1385,7 @@ MUTANTS = [
     Mutant(
         "C8",
         "trtllm_bole/models/config.py",
-        'rope = f.get("rope_parameters", None) or f.get("rope_scaling", None) or {}',
+        'rope = f.get("rope_scaling", None) or f.get("rope_parameters", None) or {}',
         'rope = f.get("rope_parameters", None) or {}',
         [
             "tests/models/test_config.py",
@@ -2133,5 +2133,47 @@ MUTANTS = [
         '        default = default_commit_config(dk, dv, _const(shapes["paths"][1]))\n',
         "        default = default_commit_config(dk, dv, 1)\n",
         ["tests/engine/test_aot.py::test_tactics_only_tile_the_head_dims"],
+    ),
+    Mutant(
+        "RS1",
+        "trtllm_bole/models/config.py",
+        'rope = f.get("rope_scaling", None) or f.get("rope_parameters", None) or {}',
+        'rope = f.get("rope_parameters", None) or f.get("rope_scaling", None) or {}',
+        ["tests/models/test_config.py"],
+    ),
+    Mutant(
+        "TH1",
+        "trtllm_bole/models/loader.py",
+        "    _check_tied_head(config, headers)\n",
+        "",
+        ["tests/models/test_loader.py"],
+    ),
+    Mutant(
+        "SP1",
+        "trtllm_bole/spec/executor.py",
+        "        params = params.model_copy(deep=True)\n",
+        "",
+        ["tests/spec/test_executor.py::test_a_request_keeps_the_params_it_was_submitted_with"],
+    ),
+    Mutant(
+        "EP1",
+        "trtllm_bole/engine/load.py",
+        'if budget is not None and given.get("budget_table") is None:',
+        "if False:",
+        ["tests/engine/test_engine_identity.py"],
+    ),
+    Mutant(
+        "CL1",
+        "trtllm_bole/config.py",
+        "    if not loc:",
+        "    if False:",
+        ["tests/test_cli.py::test_bad_generate_settings_end_in_one_error_line"],
+    ),
+    Mutant(
+        "BD1",
+        "benchmarks/bench.py",
+        "if not isinstance(n, int) or isinstance(n, bool) or n < 1:",
+        "if not isinstance(n, int) or isinstance(n, bool) or n < 0:",
+        ["tests/benchmarks/test_bench.py::test_a_bad_dataset_line_is_named_before_any_run"],
     ),
 ]
