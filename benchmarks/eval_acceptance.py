@@ -74,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         help="draft tokens per request for the MAT curve of tree d8 k4 (empty: skip)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-
-    prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()][: args.prompts]
+    held_out = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()]
+    if not 1 <= args.prompts <= len(held_out) or args.max_tokens < 1 or args.batch < 1:
+        parser.error(
+            f"--prompts {args.prompts} (1 to the {len(held_out)} held out), --max-tokens {args.max_tokens} "
+            f"and --batch {args.batch} (1 or more)"
+        )
+    prompts = held_out[: args.prompts]
 
     def llm_for(mode: str, depth: int, branching: int, nodes: int) -> LLM:
         bole = BoleConfig(mode=mode, max_depth=depth, top_k=branching, max_nodes=nodes)

@@ -309,3 +309,14 @@ def test_acceptance_eval_prints_no_statistic_it_withholds(tmp_path, monkeypatch,
     assert lines["tree d4"].split()[3:] == ["3.25", "0.88", "2.50", "True"]
     result = json.loads((tmp_path / "acceptance_cpu.json").read_text())
     assert "acceptance_rate" not in result["rows"][1] and result["dtype"] == "float32"
+
+
+def test_acceptance_eval_refuses_counts_it_cannot_run(capsys):
+    """--prompts 0 divided by zero at the end of a run; more than the held-out prompts ran fewer."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import eval_acceptance
+
+    for args in (["--prompts", "0"], ["--prompts", "65"], ["--max-tokens", "0"], ["--batch", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            eval_acceptance.main(args)
+        assert exit_.value.code == 2 and "(1 to the 64 held out)" in capsys.readouterr().err
