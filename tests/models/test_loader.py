@@ -367,3 +367,19 @@ def test_make_checkpoint_is_seeded(tmp_path, make_checkpoint):
     a, b, c = (load_file(tmp_path / name / "model.safetensors") for name in "abc")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["mtp.fc.weight"], c["mtp.fc.weight"])
+
+
+def test_a_config_of_the_other_layout_is_named(tmp_path, make_checkpoint):
+    """The text config taken out of a vision-language checkpoint (or a text checkpoint's config wrapped):
+    one hint saying whose tensors these are, beside the list of missing and unexpected ones."""
+    make_checkpoint(["--out", str(tmp_path / "vl"), "--wrapper", "--no-mtp"])
+    make_checkpoint(["--out", str(tmp_path / "text"), "--no-mtp"])
+    config = json.loads((tmp_path / "vl" / "config.json").read_text())
+    (tmp_path / "vl" / "config.json").write_text(
+        json.dumps({**config["text_config"], "model_type": "qwen3_5_text"})
+    )
+    with pytest.raises(ValueError, match=r"tensors are named model\.language_model\.\*: the vision-language"):
+        _load(tmp_path / "vl", mtp=False)
+    (tmp_path / "text" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"tensors are named model\.\*: the text model's layout"):
+        _load(tmp_path / "text", mtp=False)

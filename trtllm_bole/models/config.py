@@ -24,6 +24,10 @@ FULL_ATTENTION = "full_attention"
 
 _TEXT_PREFIX = "model."
 _WRAPPER_PREFIX = "model.language_model."
+WEIGHT_LAYOUTS = {  # a checkpoint's weight prefix -> the config.json that goes with it
+    _TEXT_PREFIX: "the text model's layout: its config.json is the text config (model_type qwen3_5_text)",
+    _WRAPPER_PREFIX: "the vision-language wrapper's: its config.json, model_type qwen3_5, has a text_config",
+}
 _MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
 
 

@@ -31,7 +31,7 @@ from trtllm_bole.models.checkpoint import (
     checkpoint_layout,
     random_tensors,
 )
-from trtllm_bole.models.config import Qwen35Config, load_config
+from trtllm_bole.models.config import WEIGHT_LAYOUTS, Qwen35Config, load_config
 from trtllm_bole.models.model import Qwen35Model
 
 log = logging.getLogger(__name__)
@@ -216,6 +216,17 @@ def _check_tied_head(config: Qwen35Config, headers: dict[str, tuple[Path, tuple[
         )
 
 
+def _other_layout(
+    config: Qwen35Config, headers: dict[str, tuple[Path, tuple[int, ...], str]], layout: dict[str, TensorSlot]
+) -> str | None:
+    """The other layout's weight prefix where every tensor the config's own layout misses is there under it
+    (a text config over the wrapper's weights, or the reverse), else None."""
+    (other,) = set(WEIGHT_LAYOUTS) - {config.weight_prefix}
+    missing = [n for n in layout if n not in headers and n.startswith(config.weight_prefix)]
+    renamed = (other + n.removeprefix(config.weight_prefix) for n in missing)
+    return other if missing and all(n in headers for n in renamed) else None
+
+
 def _check_headers(
     path: Path,
     config: Qwen35Config,
@@ -252,6 +263,8 @@ def _check_headers(
             p.startswith("missing tensor mtp.") for p in problems
         ):
             hint = " (the mtp.* module is incomplete: load with mtp=False to serve without it)"
+        if (other := _other_layout(config, headers, layout)) is not None:
+            hint = f" (its tensors are named {other}*: {WEIGHT_LAYOUTS[other]})"
         shown = "\n  ".join(problems[:50]) + (
             f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
         )
