@@ -111,10 +111,16 @@ def profiling_parser(doc: str, *, modes: str, batch_sizes: str) -> argparse.Argu
     return parser
 
 
-def open_profiling_run(args: argparse.Namespace) -> tuple[LLM, list[tuple[list[int], int]]]:
-    """The engine and the dataset of a :func:`profiling_parser` command line."""
+def open_profiling_run(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[LLM, list[tuple[list[int], int]]]:
+    """The engine and the dataset of a :func:`profiling_parser` command line (a dataset it cannot serve
+    ends in the parser's error, naming the line)."""
     llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
-    return llm, load_dataset(args.dataset, llm)
+    try:
+        return llm, load_dataset(args.dataset, llm)
+    except ValueError as e:
+        parser.error(str(e))
 
 
 def first_difference(out: list[int], ref: list[int]) -> int:

@@ -19,7 +19,7 @@ import pstats
 import sys
 
 import torch
-from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
+from bench import PROFILED_SPECULATION, device_tag, open_profiling_run, profiling_parser, run, warm_up
 
 from trtllm_bole import LLM
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also list the callees of the functions these match (pstats' restrictions, e.g. _prefill_round)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    llm, data = open_profiling_run(args)
+    llm, data = open_profiling_run(parser, args)
     bole_args = PROFILED_SPECULATION
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     report = [
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(report[-1].splitlines()[1])
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"profile_host_{'h200' if 'H200' in device else 'cpu'}.txt"
+    path = args.out / f"profile_host_{device_tag(device)}.txt"
     path.write_text("".join(report))
     print(f"wrote {path}")
     return 0

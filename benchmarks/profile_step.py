@@ -28,7 +28,7 @@ from collections import defaultdict
 
 import torch
 import triton
-from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
+from bench import PROFILED_SPECULATION, device_tag, open_profiling_run, profiling_parser, run, warm_up
 
 from trtllm_bole import LLM
 from trtllm_bole.spec import executor as executor_module
@@ -91,7 +91,7 @@ def profile(llm: LLM, mode: str, bole_args: dict, data, batch: int, temperature:
 def main(argv: list[str] | None = None) -> int:
     parser = profiling_parser(__doc__, modes="tree-serial,bole", batch_sizes="8,32")
     args = parser.parse_args(argv)
-    llm, data = open_profiling_run(args)
+    llm, data = open_profiling_run(parser, args)
     bole_args = PROFILED_SPECULATION
     runs = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     sampled = "_sampled" if args.temperature > 0 else ""
-    path = args.out / f"profile_step_{'h200' if 'H200' in device else 'cpu'}{sampled}.json"
+    path = args.out / f"profile_step_{device_tag(device)}{sampled}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     return 0

@@ -259,7 +259,16 @@ def test_bench_refuses_a_bad_dataset_or_command_line_with_a_message(tmp_path):
     ):
         done = subprocess.run([*bench, *extra], capture_output=True, text=True)
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
-    assert not list(tmp_path.glob("*.json"))
+    for tool in ("profile_step.py", "profile_host.py"):  # the same dataset check, the same way out
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / tool), "--dataset", str(data), "--out", str(tmp_path)],
+            capture_output=True,
+            text=True,
+        )
+        assert (
+            done.returncode == 2 and "line 1: output_tokens" in done.stderr and "Traceback" not in done.stderr
+        )
+    assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.txt"))
 
 
 def test_prepare_dataset_refuses_requests_of_no_tokens(tmp_path):
