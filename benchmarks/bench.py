@@ -213,8 +213,18 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def max_seq_len_for(dataset, llm: LLM) -> int:
     """The executor's ``max_seq_len`` for a dataset: its longest prompt plus output, and some room, within
-    the model's positions (a request that fits them is served whole: :func:`load_dataset`)."""
-    return min(max(len(p) + n for p, n in dataset) + 32, llm.model.config.max_position_embeddings)
+    the model's positions (a request that fits them is served whole: :func:`load_dataset`) and an engine's
+    build (:func:`check_engine` refuses a dataset past it)."""
+    limit = llm.engine.build["max_seq_len"] if llm.engine else llm.model.config.max_position_embeddings
+    return min(max(len(p) + n for p, n in dataset) + 32, limit)
+
+
+def check_engine(llm: LLM, dtype: str, batches: list[int], bole_args: dict, dataset) -> None:
+    """An engine serves what it was built for, here as through :class:`LLM`: a larger batch, longer
+    requests or deeper or larger trees raise the engine's ValueError, which names the build flag."""
+    if llm.engine is not None:
+        longest = max(len(p) + n for p, n in dataset) + 1  # + 1: a prompt leaves room for its first token
+        llm.engine.runtime_settings(dtype, max(batches), longest, BoleConfig(**bole_args))
 
 
 def executor_for(llm: LLM, mode: str, bole_args: dict, max_batch: int, max_seq_len: int) -> Executor:
@@ -392,14 +402,15 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(
         args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype, max_batch_size=1
     )
+    bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
     try:
         dataset = load_dataset(args.dataset, llm)
+        check_engine(llm, args.dtype, batches, bole_args, dataset)
     except ValueError as e:
         parser.error(str(e))
     # Prompts of every prefill chunk shape first: the per-(batch, mode) warm-ups serve only the dataset's
     # first prompts, and a commit variant met first inside a timed run compiled there (ar, batch 1).
     llm.warm_up(use_tqdm=False)
-    bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
     runs = []
     for batch in batches:
         order = ["ar"] + [m for m in modes if m != "ar"]

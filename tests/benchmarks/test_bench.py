@@ -329,3 +329,29 @@ def test_acceptance_eval_refuses_counts_it_cannot_run(capsys):
         with pytest.raises(SystemExit) as exit_:
             eval_acceptance.main(args)
         assert exit_.value.code == 2 and "(1 to the 64 held out)" in capsys.readouterr().err
+
+
+def test_an_engine_is_benchmarked_within_its_build(tmp_path):
+    """As LLM(engine) refuses: a batch, a request length or a tree past the build names the flag to rebuild
+    with; within it the executors' max_seq_len stays inside the build's."""
+    from trtllm_bole import LLM
+    from trtllm_bole.engine.build import BuildSettings, build_engine
+    from trtllm_bole.llm import DEFAULT_MODEL
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench
+
+    settings = BuildSettings(max_batch_size=2, max_seq_len=64, max_draft_depth=2, max_draft_nodes=3)
+    path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", settings, device="cpu", progress=False)
+    llm = LLM(path, max_batch_size=1)
+    small = {"max_depth": 2, "top_k": 2, "max_nodes": 3}
+    dataset = [([5, 7, 9] * 10, 16)]  # 46 tokens: within 64, not with the bench's 32 tokens of room
+    bench.check_engine(llm, "auto", [1, 2], small, dataset)
+    assert bench.max_seq_len_for(dataset, llm) == 64
+    for batches, bole_args, data, words in (
+        ([4], small, dataset, "max_batch_size 4 exceeds the engine's 2; ask for less or rebuild with"),
+        ([1], {**small, "max_depth": 3}, dataset, "max_draft_depth 3 exceeds the engine's 2"),
+        ([1], small, [([5] * 60, 8)], "max_seq_len 69 exceeds the engine's 64"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            bench.check_engine(llm, "auto", batches, bole_args, data)
