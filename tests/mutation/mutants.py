@@ -2176,4 +2176,18 @@ MUTANTS = [
         "if not isinstance(n, int) or isinstance(n, bool) or n < 0:",
         ["tests/benchmarks/test_bench.py::test_a_bad_dataset_line_is_named_before_any_run"],
     ),
+    Mutant(
+        "BE1",
+        "benchmarks/bench.py",
+        "        longest = max(len(p) + n for p, n in dataset) + 1",
+        "        longest = max(len(p) + n for p, n in dataset)",
+        ["tests/benchmarks/test_bench.py::test_an_engine_is_benchmarked_within_its_build"],
+    ),
+    Mutant(
+        "BE2",
+        "benchmarks/bench.py",
+        'limit = llm.engine.build["max_seq_len"] if llm.engine else llm.model.config.max_position_embeddings',
+        "limit = llm.model.config.max_position_embeddings",
+        ["tests/benchmarks/test_bench.py::test_an_engine_is_benchmarked_within_its_build"],
+    ),
 ]
