@@ -91,6 +91,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from bench import device_tag
 from bench_filter_floor import sorting_floor
 
 from trtllm_bole import ops
@@ -488,9 +489,8 @@ def main() -> None:
         "change": args.change, "device": device, "torch": torch.__version__, "triton": triton.__version__,
         "command": " ".join(["python", *sys.argv]), "ab": out,
     }  # fmt: skip
-    tag = "h200" if "H200" in device else device.lower().replace(" ", "_")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ab_{args.change.replace('-', '_')}_{tag}.json"
+    path = args.out / f"ab_{args.change.replace('-', '_')}_{device_tag(device)}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
 
