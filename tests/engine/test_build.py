@@ -302,6 +302,9 @@ def test_truncated_or_missing_files(engine, tmp_path):
     file.unlink()
     with pytest.raises(ValueError, match=r"missing"):
         load_engine(path)
+    (path / "config.json").unlink()  # read as a checkpoint, it was named a checkpoint without one
+    with pytest.raises(ValueError, match=r"an engine directory \(it has weights/\) without its config\.json"):
+        LLM(path)
 
 
 def test_edited_config_is_caught(engine, tmp_path):

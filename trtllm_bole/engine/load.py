@@ -27,8 +27,14 @@ _REBUILD = "rebuild it with `python build_scripts/build_engine.py`"
 
 
 def is_engine_dir(path: str | Path) -> bool:
-    """A directory whose ``config.json`` declares the engine format (cheap: no validation)."""
+    """A directory whose ``config.json`` declares the engine format (cheap: no validation). An engine's
+    ``weights/`` beside no ``config.json`` is refused here: read as a checkpoint, it would be named a
+    checkpoint that lacks one."""
     config = Path(path) / fmt.CONFIG
+    if not config.exists() and (Path(path) / fmt.WEIGHTS_DIR).is_dir():
+        raise ValueError(
+            f"{path}: an engine directory (it has {fmt.WEIGHTS_DIR}/) without its {fmt.CONFIG}; {_REBUILD}"
+        )
     try:
         return json.loads(config.read_text()).get("format") == fmt.FORMAT
     except (OSError, json.JSONDecodeError, AttributeError):
