@@ -110,9 +110,24 @@ def test_a_full_queue_refuses_requests_until_one_leaves_it():
     assert engine.stats().rejected_queue_full == 1 and engine.stats().finished_length == 4
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit(PROMPTS[0], params, Collector())
-    assert engine.stats().rejected_shut_down == 0  # published by the engine thread, which has stopped
+    assert engine.stats().rejected_shut_down == 1  # counted though the engine thread has stopped
     with pytest.raises(ValueError, match="max_queue_size must be a positive integer"):
         ServingEngine(make_executor(), max_queue_size=0)
+
+
+def test_refusals_after_the_engine_thread_stopped_are_counted():
+    """Once the thread has stopped (closed, or failed) every request is refused and nothing publishes a
+    snapshot any more: the refusals still reach the stats (they used to stay at the count the thread last
+    published, so ``bole_rejected_requests{reject_reason="shut_down"}`` read 0 while every request failed)."""
+    engine = ServingEngine(make_executor())
+    engine.close()
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="shut down"):
+            engine.submit(PROMPTS[0], SamplingParams(max_tokens=2), Collector())
+    stats = engine.stats()
+    assert (stats.serving, stats.rejected_shut_down, stats.rejected_queue_full) == (0, 3, 0)
+    moves = updates(EngineStats(serving=0), stats)
+    assert ("bole_rejected_requests", "shut_down", "increment", 3) in moves
 
 
 def test_while_the_queue_waits_for_kv_blocks_free_places_do_not_hide_it():

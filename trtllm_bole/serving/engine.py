@@ -238,8 +238,12 @@ class ServingEngine:
         return self._thread.is_alive()
 
     def stats(self) -> EngineStats:
-        """What the engine thread last published: after each step, and when it stops."""
-        return self._stats
+        """What the engine thread last published (after each step, and when it stops), with the refusals
+        :meth:`submit` counted up to now: once the thread has stopped it publishes nothing, and every
+        request is refused."""
+        with self._cv:
+            queue_full, shut_down = self._rejected["queue_full"], self._rejected["shut_down"]
+        return replace(self._stats, rejected_queue_full=queue_full, rejected_shut_down=shut_down)
 
     def take_latencies(self) -> list[RequestLatency]:
         """The latencies of the requests ended since the last call, oldest first."""
@@ -301,8 +305,6 @@ class ServingEngine:
             kv_blocks_used=blocks.num_blocks - blocks.num_free,
             kv_blocks_max=blocks.num_blocks,
             kv_tokens_per_block=blocks.block_size,
-            rejected_queue_full=self._rejected["queue_full"],
-            rejected_shut_down=self._rejected["shut_down"],
             **self._totals,
         )
 
