@@ -48,11 +48,13 @@ def build_inputs(
     stop_words: list[str] | None = None,
     stream: bool = True,
 ) -> list[grpcclient.InferInput]:
-    """The request tensors (batch dimension 1), leaving out whatever is None."""
+    """The request tensors (batch dimension 1), leaving out whatever is None. Raises ``ValueError`` for
+    an integer its tensor's datatype cannot hold (NumPy 2 would raise ``OverflowError``)."""
     tensors: list[tuple[str, np.ndarray]] = []
     if prompt is not None:
         tensors.append(("text_input", np.array([[prompt.encode()]], dtype=np.object_)))
     if ids is not None:
+        _check_range("input_ids", ids, np.int32)
         tensors.append(("input_ids", np.array([ids], dtype=np.int32)))
     scalars = {
         "max_tokens": (max_tokens, np.int32),
@@ -65,6 +67,8 @@ def build_inputs(
     }
     for name, (value, dtype) in scalars.items():
         if value is not None:
+            if np.issubdtype(dtype, np.integer):
+                _check_range(name, [value], dtype)
             tensors.append((name, np.array([[value]], dtype=dtype)))
     if stop_words:
         tensors.append(("stop_words", np.array([[s.encode() for s in stop_words]], dtype=np.object_)))
@@ -75,6 +79,15 @@ def build_inputs(
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
+
+
+def _check_range(name: str, values: list[int], dtype: type[np.integer]) -> None:
+    info = np.iinfo(dtype)
+    if outside := [v for v in values if not info.min <= v <= info.max]:
+        raise ValueError(
+            f"{name} {outside[0]} does not fit the tensor's {np.dtype(dtype).name}: send a value in "
+            f"[{info.min}, {info.max}]"
+        )
 
 
 def stream(
@@ -156,11 +169,14 @@ def main(argv: list[str] | None = None) -> int:
             ids = [int(t) for t in args.ids.split(",")]
         except ValueError:
             p.error(f"--ids takes comma-separated integers, got {args.ids!r}")
-    inputs = build_inputs(
-        args.prompt if ids is None else None, ids, max_tokens=args.max_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed, end_id=args.end_id, stop_words=args.stop,
-        stream=not args.no_stream,
-    )  # fmt: skip
+    try:
+        inputs = build_inputs(
+            args.prompt if ids is None else None, ids, max_tokens=args.max_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+            end_id=args.end_id, stop_words=args.stop, stream=not args.no_stream,
+        )  # fmt: skip
+    except ValueError as e:
+        p.error(str(e))
     start, first, count, last = time.perf_counter(), None, 0, None
     try:
         for last in stream(args.url, inputs, model=args.model, timeout=args.timeout):

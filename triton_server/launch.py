@@ -376,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --drain-grace must lie in [0, 3600] seconds, got {args.drain_grace}")
     if not 0 <= args.engine_watch <= 3600:
         raise SystemExit(f"error: --engine-watch must lie in [0, 3600] seconds, got {args.engine_watch}")
+    if args.max_batch_size is not None and args.max_batch_size < 1:  # 0 used to serve the default batch
+        raise SystemExit(f"error: --max-batch-size must be at least 1, got {args.max_batch_size}")
     root = triton_root()
     server_dir = prepare_server_env(args.server_env or default_server_env_dir(), root)
     if args.prepare_only:

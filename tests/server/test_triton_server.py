@@ -451,6 +451,24 @@ def test_client_refuses_malformed_ids_by_name(ids, capsys):
     assert exit_info.value.code == 2 and "--ids takes comma-separated integers" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--seed", "-1"], "random_seed -1 does not fit the tensor's uint64: send a value in [0, "),
+        (["--max-tokens", "3000000000"], "max_tokens 3000000000 does not fit the tensor's int32"),
+        (["--end-id", "-2147483649"], "end_id -2147483649 does not fit the tensor's int32"),
+        (["--ids", "1,99999999999"], "input_ids 99999999999 does not fit the tensor's int32"),
+    ],
+)
+def test_client_refuses_values_its_tensors_cannot_hold_by_name(args, words, capsys):
+    """Before the request is built: NumPy 2 raised an OverflowError traceback for them."""
+    from client import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
 def served(tmp_path: Path, drain_file: str) -> Path:
     import launch
 
@@ -524,6 +542,15 @@ def test_launch_refuses_an_engine_watch_out_of_range(value):
     command = [sys.executable, str(LAUNCH), "--engine-watch", value]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 1 and "--engine-watch must lie in [0, 3600] seconds" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_launch_refuses_a_max_batch_size_below_one(value):
+    """0 used to serve the engine's (or the default) batch of 8 without a word, and a negative size failed
+    in Triton with its own field's name ("'max_batch_size' must be non-negative")."""
+    command = [sys.executable, str(LAUNCH), "--max-batch-size", value, "--prepare-only"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 1 and f"--max-batch-size must be at least 1, got {value}" in done.stderr
 
 
 def test_launch_help_runs_without_a_server():
