@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         filled = fill(args.file.read_text(), parse_substitutions(args.substitutions))
-    except ValueError as e:
+        if args.in_place:
+            args.file.write_text(filled)
+    except (OSError, ValueError) as e:  # OSError: a missing or unreadable file, a read-only one with -i
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.in_place:
-        args.file.write_text(filled)
-    else:
+    if not args.in_place:
         sys.stdout.write(filled)
     return 0
 

@@ -52,3 +52,16 @@ def test_fill_template_cli_in_place(tmp_path):
     )
     assert partial.returncode == 1 and "instance_kind, triton_max_batch_size must be filled" in partial.stderr
     assert config.read_text() == TEMPLATE.read_text()
+
+
+def test_fill_template_cli_names_a_file_it_cannot_read(tmp_path):
+    """An error line and exit 1, as for a bad substitution (it was a FileNotFoundError traceback)."""
+    tool = ROOT / "triton_server" / "fill_template.py"
+    missing = tmp_path / "missing" / "config.pbtxt"
+    done = subprocess.run(
+        [sys.executable, str(tool), "-i", str(missing), "instance_kind:KIND_CPU"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and done.stderr.startswith("error: ") and str(missing) in done.stderr
+    assert "Traceback" not in done.stderr
