@@ -33,7 +33,10 @@ def parse_substitutions(text: str) -> dict[str, str]:
 
 
 def fill(template: str, values: dict[str, str]) -> str:
-    filled = Template(template).safe_substitute(values)
+    """Values are escaped for the quoted strings of protobuf's text format (a path with a ``"`` ended
+    its ``string_value`` early, a ``\\`` started an escape)."""
+    escaped = {k: v.replace("\\", "\\\\").replace('"', '\\"') for k, v in values.items()}
+    filled = Template(template).safe_substitute(escaped)
     missing = sorted(set(_UNQUOTED.findall(filled)))
     if missing:
         raise ValueError(f"{', '.join(missing)} must be filled: Triton's own fields have no default")

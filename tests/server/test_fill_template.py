@@ -23,6 +23,18 @@ def test_substitutions_parse_and_fill_only_what_is_named():
         parse_substitutions("engine_dir")
 
 
+def test_filled_values_reach_triton_as_given(tmp_path):
+    """Parsed by Triton's own ModelConfig message: a quote or a backslash in a path is kept (a quote once
+    ended the string early, and Triton refused the config)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    engine_dir = str(tmp_path / 'my "best" engine\\v2')
+    values = {"engine_dir": engine_dir, "triton_max_batch_size": "4", "instance_kind": "KIND_CPU"}
+    config = text_format.Parse(fill(TEMPLATE.read_text(), values), model_config_pb2.ModelConfig())
+    assert config.parameters["engine_dir"].string_value == engine_dir and config.max_batch_size == 4
+
+
 def test_template_declares_a_decoupled_python_model_with_the_protocols_tensors():
     text = TEMPLATE.read_text()
     assert 'backend: "python"' in text and "decoupled: true" in text
