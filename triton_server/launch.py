@@ -279,31 +279,65 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine-dir", default="", help="engine or checkpoint dir (default: the embedded model)")
     p.add_argument("--mode", default="", choices=["", "ar", "chain", "tree-serial", "bole"],
                    help="speculative mode (default: bole)")  # fmt: skip
-    p.add_argument("--max-depth", default="", help="draft tree depth")
-    p.add_argument("--max-nodes", default="", help="draft tokens per request and step")
-    p.add_argument("--draft-top-k", default="", help="children per draft node")
+    p.add_argument("--max-depth", default="", help="draft tree depth (default: the engine's, else 8)")
+    p.add_argument(
+        "--max-nodes", default="", help="draft tokens per request and step (default: the engine's, else 63)"
+    )
+    p.add_argument("--draft-top-k", default="", help="children per draft node (default: 4)")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="requests the engine runs at once (default: the engine's, else 8)")  # fmt: skip
-    p.add_argument("--max-seq-len", default="", help="prompt + output tokens per request")
-    p.add_argument("--kv-cache-tokens", default="", help="paged KV cache size in tokens")
-    p.add_argument("--max-prefill-tokens", default="", help="prompt tokens one prefill forward takes (8192)")
+    p.add_argument(
+        "--max-seq-len",
+        default="",
+        help="prompt + output tokens per request (default: the engine's, else 1024)",
+    )
+    p.add_argument(
+        "--kv-cache-tokens",
+        default="",
+        help="paged KV cache size in tokens (default: every slot can hold max-seq-len)",
+    )
+    p.add_argument(
+        "--max-prefill-tokens", default="", help="prompt tokens one prefill forward takes (default: 8192)"
+    )
     p.add_argument(
         "--max-queue-size", default="", help="requests that may wait for the batch (default: no bound)"
     )
     p.add_argument("--device", default="", help="cpu, cuda or cuda:N (default: from the instance kind)")
-    p.add_argument("--dtype", default="", help="auto, float32 or bfloat16")
-    p.add_argument("--instance-kind", default="KIND_CPU", choices=["KIND_CPU", "KIND_GPU"])
-    p.add_argument("--http-port", type=int, default=8000, help="0: any free port")
-    p.add_argument("--grpc-port", type=int, default=8001, help="0: any free port")
     p.add_argument(
-        "--metrics-port", type=int, default=8002, help="Prometheus metrics; 0: any free port, -1: none"
+        "--dtype",
+        default="",
+        help="auto, float32 or bfloat16 (default: auto: the engine's, else float32 on CPU, bfloat16 on CUDA)",
     )
-    p.add_argument("--model-repository", type=Path, default=None, help="serve this filled repository as is")
+    p.add_argument(
+        "--instance-kind",
+        default="KIND_CPU",
+        choices=["KIND_CPU", "KIND_GPU"],
+        help="where Triton places the model instance (default: KIND_CPU)",
+    )
+    p.add_argument("--http-port", type=int, default=8000, help="0: any free port (default: 8000)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="0: any free port (default: 8001)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8002,
+        help="Prometheus metrics; 0: any free port, -1: none (default: 8002)",
+    )
+    p.add_argument(
+        "--model-repository",
+        type=Path,
+        default=None,
+        help="serve this filled repository as is (default: fill the template into --workdir)",
+    )
     p.add_argument("--workdir", type=Path, default=None, help="where to write the repository (default: temp)")
     p.add_argument("--server-env", type=Path, default=None,
                    help="the stub Python environment (default: triton-server-env in this venv)")  # fmt: skip
     p.add_argument("--prepare-only", action="store_true", help="make the server environment and exit")
-    p.add_argument("--ready-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the server to be ready (default: 120)",
+    )
     p.add_argument(
         "--drain-grace",
         type=float,
@@ -317,7 +351,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds between reads of the engine's serving gauge; once it reads 0 unasked, the server is "
         "stopped and the launcher exits 1 (default: 1; 0: not watched)",
     )
-    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose (default: 0)")
     return p.parse_args(argv)
 
 

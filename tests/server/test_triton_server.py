@@ -556,3 +556,7 @@ def test_launch_refuses_a_max_batch_size_below_one(value):
 def test_launch_help_runs_without_a_server():
     done = subprocess.run([sys.executable, str(LAUNCH), "--help"], capture_output=True, text=True, check=True)
     assert "--engine-dir" in done.stdout
+    entries = re.split(r"\n  (?=-)", done.stdout.split("options:")[1])[1:]  # one per option
+    named = {e.split()[0].rstrip(","): "default:" in " ".join(e.split()) for e in entries}
+    undocumented = [option for option, has in named.items() if not has]
+    assert len(named) == 25 and undocumented == ["-h", "--prepare-only"]  # the flags
