@@ -157,6 +157,19 @@ def test_a_window_that_ties_keep_wide_is_searched_whole(gen):
     assert found.tolist() == [2.0, 3.0, 2.0, 2.0]
 
 
+def test_settings_as_columns_of_a_table_and_transposed_logits_give_the_contiguous_floors(gen):
+    """Per-row settings as columns of one table and logits laid out ``[V, N]``: the kernel once read the
+    settings flat, each row taking its neighbours' temperature and top-p (finite floors where a row
+    filters nothing, ``-inf`` where it filters)."""
+    x = torch.randn(4, 37, generator=gen).to(DEVICE)
+    table = torch.tensor([[1.0, 2, 0.9], [0.5, 5, 1.0], [2.0, 0, 0.5], [1.0, 3, 0.7]], device=DEVICE)
+    temperature, top_k, top_p = table[:, 0], table[:, 1].long(), table[:, 2]
+    assert not (temperature.is_contiguous() or top_p.is_contiguous())
+    found = filter_floor(x.T.contiguous().T, temperature, top_k, top_p)
+    assert torch.equal(found, filter_floor(x, temperature.contiguous(), top_k, top_p.contiguous()))
+    assert torch.equal(found, sampling.filter_floor(x, temperature, top_k, top_p))
+
+
 def test_the_op_checks_its_inputs():
     x = torch.zeros(3, 8)
     t, k = torch.ones(3), torch.zeros(3, dtype=torch.long)

@@ -313,12 +313,16 @@ def filter_floor(
     shape: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The smallest logit that top-k and top-p keep in each row of ``logits [N, V] / temperature [N]``
-    (logits of any float dtype, unit stride along V; ``top_k``, ``top_p`` ``[N]``). Returns ``[N]``
-    float32, ``-inf`` where neither filters (the reference's contract). ``cap``: :data:`CAP` (tests lower
-    it to reach every path on small rows); ``shape``: (block, warps), by default :func:`launch_shape`'s
-    on a GPU and ``(BLOCK, NUM_WARPS)`` in the interpreter."""
+    (logits of any float dtype; ``top_k``, ``top_p`` ``[N]``). Returns ``[N]`` float32 (float64 storage for
+    float64 logits: computed in float32), ``-inf`` where neither filters (the reference's contract).
+    ``cap``: :data:`CAP` (tests lower it to reach every path on small rows); ``shape``: (block, warps), by
+    default :func:`launch_shape`'s on a GPU and ``(BLOCK, NUM_WARPS)`` in the interpreter."""
     rows, vocab = logits.shape
-    floor = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    # The kernel reads a row at unit stride and the settings flat (a column of a settings table read
+    # its neighbours' values).
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    temperature, top_k, top_p = (t.contiguous() for t in (temperature, top_k, top_p))
+    floor = torch.empty(rows, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
     scratch = torch.empty((rows, cap) if vocab > cap else (1,), dtype=torch.float32, device=logits.device)
     if shape is None:
         sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 0
