@@ -151,19 +151,40 @@ def test_unchecked_writes_outside_a_request_s_blocks_are_dropped(commit, gen):
     assert written == inside
 
 
-def test_unchecked_negative_context_lengths_write_only_their_own_positions(gen):
+@pytest.mark.parametrize("commit", [kv_commit, write_accepted_kv], ids=["kernel", "reference"])
+@pytest.mark.parametrize("shift", [-2, -40], ids=["one-block-before", "past-the-table-before"])
+def test_unchecked_negative_context_lengths_write_only_their_own_positions(commit, shift, gen):
     """A negative context length (refused by the checked op) puts the path's first nodes before
-    position 0: the kernel drops them rather than writing the block before the request's first one."""
+    position 0: both drop them rather than writing the block before the request's first one (the
+    reference once wrapped them around to the table's last columns, or raised an IndexError)."""
     tree, k_cache, v_cache, new_k, new_v, tables, _ = case(gen)
-    lens = torch.tensor([-2, 9, 0], device=DEVICE)
+    lens = torch.tensor([shift, 9, 0], device=DEVICE)
     leaf = torch.tensor([13, -1, -1], device=DEVICE)
     depth = int(tree.depth[13])
     k_before = k_cache.clone()
-    kv_commit(k_cache, v_cache, new_k, new_v, tree, leaf, tables, lens)
+    commit(k_cache, v_cache, new_k, new_v, tree, leaf, tables, lens)
     written = {
         (int(block), int(row)) for block, row in torch.nonzero((k_cache != k_before).any(dim=(0, 3, 4)))
     }
-    assert written == {(int(tables[0, p // PAGE]), p % PAGE) for p in range(depth - 2)}
+    assert written == {(int(tables[0, p // PAGE]), p % PAGE) for p in range(depth + shift)}
+
+
+def test_the_op_writes_a_strided_cache_in_place(gen):
+    """Caches stored head-major ``[L, blocks, KVH, block_size, d]`` and handed over as a transposed view:
+    the op on the CPU (the reference) once wrote a flattened copy of them and left them untouched; the
+    kernel refuses them (it is written in place)."""
+    tree, k_cache, v_cache, new_k, new_v, tables, lens = case(gen)
+    leaf = torch.tensor([13, 6, 0], device=DEVICE)
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    write_accepted_kv(k_want, v_want, new_k, new_v, tree, leaf, tables, lens)
+    k_view, v_view = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (k_cache, v_cache))
+    assert not k_view.is_contiguous()
+    if k_view.is_cuda:
+        with pytest.raises(ValueError, match="k_cache must be contiguous"):
+            ops.kv_commit(k_view, v_view, new_k, new_v, tree, leaf, tables, lens)
+    else:
+        ops.kv_commit(k_view, v_view, new_k, new_v, tree, leaf, tables, lens)
+        assert torch.equal(k_view, k_want) and torch.equal(v_view, v_want)
 
 
 @pytest.mark.parametrize("commit", [kv_commit, write_accepted_kv], ids=["kernel", "reference"])
