@@ -222,6 +222,8 @@ def test_ops_gdn_inputs_and_gated_norm_check_shapes_and_keep_gradients(gen):
     flat = ops.gdn_inputs(qk, a, b, a_log, dt_bias, 2)
     for ours, rows in zip(ops.gdn_inputs(*batched, a_log, dt_bias, 2), flat, strict=True):
         assert torch.equal(ours, rows.unflatten(0, (2, 3)))
+    for ours, rows in zip(ops.gdn_inputs(qk[0], a[0], b[0], a_log, dt_bias, 2), flat, strict=True):
+        assert torch.equal(ours, rows[0])  # one token, no leading dims (unflatten once refused it)
     with pytest.raises(ValueError, match="2 \\* heads \\* dk"):
         ops.gdn_inputs(qk, a, b, a_log, dt_bias, 3)
     with pytest.raises(ValueError, match="b must be \\[6, 4\\]"):

@@ -198,3 +198,22 @@ def test_outputs_are_row_major_whatever_the_inputs_layout(case):
     torch.library.opcheck(library.rms_norm, (transposed, torch.randn(16, device=DEVICE), 1e-6))
     conv = (torch.randn(6, tree.num_nodes, device=DEVICE).t(), torch.randn(6, 4, device=DEVICE))
     torch.library.opcheck(library.tree_conv1d, (*conv, torch.randn(2, 6, 3, device=DEVICE), *tree_args(tree)))
+
+
+@pytest.mark.parametrize(
+    "logits_dtype, settings_dtype",
+    [(torch.float64, torch.float64), (torch.float32, torch.float64)],
+    ids=["float64", "float64-settings"],
+)
+def test_sampling_fakes_give_the_dtype_of_the_logits(logits_dtype, settings_dtype, gen):
+    """Float64 logits (the references' truth) floor in float64, and float64 settings do not promote float32
+    logits: the CPU side once gave float64 floors and normalisers where the fakes (and the kernels) said
+    float32, so a compiled graph's dtypes were not the eager ones."""
+    logits = torch.randn(4, 40, generator=gen, dtype=logits_dtype).to(DEVICE)
+    temperature = torch.tensor([1.0, 0.5, 2.0, 0.7], dtype=settings_dtype, device=DEVICE)
+    top_k = torch.tensor([3, 0, 10, 1], device=DEVICE)
+    top_p = torch.tensor([0.9, 0.5, 1.0, 0.3], dtype=settings_dtype, device=DEVICE)
+    torch.library.opcheck(library.filter_floor, (logits, temperature, top_k, top_p))
+    floor = ops.filter_floor(logits, temperature, top_k, top_p)
+    assert floor.dtype == torch.promote_types(logits_dtype, torch.float32)
+    torch.library.opcheck(library.softmax_stats, (logits, temperature, floor))

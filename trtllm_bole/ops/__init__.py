@@ -172,8 +172,8 @@ def gdn_inputs(
     if torch.is_grad_enabled() and any(t.requires_grad for t in (qk, a, b, a_log, dt_bias)):
         return norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads)
     flat = (t.reshape(-1, t.shape[-1]) for t in (qk, a, b))
-    q, k, g, beta = library.gdn_inputs(*flat, a_log, dt_bias, heads)
-    return q.unflatten(0, lead), k.unflatten(0, lead), g.unflatten(0, lead), beta.unflatten(0, lead)
+    out = library.gdn_inputs(*flat, a_log, dt_bias, heads)
+    return tuple(t.view(*lead, *t.shape[1:]) for t in out)  # no leading dims: unflatten would refuse
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -201,7 +201,7 @@ def filter_floor(
 ) -> torch.Tensor:
     """The smallest logit that top-k and top-p keep in each row of ``logits [N, V] / temperature``, with
     per-row ``temperature`` (> 0), ``top_k`` (int, ``<= 0`` or ``>= V``: off) and ``top_p`` (``>= 1``: off)
-    ``[N]``: ``[N]`` float32, ``-inf`` where neither filters
+    ``[N]``: ``[N]`` float32 (float64 for float64 logits), ``-inf`` where neither filters
     (:func:`trtllm_bole.reference.sampling.filter_floor`). On CUDA a radix select per row
     (:mod:`trtllm_bole.kernels.filter_floor`) instead of a sort of every row, and no ``[N, V]`` temporary."""
     if logits.dim() != 2 or not logits.is_floating_point():

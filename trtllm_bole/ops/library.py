@@ -152,7 +152,9 @@ filter_floor = _define(
     "filter_floor(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p) -> Tensor",
     cpu=sampling.filter_floor,
     cuda=_kernel("filter_floor", "filter_floor"),
-    fake=lambda logits, temperature, top_k, top_p: logits.new_empty(logits.shape[:1], dtype=torch.float32),
+    fake=lambda logits, temperature, top_k, top_p: logits.new_empty(
+        logits.shape[:1], dtype=torch.promote_types(logits.dtype, torch.float32)
+    ),
 )
 
 

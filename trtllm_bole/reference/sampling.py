@@ -20,7 +20,8 @@ def filter_floor(
     token stays if the top-k mass before it, in descending order, is below ``top_p``. Ties at either
     boundary keep every tied token, so the floor does not depend on how the sort orders equal values.
     """
-    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature[:, None]
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # not the settings': the kernel's and the fake's
+    scaled = logits.to(dtype) / temperature[:, None].to(dtype)
     vocab = scaled.shape[-1]
     sorted_logits, _ = scaled.sort(dim=-1, descending=True)
     k = torch.where((top_k <= 0) | (top_k > vocab), vocab, top_k).long()
@@ -44,7 +45,8 @@ def softmax_stats(
     ``Σ exp(x / t - max(x / t))`` over ``x / t >= floor`` (float32; float64 logits in float64), so that
     ``p(x) = exp(x / t - max) / normaliser`` for a kept ``x``. The maximum is the argmax's logit divided
     (division by a positive ``t`` keeps the order), and a floor from :func:`filter_floor` always keeps it."""
-    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature[:, None]
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # not the settings': the kernel's and the fake's
+    scaled = logits.to(dtype) / temperature[:, None].to(dtype)
     top = scaled.amax(-1, keepdim=True)
     kept = scaled >= floor[:, None]
     return logits.argmax(-1), torch.where(kept, (scaled - top).exp(), 0.0).sum(-1)
