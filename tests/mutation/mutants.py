@@ -1746,8 +1746,8 @@ MUTANTS = [
     Mutant(
         "SV8",
         "trtllm_bole/serving/engine.py",
-        "            except Exception:  # a vanished client counts as cancelled\n                cancelled = True",
-        "            except Exception:  # a vanished client counts as cancelled\n                cancelled = False",
+        "        except Exception:  # a vanished client counts as cancelled\n            cancelled = True",
+        "        except Exception:  # a vanished client counts as cancelled\n            cancelled = False",
         [
             "tests/serving/test_serving_engine_updates.py",
             "tests/serving/test_serving_engine.py",
