@@ -96,6 +96,19 @@ def test_generate_counts_a_prompt_prefilled_in_pieces_as_its_forwards():
     assert "target forwards 5 (prefill 3 + 2 steps)" in done.stderr, done.stderr
 
 
+def test_generate_serves_a_prompt_beyond_the_default_context_with_max_seq_len():
+    """The default context (1,024) refuses a 1,100-token prompt by naming ``max_seq_len``: the command has a
+    flag for it, up to the model's 4,096 positions (it had none, so no such prompt could be served)."""
+    command = [sys.executable, "-m", "trtllm_bole", "generate", "--prompt-ids", ",".join(["1"] * 1100),
+               "--mode", "ar", "--max-tokens", "2"]  # fmt: skip
+    refused = subprocess.run(command, capture_output=True, text=True)
+    assert refused.returncode == 1 and "max_seq_len 1024" in refused.stderr, refused.stderr
+    served = subprocess.run([*command, "--max-seq-len", "1200"], capture_output=True, text=True)
+    assert served.returncode == 0 and "finish: length" in served.stderr, served.stderr
+    beyond = subprocess.run([*command, "--max-seq-len", "4097"], capture_output=True, text=True).stderr
+    assert beyond.startswith("error: max_seq_len 4097 exceeds") and beyond.count("\n") == 1, beyond
+
+
 def test_generate_into_a_closed_pipe_stops_quietly():
     done = subprocess.run(
         f"{sys.executable} -m trtllm_bole generate --max-tokens 64 | head -c 10",

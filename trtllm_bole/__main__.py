@@ -56,7 +56,7 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
         except ValueError:
             raise ValueError(f"--prompt-ids takes comma-separated integers: {args.prompt_ids!r}") from None
     llm = LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype,
-              max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
+              max_seq_len=args.max_seq_len, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
     llm.encode(prompt)  # a text prompt needs the model's tokenizer: say so before anything streams
     return llm, prompt, params
 
@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=0, help="0: off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1: off")
     gen.add_argument("--seed", type=int, default=None, help="a sampled request's seed")
+    gen.add_argument(
+        "--max-seq-len", type=int, default=None,
+        help="the context: prompt + output hold at most this - 1 tokens (unset: the engine's, else 1024)",
+    )  # fmt: skip
     gen.add_argument(
         "--max-prefill-tokens", type=int, default=MAX_PREFILL_TOKENS,
         help="prompt tokens a target forward prefills at most (a longer prompt takes several)",
