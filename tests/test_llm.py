@@ -165,6 +165,12 @@ def test_an_empty_stream_prompt_is_one_refused_request(llm):
     assert out.finished and out.outputs[0].finish_reason == "error" and "empty prompt" in out.error
 
 
+def test_a_stream_of_a_one_prompt_list_reports_its_prompt_as_generate_does(llm):
+    params = SamplingParams(max_tokens=2)
+    assert llm.generate(["def f(x):"], params, use_tqdm=False)[0].prompt == "def f(x):"
+    assert {o.prompt for o in llm.generate_stream(["def f(x):"], params)} == {"def f(x):"}
+
+
 def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
     params = SamplingParams(max_tokens=4)
     ref = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids

@@ -195,7 +195,7 @@ class LLM:
                     finished, new_ids = request.finished, request.output_ids[sent:]
                     if new_ids or finished:
                         delta = text(request.output_ids, finished), new_ids
-                        output = self._output(request, prompt, delta)
+                        output = self._output(request, prompts[0], delta)
                         sent += len(new_ids)
                 if new_ids or finished:
                     yield output
