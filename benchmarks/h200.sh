@@ -237,6 +237,6 @@ probe)
     done
     ;;
 *)
-    echo "usage: bash benchmarks/h200.sh kernels|engine|serving|repeats|acceptance|realdims|train|configs|ratios|ncu|probe|attention|depth|ops|tests|steps|prefill|long|prefill-tests|gdn-inputs|prefill-graphs|sampled|accept" >&2
+    echo "usage: bash benchmarks/h200.sh TARGET, one of: kernels engine commit-paths aot serving repeats acceptance realdims train configs depth ops tests steps long prefill-tests gdn-inputs prefill-graphs sampled accept floor prefill ratios ncu attention transposed probe (the header says what each runs)" >&2
     exit 2 ;;
 esac
