@@ -663,6 +663,20 @@ def test_stop_strings_are_found_in_a_byte_level_tail_of_the_output():
     assert not _ends_in_stop(decode, list(b"\n\n") + body, ["\n\n"])  # an old match ended an old step
 
 
+def test_stop_strings_split_by_tokens_of_no_text_are_found():
+    """Special tokens decode to nothing (skipped): a run of them inside a stop string once pushed its
+    start out of the decoded window, and the request ran on to max_tokens."""
+
+    def decode(ids):  # byte-level, and id 0 a special token
+        return bytes(i for i in ids if i).decode("utf-8", errors="replace")
+
+    ids = list(b"x = 1; ") * 10 + list(b"a") + [0] * 40 + list(b"b")
+    assert _ends_in_stop(decode, ids, ["ab"]) and not _ends_in_stop(decode, ids, ["ba"])
+    assert not _ends_in_stop(decode, ids[:-1], ["ab"]) and _ends_in_stop(
+        decode, [0] * 9 + list(b"ab"), ["ab"]
+    )
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [

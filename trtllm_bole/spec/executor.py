@@ -585,7 +585,12 @@ def _ends_in_stop(decode: Callable[[list[int]], str], output_ids: list[int], sto
     """Whether the text now holds a stop string. Checked after every token, so a new match ends in the
     last token: only a tail that can hold the longest stop string is decoded (a character takes at
     most 4 byte-level tokens; 8 more keep a tokenizer's cleanup at the window's start clear of it),
-    not the whole output, which would cost O(length) a token on the engine thread."""
-    window = 4 * max(map(len, stop)) + 8
-    text = decode(output_ids[-window:])
-    return any(s in text for s in stop)
+    not the whole output, which would cost O(length) a token on the engine thread. Tokens that decode
+    to no text (special ones, skipped) widen the window until its text is that long."""
+    longest = max(map(len, stop))
+    window = 4 * longest + 8
+    while True:
+        text = decode(output_ids[-window:])
+        if len(text) >= longest + 8 or window >= len(output_ids):
+            return any(s in text for s in stop)
+        window *= 2
