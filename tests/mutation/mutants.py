@@ -2233,7 +2233,7 @@ MUTANTS = [
         ["tests/kernels/test_kv_commit.py"],
     ),
     Mutant(
-        "ST1",
+        "SW1",
         "trtllm_bole/spec/executor.py",
         "        if len(text) >= longest + 8 or window >= len(output_ids):",
         "        if True:",
