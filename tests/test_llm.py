@@ -178,6 +178,14 @@ def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
         assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == ref
 
 
+def test_bytes_are_refused_rather_than_read_as_token_ids(llm):
+    """Bytes are a sequence of ints: ``b"def f"`` was served as the token ids 100, 101, 102, 32, 102."""
+    for call in (llm.generate, lambda p: next(llm.generate_stream(p))):
+        for prompt in (b"def f", [b"def f"], bytearray(b"def f")):
+            with pytest.raises(ValueError, match=r"got bytes (bytearray\()?b'def f'.*: decode it first"):
+                call(prompt)
+
+
 def test_every_end_token_of_the_checkpoint_is_read(tmp_path):
     """A list of ids (each stops: tests/spec/test_executor.py), or a clear error for anything else."""
     from trtllm_bole.llm import DEFAULT_MODEL

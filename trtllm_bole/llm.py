@@ -260,6 +260,10 @@ class LLM:
                     f"{self.model_dir} has no tokenizer.json: pass prompts as lists of token ids"
                 )
             return self.tokenizer.encode(prompt)
+        if isinstance(prompt, bytes | bytearray):  # a sequence of ints, but surely meant as text
+            raise ValueError(
+                f"a prompt is a string or token ids, got bytes {short_repr(prompt)}: decode it first"
+            )
         try:
             return [operator.index(t) for t in prompt]
         except TypeError:
@@ -357,8 +361,8 @@ def _check_settings(
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
+    if isinstance(prompts, str | bytes | bytearray):
+        return [prompts]  # bytes: one prompt, that encode refuses
     prompts = prompts.tolist() if hasattr(prompts, "tolist") else list(prompts)  # tensors, arrays
     if prompts and all(isinstance(t, numbers.Integral) for t in prompts):
         return [prompts]  # one prompt given as token ids
