@@ -128,6 +128,7 @@ def test_op_dispatches_and_checks_by_name(gen):
     for bad, match in [
         ({"q": q[:-1]}, r"q must be \[N=42, Hq, d\]"),
         ({"k": k[:, :1].expand(-1, 3, -1)}, r"Hq=4 a multiple of KVH"),
+        ({"k": k[:, :0], "v": v[:, :0]}, r"multiple of KVH, got \(42, 0, 16\)"),  # was ZeroDivisionError
         ({"v": v[..., :8]}, r"k and v must both be \[N=42, KVH, d=16\]"),
         ({"k_cache": k_cache[..., :8]}, r"k_cache and v_cache must both be \[num_blocks, block_size, KVH=2"),
         ({"v_cache": v_cache.half()}, r"must share one dtype of"),

@@ -567,7 +567,14 @@ def tree_attention(
     n, hq, d = q.shape if q.dim() == 3 else (None, None, None)
     if n != tree.num_nodes:
         raise ValueError(f"q must be [N={tree.num_nodes}, Hq, d] (one row per node), got {tuple(q.shape)}")
-    if k.dim() != 3 or v.shape != k.shape or k.shape[0] != n or k.shape[2] != d or hq % k.shape[1]:
+    if (
+        k.dim() != 3
+        or v.shape != k.shape
+        or k.shape[0] != n
+        or k.shape[2] != d
+        or not k.shape[1]
+        or hq % k.shape[1]
+    ):
         raise ValueError(
             f"k and v must both be [N={n}, KVH, d={d}] with Hq={hq} a multiple of KVH, got "
             f"{tuple(k.shape)} and {tuple(v.shape)}"
