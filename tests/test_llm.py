@@ -44,6 +44,8 @@ def test_warm_up_defaults_to_batch_one_on_cpu_and_refuses_sizes_beyond_the_engin
         llm.warm_up([8], use_tqdm=False)
     with pytest.raises(ValueError, match="got \\[0\\]"):
         llm.warm_up([0], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"must be integers in .*got \[2\.5\]"):  # was a TypeError in range()
+        llm.warm_up([2.5], use_tqdm=False)
 
 
 def test_stream_texts_join_up_to_generates_text_with_and_without_a_stop_string(llm):
@@ -176,6 +178,12 @@ def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
     ref = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids
     for prompt in (np.array([5, 6, 7]), torch.tensor([5, 6, 7])):
         assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == ref
+
+
+def test_a_prompt_that_is_no_sequence_is_named(llm):
+    for prompt in (5, torch.tensor(5), None):  # were TypeError tracebacks from list()
+        with pytest.raises(ValueError, match="prompts are a string, token ids or a list of them, got"):
+            llm.generate(prompt, use_tqdm=False)
 
 
 def test_bytes_are_refused_rather_than_read_as_token_ids(llm):

@@ -227,9 +227,11 @@ class LLM:
             batch_sizes = [1]
         elif batch_sizes is None:
             batch_sizes = sorted({1 << i for i in range(limit.bit_length())} | {limit})
-        bad = [b for b in batch_sizes if not 1 <= b <= limit]
+        bad = [b for b in batch_sizes if not isinstance(b, numbers.Integral) or not 1 <= b <= limit]
         if bad:
-            raise ValueError(f"warm-up batch sizes must lie in [1, {limit}] (max_batch_size), got {bad}")
+            raise ValueError(
+                f"warm-up batch sizes must be integers in [1, {limit}] (max_batch_size), got {bad}"
+            )
         # Two speculative steps per request at the deepest tree; token ids 1-15 exist in any vocabulary.
         # Prompt lengths 4, 44 and 84 meet the prefill's chunk shapes: a lone partial chunk, and a full one
         # of 64 then a partial one (a prefill program walking one chunk and one walking two). Each request
@@ -363,7 +365,12 @@ def _check_settings(
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str | bytes | bytearray):
         return [prompts]  # bytes: one prompt, that encode refuses
-    prompts = prompts.tolist() if hasattr(prompts, "tolist") else list(prompts)  # tensors, arrays
+    try:
+        prompts = list(prompts.tolist() if hasattr(prompts, "tolist") else prompts)  # tensors, arrays
+    except TypeError:
+        raise ValueError(
+            f"prompts are a string, token ids or a list of them, got {short_repr(prompts)}"
+        ) from None
     if prompts and all(isinstance(t, numbers.Integral) for t in prompts):
         return [prompts]  # one prompt given as token ids
     return prompts
