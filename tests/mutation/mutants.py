@@ -2239,4 +2239,18 @@ MUTANTS = [
         "        if True:",
         ["tests/spec/test_executor.py::test_stop_strings_split_by_tokens_of_no_text_are_found"],
     ),
+    Mutant(
+        "LB1",
+        "trtllm_bole/llm.py",
+        "        if isinstance(prompt, bytes | bytearray):",
+        "        if isinstance(prompt, bytearray):",
+        ["tests/test_llm.py::test_bytes_are_refused_rather_than_read_as_token_ids"],
+    ),
+    Mutant(
+        "TA1",
+        "trtllm_bole/ops/__init__.py",
+        "        or not k.shape[1]\n",
+        "",
+        ["tests/kernels/test_tree_attention.py::test_op_dispatches_and_checks_by_name"],
+    ),
 ]
