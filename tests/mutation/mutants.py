@@ -2247,7 +2247,7 @@ MUTANTS = [
         ["tests/test_llm.py::test_bytes_are_refused_rather_than_read_as_token_ids"],
     ),
     Mutant(
-        "TA1",
+        "TA9",
         "trtllm_bole/ops/__init__.py",
         "        or not k.shape[1]\n",
         "",
