@@ -181,9 +181,11 @@ def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
 
 
 def test_a_prompt_that_is_no_sequence_is_named(llm):
-    for prompt in (5, torch.tensor(5), None):  # were TypeError tracebacks from list()
+    for prompt in (5, torch.tensor(5), None):  # were TypeError tracebacks from list() or len()
         with pytest.raises(ValueError, match="prompts are a string, token ids or a list of them, got"):
             llm.generate(prompt, use_tqdm=False)
+        with pytest.raises(ValueError, match="prompts are a string, token ids or a list of them, got"):
+            next(llm.generate_stream(prompt))
 
 
 def test_bytes_are_refused_rather_than_read_as_token_ids(llm):

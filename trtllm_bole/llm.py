@@ -178,7 +178,7 @@ class LLM:
         ``finished=True``. ``outputs[0].token_ids`` and ``.text`` hold only what is new in that yield;
         the texts join up to :meth:`generate`'s (text that may still change, such as the start of a
         stop string or half of a multi-byte character, waits for the next yield)."""
-        prompts = _as_prompt_list(prompt) if len(prompt) else [prompt]  # [] is one empty prompt
+        prompts = _as_prompt_list(prompt) or [prompt]  # [] is one empty prompt
         if len(prompts) != 1:
             raise ValueError(
                 f"generate_stream takes one prompt, got {len(prompts)}: use generate for several"
