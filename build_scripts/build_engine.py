@@ -82,7 +82,10 @@ def parser() -> argparse.ArgumentParser:
         help="requests served at once (GDN state slots)",
     )
     p.add_argument(
-        "--max-seq-len", type=int, default=default.max_seq_len, help="prompt + output tokens per request"
+        "--max-seq-len",
+        type=int,
+        default=default.max_seq_len,
+        help="the context: prompt + output hold at most this - 1 tokens",
     )
     p.add_argument(
         "--max-draft-depth",

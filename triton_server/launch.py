@@ -289,12 +289,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--max-seq-len",
         default="",
-        help="prompt + output tokens per request (default: the engine's, else 1024)",
+        help="the context: prompt + output hold at most this - 1 tokens (default: the engine's, else 1024)",
     )
     p.add_argument(
         "--kv-cache-tokens",
         default="",
-        help="paged KV cache size in tokens (default: every slot can hold max-seq-len)",
+        help="paged KV cache size in tokens (default: every slot can hold max-seq-len - 1 tokens and one "
+        "draft tree past them)",
     )
     p.add_argument(
         "--max-prefill-tokens", default="", help="prompt tokens one prefill forward takes (default: 8192)"
