@@ -8,6 +8,7 @@ and cProfile's of twenty by cumulative time (which Python functions the host's t
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import json
 import pstats
@@ -63,4 +64,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     main()
