@@ -53,5 +53,6 @@ def write_accepted_kv(
     keep = keep & in_table & (blocks >= 0) & (blocks < num_blocks)
     nodes = torch.nonzero(keep).flatten()
     # Indexed in place, whatever the caches' strides (flattening a strided cache would copy it).
-    k_cache[:, blocks[keep], pos[keep] % block_size] = new_k[:, nodes].to(k_cache.dtype)
-    v_cache[:, blocks[keep], pos[keep] % block_size] = new_v[:, nodes].to(v_cache.dtype)
+    at = (slice(None), blocks[nodes], pos[nodes] % block_size)
+    k_cache[at] = new_k[:, nodes].to(k_cache.dtype)
+    v_cache[at] = new_v[:, nodes].to(v_cache.dtype)
