@@ -189,11 +189,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(process: subprocess.Popen, http_port: int, timeout: float) -> float:
-    """Seconds until ``/v2/health/ready`` answers 200; raises if the server exits or times out."""
+class StopFlag:
+    """Set by SIGTERM/SIGINT once :meth:`install` ran. Its handler only sets it: one that raised (as
+    KeyboardInterrupt) could cut the launcher's own stop short, and a ``threading.Event`` set in a
+    handler can deadlock on its lock."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.asked = True
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep, then say whether a stop was asked (a signal does not end the sleep: PEP 475)."""
+        time.sleep(seconds)
+        return self.asked
+
+
+def wait_ready(process: subprocess.Popen, http_port: int, timeout: float, stop: StopFlag) -> float | None:
+    """Seconds until ``/v2/health/ready`` answers 200, None once a stop is asked; raises if the server
+    exits or times out."""
     start = time.monotonic()
     url = f"http://127.0.0.1:{http_port}/v2/health/ready"
     while time.monotonic() - start < timeout:
+        if stop.asked:
+            return None
         if process.poll() is not None:
             raise RuntimeError(f"tritonserver exited with code {process.returncode} before it was ready")
         try:
@@ -202,7 +226,7 @@ def wait_ready(process: subprocess.Popen, http_port: int, timeout: float) -> flo
                     return time.monotonic() - start
         except OSError:
             pass
-        time.sleep(0.2)
+        stop.sleep(0.2)
     raise TimeoutError(f"tritonserver was not ready within {timeout:.0f} s")
 
 
@@ -229,19 +253,18 @@ class EngineStopped(Exception):
     """The model's engine stopped taking requests while the launcher had not asked it to."""
 
 
-def wait_serving(process: subprocess.Popen, metrics_port: int | None, interval: float) -> None:
-    """Until tritonserver exits; raises :class:`EngineStopped` once the engine's gauge reads 0 (every
-    ``interval`` seconds; never with no metrics endpoint or ``interval`` 0)."""
-    if metrics_port is None or interval <= 0:
-        process.wait()
-        return
-    while True:
-        try:
-            process.wait(interval)
-            return
-        except subprocess.TimeoutExpired:
+def wait_serving(
+    process: subprocess.Popen, metrics_port: int | None, interval: float, stop: StopFlag
+) -> None:
+    """Until tritonserver exits or a stop is asked; raises :class:`EngineStopped` once the engine's gauge
+    reads 0 (every ``interval`` seconds; never with no metrics endpoint or ``interval`` 0)."""
+    watched = metrics_port is not None and interval > 0
+    next_read = time.monotonic() + interval
+    while not stop.sleep(0.2) and process.poll() is None:
+        if watched and time.monotonic() >= next_read:
+            next_read = time.monotonic() + interval
             if engine_serving(metrics_port) is False and process.poll() is None:  # not Triton's own exit
-                raise EngineStopped from None
+                raise EngineStopped
 
 
 def stop(process: subprocess.Popen, timeout: float) -> int | None:
@@ -457,29 +480,22 @@ def serve(
     """Run the server until it exits or we are told to stop (then drain and stop it); its exit code,
     1 if it had to be killed or its engine stopped unasked (:func:`wait_serving`)."""
     http_port, grpc_port, metrics_port = ports
+    stop_flag = StopFlag()
+    stop_flag.install()
     process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
-    stopping = engine_stopped = False
-
-    def on_signal(signum, frame):
-        nonlocal stopping
-        if not stopping:  # a second signal must not interrupt the shutdown itself
-            stopping = True
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    engine_stopped = False
     try:
-        seconds = wait_ready(process, http_port, ready_timeout)
-        print(
-            f"tritonserver ready in {seconds:.1f} s (pid {process.pid}); model {MODEL!r} from {repository}\n"
-            f"  gRPC  127.0.0.1:{grpc_port}\n"
-            f"  HTTP  http://127.0.0.1:{http_port}/v2/models/{MODEL}/generate (and /generate_stream)"
-            + ("" if metrics_port is None else f"\n  metrics  http://127.0.0.1:{metrics_port}/metrics"),
-            flush=True,
-        )
-        wait_serving(process, metrics_port, engine_watch)
-    except KeyboardInterrupt:
-        pass
+        seconds = wait_ready(process, http_port, ready_timeout, stop_flag)
+        if seconds is not None:  # else a stop was asked before the server was ready
+            print(
+                f"tritonserver ready in {seconds:.1f} s (pid {process.pid}); "
+                f"model {MODEL!r} from {repository}\n"
+                f"  gRPC  127.0.0.1:{grpc_port}\n"
+                f"  HTTP  http://127.0.0.1:{http_port}/v2/models/{MODEL}/generate (and /generate_stream)"
+                + ("" if metrics_port is None else f"\n  metrics  http://127.0.0.1:{metrics_port}/metrics"),
+                flush=True,
+            )
+            wait_serving(process, metrics_port, engine_watch, stop_flag)
     except EngineStopped:
         engine_stopped = True
         print(
@@ -493,7 +509,7 @@ def serve(
         stop(process, stop_timeout)
         return 1
     drain_file, grace = drain
-    if stopping and drain_file is not None and process.poll() is None:
+    if stop_flag.asked and drain_file is not None and process.poll() is None:
         try:
             request_drain(drain_file, grace)
         except OSError as e:  # the server is stopped all the same, without the grace

@@ -406,6 +406,52 @@ def test_an_engine_that_stops_serving_unasked_stops_the_server(tmp_path):
     assert "no Triton server answers" in error_of(server.grpc_url, build_inputs(PROMPTS[0], max_tokens=1))
 
 
+def test_signals_during_the_launcher_s_own_stop_do_not_cut_it_short(tmp_path):
+    """SIGTERM and SIGINT while the launcher stops a server whose engine stopped unasked (a request in
+    flight keeps tritonserver up through the drain's grace): the stop runs to its end, exit 1, no
+    traceback (the handler raised KeyboardInterrupt into that stop)."""
+    import signal
+
+    import launch
+    from client import build_inputs, stream
+    from tritonclient.utils import InferenceServerException
+
+    server = start_server(tmp_path, [a if a != str(MAX_SEQ_LEN) else "2048" for a in SERVER_ARGS])
+    streaming = threading.Event()
+
+    def client() -> None:  # 2,000 tokens: a minute on CPU
+        try:
+            for _ in stream(server.grpc_url, build_inputs(PROMPTS[0], max_tokens=2000, end_id=-1)):
+                streaming.set()
+        except InferenceServerException:
+            pass  # ended by the drain
+        finally:
+            streaming.set()
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        assert streaming.wait(120), server.log_tail()
+        launch.request_drain(tmp_path / "drain", 3.0)  # not the launcher's doing
+        deadline = time.monotonic() + 30
+        while "error: the model's engine stopped taking requests" not in server.log.read_text(
+            errors="replace"
+        ):
+            assert time.monotonic() < deadline and server.process.poll() is None, server.log_tail()
+            time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGINT)
+        server.process.wait(60)
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+        thread.join(60)
+    log = server.log.read_text(errors="replace")
+    assert server.process.returncode == 1 and "Traceback" not in log, server.log_tail()
+    assert "tritonserver stopped (exit code 0)" in log, server.log_tail()
+
+
 def test_a_full_queue_refuses_a_request_with_unavailable(tmp_path):
     """``--max-queue-size 1`` with a batch of one: while one request streams and one waits, a third is
     refused with UNAVAILABLE and counted; the waiting one runs once the first is cancelled."""
