@@ -272,6 +272,36 @@ def test_a_failing_step_fails_its_batch_not_the_engine(engine, monkeypatch):
     assert engine.executor.scheduler.slots.num_free == 4
 
 
+def test_an_ending_that_fails_halfway_leaves_the_engine_serving(engine, monkeypatch):
+    """A failed step's request whose finish in the scheduler raises too: it gets its final error, and the
+    engine forgets it in both lookups (the request id's stayed: its next step event ended the engine
+    thread on a KeyError)."""
+    scheduler, real_step, calls = engine.executor.scheduler, engine.executor.step, []
+    real_finish = scheduler.finish
+
+    def step_once_broken():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device lost")
+        return real_step()
+
+    def finish_once_broken(request, reason, error=None):
+        if reason == "error":  # the failed step's ending
+            monkeypatch.setattr(scheduler, "finish", real_finish)
+            raise RuntimeError("bookkeeping broke")
+        return real_finish(request, reason, error)
+
+    monkeypatch.setattr(engine.executor, "step", step_once_broken)
+    monkeypatch.setattr(scheduler, "finish", finish_once_broken)
+    victim = Collector()
+    engine.submit(PROMPTS[0], SamplingParams(max_tokens=20, ignore_eos=True), victim)
+    assert victim.final.finish_reason == "error" and "device lost" in victim.final.error
+    after = Collector()
+    engine.submit(PROMPTS[1], SamplingParams(max_tokens=5, ignore_eos=True), after)
+    assert after.final.finish_reason == "length" and len(after.ids) == 5
+    assert engine.alive and not engine._by_request and not engine._live
+
+
 def test_a_request_finished_in_a_failing_step_still_gets_its_tokens(engine, monkeypatch):
     """B's prefill ends it (one token) in the step whose speculation for A then fails, at the wait for
     its outcome (where a device error surfaces): B's final update must still come, with its token, and

@@ -338,7 +338,7 @@ class ServingEngine:
                 return
         except Exception:
             traceback.print_exc(file=sys.stderr)
-            self._live.pop(live.key, None)
+            self._forget(live)
         self._count(live, reason)
         self._deliver(live, Update(live.key, [], "", True, reason, error))
 
@@ -374,8 +374,8 @@ class ServingEngine:
 
     def _abort_if_cancelled(self, request: Request) -> bool:
         """Ask the request's client whether it cancelled, and abort the request if it did."""
-        live = self._by_request[request.request_id]
-        if live.is_cancelled is None:
+        live = self._by_request.get(request.request_id)  # None: forgotten after a failed ending
+        if live is None or live.is_cancelled is None:
             return False
         try:
             cancelled = live.is_cancelled()
@@ -404,9 +404,14 @@ class ServingEngine:
             else:
                 self._deliver(live, self._update(live, finished=False))
 
+    def _forget(self, live: _Live) -> None:
+        """Drop ``live`` from both lookups (wherever an ending failed halfway, from what is left)."""
+        self._live.pop(live.key, None)
+        if live.request is not None:
+            self._by_request.pop(live.request.request_id, None)
+
     def _finish(self, live: _Live) -> None:
-        del self._live[live.key]
-        del self._by_request[live.request.request_id]
+        self._forget(live)
         update = self._update(live, finished=True)  # first: its tokens may be the request's first
         delivered = self._deliver(live, update)
         self._count(live, live.request.finish_reason if delivered else "error")
@@ -441,8 +446,7 @@ class ServingEngine:
             error = f"the request's reply failed ({type(e).__name__}: {e})"
         if not update.finished:
             self.executor.abort(live.request)
-            del self._live[live.key]
-            del self._by_request[live.request.request_id]
+            self._forget(live)
             self._count(live, "error")
             error += "; it was aborted"
         with contextlib.suppress(Exception):
