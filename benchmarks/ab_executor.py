@@ -19,7 +19,7 @@
 
 - ``outcome-queue``: a step waits for its outcome before queueing the MTP follow-up (the order before
   2026-11-30; now the follow-up is queued first and the GPU runs it while the host books the step),
-  reproduced by waiting inside :meth:`StepOutcome.queue`;
+  reproduced by waiting inside :meth:`QueuedOutcome.of`;
 - ``forest-kernel``: drafting and tree selection derive their forests with :meth:`TreeBatch.on_device`'s
   ~65 torch kernels instead of :mod:`trtllm_bole.kernels.forest`'s one launch, reproduced by setting
   the kernel's node limit to 0 (``ops.forest`` then falls back);
@@ -110,7 +110,7 @@ from trtllm_bole.transfer import device_tensor
 from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch, _owners
 
 PROMPTS = Path("benchmarks/data/heldout_code_prompts.jsonl")
-QUEUE = ex.StepOutcome.queue
+QUEUE = ex.QueuedOutcome.of
 
 
 class _Done:
@@ -123,11 +123,11 @@ class _Done:
 
 @contextmanager
 def outcome_waited_first():
-    ex.StepOutcome.queue = staticmethod(lambda *args: _Done(QUEUE(*args).wait()))
+    ex.QueuedOutcome.of = staticmethod(lambda *args: _Done(QUEUE(*args).wait()))
     try:
         yield
     finally:
-        ex.StepOutcome.queue = staticmethod(QUEUE)
+        ex.QueuedOutcome.of = staticmethod(QUEUE)
 
 
 @contextmanager

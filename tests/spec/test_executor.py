@@ -16,7 +16,7 @@ from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec import executor as executor_module
 from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
-from trtllm_bole.spec.executor import Executor, StepOutcome, _ends_in_stop
+from trtllm_bole.spec.executor import Executor, QueuedOutcome, _ends_in_stop
 from trtllm_bole.testing import TINY_MTP_CONFIG, forest
 
 CONFIG = TINY_MTP_CONFIG
@@ -452,8 +452,7 @@ def test_step_outcome_reads_each_accepted_path():
     tree = forest([[-1, 0, 0, 2], [-1], [-1, 0, 1]])
     tokens = torch.tensor([10, 11, 12, 13, 20, 30, 31, 32])
     leaf_global = torch.tensor([3, 0, 2]) + tree.cu_seqlens[:-1]
-    out = StepOutcome.queue(tree, tokens, leaf_global, bonus=torch.tensor([99, 98, 97])).wait()
-    assert out.leaf_global == [3, 4, 7]
+    out = QueuedOutcome.of(tree, tokens, leaf_global, bonus=torch.tensor([99, 98, 97])).wait()
     assert out.accepted == [[12, 13], [], [31, 32]]
     assert out.drafted == [3, 0, 2]
     assert out.bonus == [99, 98, 97]

@@ -99,22 +99,9 @@ class StepEvent:
 class StepOutcome:
     """What a verify step accepted, per request, on the host (one device-to-host copy per step)."""
 
-    leaf_global: list[int]  # packed index of the accepted leaf (the pending token's node if none)
     accepted: list[list[int]]  # accepted draft tokens, root child first
     drafted: list[int]  # draft tokens the request's tree held (its nodes minus the pending one)
     bonus: list[int]  # the token sampled after the accepted path
-
-    @classmethod
-    def queue(
-        cls, tree: TreeBatch, tokens: torch.Tensor, leaf_global: torch.Tensor, bonus: torch.Tensor
-    ) -> QueuedOutcome:
-        """The outcome's copy to the host, queued behind the step's kernels; nothing waits yet."""
-        path_tokens = tokens[tree.paths[leaf_global].clamp(min=0)]  # [B, D], -1-padded paths clamped
-        values = torch.cat([
-            leaf_global, tree.depth[leaf_global], tree.cu_seqlens[1:] - tree.cu_seqlens[:-1] - 1,
-            bonus, path_tokens.flatten(),
-        ])  # fmt: skip
-        return QueuedOutcome(HostCopy(values), tree.num_requests, path_tokens.shape[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,15 +112,21 @@ class QueuedOutcome:
     num_requests: int
     width: int  # path tokens per request
 
+    @classmethod
+    def of(cls, tree: TreeBatch, tokens: torch.Tensor, leaf_global: torch.Tensor, bonus: torch.Tensor):
+        """The outcome's copy to the host, queued behind the step's kernels (``leaf_global``: each
+        request's accepted leaf, packed; the pending token's node if none); nothing waits yet."""
+        path_tokens = tokens[tree.paths[leaf_global].clamp(min=0)]  # [B, D], -1-padded paths clamped
+        drafted = tree.cu_seqlens[1:] - tree.cu_seqlens[:-1] - 1
+        values = torch.cat([tree.depth[leaf_global], drafted, bonus, path_tokens.flatten()])
+        return cls(HostCopy(values), tree.num_requests, path_tokens.shape[1])
+
     def wait(self) -> StepOutcome:
         host, b, width = self.values.tolist(), self.num_requests, self.width
-        rows = [host[4 * b + i * width : 4 * b + (i + 1) * width] for i in range(b)]
-        depth = host[b : 2 * b]
+        rows = [host[3 * b + i * width : 3 * b + (i + 1) * width] for i in range(b)]
+        depth = host[:b]
         return StepOutcome(
-            host[:b],
-            [row[1 : depth[i]] for i, row in enumerate(rows)],
-            host[2 * b : 3 * b],
-            host[3 * b : 4 * b],
+            [row[1 : depth[i]] for i, row in enumerate(rows)], host[b : 2 * b], host[2 * b : 3 * b]
         )
 
 
@@ -407,7 +400,7 @@ class Executor:
             with phase("commit"):  # the executor built the leaves, slots and tables: nothing to wait for
                 model.commit(verify_pending, leaf, check=False)
         leaf_global = leaf + tree.cu_seqlens[:-1]
-        queued = StepOutcome.queue(tree, tokens, leaf_global, bonus)
+        queued = QueuedOutcome.of(tree, tokens, leaf_global, bonus)
         if bole.speculates:  # queued before the host waits: the GPU runs it while the host books the step
             with phase("mtp_follow"):
                 self._mtp_follow(tree, tokens, hidden, leaf_global, last_hidden, slots, tables, context_lens)
