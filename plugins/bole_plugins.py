@@ -55,11 +55,11 @@ def _attrs(spec: PluginSpec, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _describe(spec: PluginSpec, args: dict[str, Any]) -> tuple[trtp.TensorDesc, ...]:
-    descs, attrs = _inputs(spec, args), _attrs(spec, args)
+    descs = _inputs(spec, args)
     shapes = {name: tuple(d.shape_expr) for name, d in descs.items()}
     dtypes = {name: _NAMES[d.dtype] for name, d in descs.items()}
     out = []
-    for port, (shape, dtype) in zip(spec.outputs, spec.output_descs(shapes, dtypes, attrs), strict=True):
+    for port, (shape, dtype) in zip(spec.outputs, spec.output_descs(shapes, dtypes), strict=True):
         aliased = dict(spec.aliased)
         if port.name in aliased:
             out.append(descs[aliased[port.name]].aliased())

@@ -68,18 +68,28 @@ def dynamic(shapes, **names):
 
 def test_descriptors_give_output_shapes_and_dtypes():
     io = plugin_io(NINE_B, SETTINGS, batch=4)
-    shapes, dtypes, attrs = io["bole::gdn_tree_verify"]
-    assert SPECS["bole::gdn_tree_verify"].output_descs(shapes, dtypes, attrs) == [
+    shapes, dtypes, _ = io["bole::gdn_tree_verify"]
+    assert SPECS["bole::gdn_tree_verify"].output_descs(shapes, dtypes) == [
         ((256, 32, 128), "bfloat16"),  # 4 requests x (63 drafts + the pending token)
         ((256, 32, 128), "float32"),
         ((256, 32), "float32"),
     ]
-    shapes, dtypes, attrs = io["bole::gdn_commit"]
-    descs = SPECS["bole::gdn_commit"].output_descs(shapes, dtypes, attrs)
+    shapes, dtypes, _ = io["bole::gdn_commit"]
+    descs = SPECS["bole::gdn_commit"].output_descs(shapes, dtypes)
     assert descs == [((24, 8, 32, 128, 128), "float32")]
     assert dict(SPECS["bole::gdn_commit"].aliased) == {"state_out": "state"}
-    shapes, dtypes, attrs = io["bole::tree_conv1d"]
-    assert SPECS["bole::tree_conv1d"].output_descs(shapes, dtypes, attrs) == [((256, 8192), "bfloat16")]
+    shapes, dtypes, _ = io["bole::tree_conv1d"]
+    assert SPECS["bole::tree_conv1d"].output_descs(shapes, dtypes) == [((256, 8192), "bfloat16")]
+
+
+def test_a_dynamic_compiled_in_dimension_is_named_by_port_and_axis():
+    shapes, dtypes, _ = plugin_io(NINE_B, SETTINGS)["bole::gdn_tree_verify"]
+    verify = SPECS["bole::gdn_tree_verify"]
+    shapes = {**shapes, "v": (*shapes["v"][:2], Sym("DV"))}
+    with pytest.raises(
+        ValueError, match=r"v's dimension 2 .* is compiled into the kernel: give the network a static"
+    ):
+        verify.check(shapes, dtypes)
 
 
 def test_dynamic_sizes_stay_symbolic_in_grid_and_extra_args():
@@ -158,13 +168,15 @@ def test_explicit_inverse_tactics_and_limits():
     exact = {**dtypes, "q": "float32", "k": "float32", "v": "float32"}
     assert values.constexprs(shapes, exact, attrs, first)["PREC"] == "ieee"
     for bad in ({"max_nodes": 65}, {"max_nodes": 0}):
-        with pytest.raises(ValueError, match="at most 64 nodes and depth 16"):
-            values.constexprs(shapes, dtypes, {**attrs, **bad}, first)
+        with pytest.raises(
+            ValueError, match=r"at most 64 nodes and depth 16 per request \(max_nodes=-?\d+\);"
+        ):
+            values.constexprs(shapes, dtypes, {**attrs, **bad}, first)  # it takes no max_depth to name
     shapes, dtypes, attrs = plugin_io(NINE_B, SETTINGS, batch=16)["bole::gdn_tree_factors"]
     factors = SPECS["bole::gdn_tree_factors"]
     with pytest.raises(ValueError, match="at most 64 nodes and depth 16"):
         factors.constexprs(shapes, dtypes, {**attrs, "max_depth": 17}, factors.tactics(shapes)[0])
-    assert factors.output_descs(shapes, dtypes, attrs) == [
+    assert factors.output_descs(shapes, dtypes) == [
         ((2, 32, 16 * 64, 9), "float32"),  # W', C' per value head, node and path position
         ((16 * 64, 32), "float32"),
         ((16 * 64, 32, 128), "float32"),  # Q Kᵀ and K Kᵀ rows on the way

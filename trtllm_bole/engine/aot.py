@@ -40,10 +40,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _const(d: Dim) -> int:
+def _const(shapes: Shapes, port: str, axis: int) -> int:
+    """Dimension ``axis`` of ``port``, which the kernel compiles in (head counts, head dims, channels)."""
+    d = shapes[port][axis]
     if isinstance(d, int):
         return d
-    raise ValueError(f"dimension {d!r} must be a build-time constant here")
+    raise ValueError(
+        f"{port}'s dimension {axis} ({d!r}) is compiled into the kernel: give the network a static size there"
+    )
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -72,7 +76,6 @@ def compile_kernel(
     num_warps: int,
     num_stages: int,
     maxnreg: int | None = None,
-    ptx_version: int | None = None,
 ) -> CompiledKernel:
     """``triton.compile`` of ``fn`` for ``sm_<arch>``; ``signature`` maps every argument to a Triton type
     (``"*fp32"``, ``"i32"``, ``"constexpr"``), ``constexprs`` gives the constexpr values; ``maxnreg`` caps
@@ -107,7 +110,7 @@ def compile_kernel(
     options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
-    ptx_version = ptx_version if ptx_version is not None else PTX_VERSION.get(arch)
+    ptx_version = PTX_VERSION.get(arch)
     if ptx_version is not None:
         options["ptx_version"] = ptx_version
     compiled = triton.compile(
@@ -200,7 +203,7 @@ class PluginSpec:
     attrs: tuple[tuple[str, type], ...]  # TensorRT plugin attributes (name, type)
     aliased: tuple[tuple[str, str], ...] = ()  # (output, the input it is written in place of)
 
-    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str]) -> list[tuple[tuple, str]]:
         raise NotImplementedError
 
     def tactics(self, shapes: Shapes) -> list[Any]:
@@ -220,7 +223,9 @@ class PluginSpec:
 
     def launch_options(self, cfg: Any) -> dict[str, Any]:
         """The compile options of a tactic: warps, stages and, where the tactic caps them, registers."""
-        return {"num_warps": cfg.num_warps, "num_stages": getattr(cfg, "num_stages", 1)}
+        options = {"num_warps": cfg.num_warps, "num_stages": getattr(cfg, "num_stages", 1)}
+        maxnreg = getattr(cfg, "maxnreg", None)
+        return options if maxnreg is None else {**options, "maxnreg": maxnreg}
 
     def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
         """Ranks, dtypes and the dimensions the ports share; ``ValueError`` naming the port."""
@@ -242,13 +247,23 @@ class PluginSpec:
 
     def signature(self, dtypes: dict[str, str], constexprs: dict[str, Any]) -> dict[str, str]:
         placeholder = {p.name: (None,) * p.rank for p in self.inputs}
-        descs = self.output_descs(placeholder, dtypes, {})
+        descs = self.output_descs(placeholder, dtypes)
         out_dtypes = {p.name: d for p, (_, d) in zip(self.outputs, descs, strict=True)}
         sig = {p.name: "*" + TRITON_TYPES[dtypes[p.name]] for p in self.inputs}
         sig.update(dict.fromkeys(self.extra_args, "i32"))
         sig.update({name: "*" + TRITON_TYPES[d] for name, d in out_dtypes.items()})
         sig.update(dict.fromkeys(constexprs, "constexpr"))
         return sig
+
+
+def _head_dims(plugin_id: str, h: int, dk: int, hv: int, dv: int) -> None:
+    if hv % h or dk % 16 or dv % 16:
+        raise ValueError(f"{plugin_id}: HV={hv} must be a multiple of H={h}, dk={dk} and dv={dv} of 16")
+
+
+def _value_grid(shapes: Shapes, cfg: Any) -> tuple[Dim, Dim, Dim]:
+    """One program a (value tile, value head, request)."""
+    return (_const(shapes, "v", 2) // cfg.bv, _const(shapes, "v", 1), shapes["cu_seqlens"][0] - 1)
 
 
 def _exact(dtypes: dict[str, str], names: Sequence[str]) -> bool:
@@ -286,7 +301,7 @@ class GDNTreeVerifySpec(PluginSpec):
     extra_args = ()
     attrs = (("scale", float), ("max_depth", int))
 
-    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str]) -> list[tuple[tuple, str]]:
         return [(shapes["v"], dtypes["v"]), (shapes["v"], "float32"), (shapes["g"], "float32")]
 
     def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
@@ -298,16 +313,12 @@ class GDNTreeVerifySpec(PluginSpec):
             ("subtree_size", 0, "q", 0),
         ])  # fmt: skip
         _same_dtype(self.plugin_id, dtypes, ("v", "beta"))
-        h, dk, hv, dv = (_const(d) for d in (*shapes["q"][1:], *shapes["v"][1:]))
-        if hv % h or dk % 16 or dv % 16:
-            raise ValueError(
-                f"{self.plugin_id}: HV={hv} must be a multiple of H={h}, dk={dk} and dv={dv} of 16"
-            )
+        _head_dims(self.plugin_id, *(_const(shapes, *d) for d in (("q", 1), ("q", 2), ("v", 1), ("v", 2))))
 
     def tactics(self, shapes: Shapes) -> list[Any]:
         from trtllm_bole.kernels.gdn_tree_verify import CONFIGS
 
-        dk, dv = _const(shapes["q"][2]), _const(shapes["v"][2])
+        dk, dv = _const(shapes, "q", 2), _const(shapes, "v", 2)
         return [c for c in CONFIGS if dk % c.bk == 0 and dv % c.bv == 0]
 
     def adapter(self) -> Any:
@@ -320,21 +331,21 @@ class GDNTreeVerifySpec(PluginSpec):
         exact = _exact(dtypes, ("v", "beta"))
         return {
             "SCALE": float(attrs["scale"]),
-            "H": _const(shapes["q"][1]),
-            "HV": _const(shapes["v"][1]),
-            "DK": _const(shapes["q"][2]),
-            "DV": _const(shapes["v"][2]),
+            "H": _const(shapes, "q", 1),
+            "HV": _const(shapes, "v", 1),
+            "DK": _const(shapes, "q", 2),
+            "DV": _const(shapes, "v", 2),
             "BT": cfg.bt,
             "BK": cfg.bk,
             "BV": cfg.bv,
             "SQUARINGS": (chain - 1).bit_length(),  # ceil(log2 chain): G^chain = 0 inside a block
             "LB": 64 if cfg.num_warps >= 4 else 32,  # as the runtime launcher picks them
-            "FUSED": getattr(cfg, "fused", False),
+            "FUSED": cfg.fused,
             "PREC": "ieee" if exact else "tf32",
         }
 
     def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
-        return (_const(shapes["v"][2]) // cfg.bv, _const(shapes["v"][1]), shapes["cu_seqlens"][0] - 1)
+        return _value_grid(shapes, cfg)
 
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return ()
@@ -357,11 +368,12 @@ def inverse_serves(max_nodes: int, max_depth: int) -> bool:
 def _inverse_limits(plugin_id: str, attrs: dict) -> None:
     from trtllm_bole.kernels.gdn_tree_verify_inverse import COMPACT_MAX_DEPTH
 
-    nodes, depth = int(attrs["max_nodes"]), int(attrs.get("max_depth", 1))
-    if not inverse_serves(nodes, depth):
+    nodes, depth = int(attrs["max_nodes"]), attrs.get("max_depth")  # the value tiles take no depth
+    if not inverse_serves(nodes, 1 if depth is None else int(depth)):
+        asked = f"max_nodes={nodes}" + ("" if depth is None else f", max_depth={depth}")
         raise ValueError(
             f"{plugin_id} serves trees of at most {INVERSE_TILE} nodes and depth {COMPACT_MAX_DEPTH} per "
-            f"request (max_nodes={nodes}, max_depth={depth}); build larger ones with bole::gdn_tree_verify"
+            f"request ({asked}); build larger ones with bole::gdn_tree_verify"
         )
 
 
@@ -415,7 +427,7 @@ class GDNTreeFactorsSpec(PluginSpec):
     extra_args = ("num_nodes", "max_depth")
     attrs = (("scale", float), ("max_nodes", int), ("max_depth", int))
 
-    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str]) -> list[tuple[tuple, str]]:
         n, hv, d = shapes["q"][0], shapes["g"][1], shapes["paths"][1]
         return [((2, hv, n, d), "float32"), ((n, hv), "float32"), ((n, hv, 2 * INVERSE_TILE), "float32")]
 
@@ -426,7 +438,7 @@ class GDNTreeFactorsSpec(PluginSpec):
             ("beta", 1, "g", 1), ("depth", 0, "q", 0), ("paths", 0, "q", 0),
         ])  # fmt: skip
         _same_dtype(self.plugin_id, dtypes, ("q", "k"))
-        _inverse_dims(self.plugin_id, _const(shapes["q"][1]), _const(shapes["q"][2]), _const(shapes["g"][1]))
+        _inverse_dims(self.plugin_id, _const(shapes, "q", 1), _const(shapes, "q", 2), _const(shapes, "g", 1))
 
     def tactics(self, shapes: Shapes) -> list[Any]:
         return [FactorConfig(8), FactorConfig(4)]
@@ -442,9 +454,9 @@ class GDNTreeFactorsSpec(PluginSpec):
         _inverse_limits(self.plugin_id, attrs)
         return {
             "SCALE": float(attrs["scale"]),
-            "H": _const(shapes["q"][1]),
-            "HV": _const(shapes["g"][1]),
-            "DK": _const(shapes["q"][2]),
+            "H": _const(shapes, "q", 1),
+            "HV": _const(shapes, "g", 1),
+            "DK": _const(shapes, "q", 2),
             "BT": INVERSE_TILE,
             "DP": pow2_at_least(int(attrs["max_depth"])),
             "SW": 2 * INVERSE_TILE,
@@ -452,7 +464,7 @@ class GDNTreeFactorsSpec(PluginSpec):
         }
 
     def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
-        return (_const(shapes["g"][1]), shapes["cu_seqlens"][0] - 1, 1)
+        return (_const(shapes, "g", 1), shapes["cu_seqlens"][0] - 1, 1)
 
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return (shapes["q"][0], shapes["paths"][1])
@@ -481,7 +493,7 @@ class GDNTreeValuesSpec(PluginSpec):
     extra_args = ("num_nodes", "max_depth")
     attrs = (("scale", float), ("max_nodes", int))
 
-    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str]) -> list[tuple[tuple, str]]:
         return [(shapes["v"], dtypes["v"]), (shapes["v"], "float32")]
 
     def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
@@ -493,36 +505,32 @@ class GDNTreeValuesSpec(PluginSpec):
             ("factors", 2, "q", 0),
         ])  # fmt: skip
         _same_dtype(self.plugin_id, dtypes, ("q", "k"))
-        if _const(shapes["factors"][0]) != 2:
+        if _const(shapes, "factors", 0) != 2:
             raise ValueError(
                 f"{self.plugin_id}: factors must be [2, HV, N, depth] (W', C'), got {shapes['factors']}"
             )
-        h, dk, hv, dv = (_const(d) for d in (*shapes["q"][1:], *shapes["v"][1:]))
+        h, dk, hv, dv = (_const(shapes, *d) for d in (("q", 1), ("q", 2), ("v", 1), ("v", 2)))
         _inverse_dims(self.plugin_id, h, dk, hv)
         if dv % 16:
             raise ValueError(f"{self.plugin_id}: dv={dv} must be a multiple of 16")
 
     def tactics(self, shapes: Shapes) -> list[Any]:
-        return _inverse_configs(_const(shapes["q"][2]), _const(shapes["v"][2]))
+        return _inverse_configs(_const(shapes, "q", 2), _const(shapes, "v", 2))
 
     def adapter(self) -> Any:
         from trtllm_bole.engine.aot_kernels import gdn_tree_values_aot
 
         return gdn_tree_values_aot
 
-    def launch_options(self, cfg: Any) -> dict[str, Any]:
-        options = {"num_warps": cfg.num_warps, "num_stages": 1}
-        return options if cfg.maxnreg is None else {**options, "maxnreg": cfg.maxnreg}
-
     def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
         _inverse_limits(self.plugin_id, attrs)
         exact = _exact(dtypes, ("q", "k", "v"))
         return {
             "SCALE": float(attrs["scale"]),
-            "H": _const(shapes["q"][1]),
-            "HV": _const(shapes["v"][1]),
-            "DK": _const(shapes["q"][2]),
-            "DV": _const(shapes["v"][2]),
+            "H": _const(shapes, "q", 1),
+            "HV": _const(shapes, "v", 1),
+            "DK": _const(shapes, "q", 2),
+            "DV": _const(shapes, "v", 2),
             "BT": INVERSE_TILE,
             "BK": cfg.bk,
             "BV": cfg.bv,
@@ -531,7 +539,7 @@ class GDNTreeValuesSpec(PluginSpec):
         }
 
     def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
-        return (_const(shapes["v"][2]) // cfg.bv, _const(shapes["v"][1]), shapes["cu_seqlens"][0] - 1)
+        return _value_grid(shapes, cfg)
 
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return (shapes["q"][0], shapes["factors"][3])
@@ -563,7 +571,7 @@ class GDNCommitSpec(PluginSpec):
     attrs = (("max_depth", int),)
     aliased = (("state_out", "state"),)
 
-    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str]) -> list[tuple[tuple, str]]:
         return [(shapes["state"], dtypes["state"])]
 
     def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
@@ -574,17 +582,16 @@ class GDNCommitSpec(PluginSpec):
             ("u", 3, "state", 4), ("state_indices", 0, "accepted_leaf", 0), ("depth", 0, "k", 1),
             ("paths", 0, "k", 1),
         ])  # fmt: skip
-        h, hv, dk, dv = (_const(d) for d in (shapes["k"][2], *shapes["state"][2:]))
-        if hv % h or dk % 16 or dv % 16:
-            raise ValueError(
-                f"{self.plugin_id}: HV={hv} must be a multiple of H={h}, dk={dk} and dv={dv} of 16"
-            )
+        _head_dims(
+            self.plugin_id,
+            *(_const(shapes, *d) for d in (("k", 2), ("state", 3), ("state", 2), ("state", 4))),
+        )
 
     def tactics(self, shapes: Shapes) -> list[Any]:
         from trtllm_bole.kernels.gdn_commit import COMMIT_CONFIGS, default_commit_config
 
-        dk, dv = _const(shapes["state"][3]), _const(shapes["state"][4])
-        default = default_commit_config(dk, dv, _const(shapes["paths"][1]))
+        dk, dv = _const(shapes, "state", 3), _const(shapes, "state", 4)
+        default = default_commit_config(dk, dv, _const(shapes, "paths", 1))
         rest = [c for c in COMMIT_CONFIGS if dk % c.bk == 0 and dv % c.bv == 0 and c != default]
         return [default, *rest]
 
@@ -597,10 +604,10 @@ class GDNCommitSpec(PluginSpec):
         from trtllm_bole.kernels._common import pow2_at_least
 
         return {
-            "H": _const(shapes["k"][2]),
-            "HV": _const(shapes["state"][2]),
-            "DK": _const(shapes["state"][3]),
-            "DV": _const(shapes["state"][4]),
+            "H": _const(shapes, "k", 2),
+            "HV": _const(shapes, "state", 2),
+            "DK": _const(shapes, "state", 3),
+            "DV": _const(shapes, "state", 4),
             "DP": pow2_at_least(int(attrs["max_depth"]), 16),
             "BK": cfg.bk,
             "BV": cfg.bv,
@@ -609,7 +616,7 @@ class GDNCommitSpec(PluginSpec):
 
     def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
         layers, requests = shapes["state"][0], shapes["accepted_leaf"][0]
-        return (_const(shapes["state"][4]) // cfg.bv, _const(shapes["state"][2]), requests * layers)
+        return (_const(shapes, "state", 4) // cfg.bv, _const(shapes, "state", 2), requests * layers)
 
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return (shapes["accepted_leaf"][0], shapes["state"][1], shapes["depth"][0], shapes["paths"][1])
@@ -636,7 +643,7 @@ class TreeConv1dSpec(PluginSpec):
     extra_args = ("num_nodes",)
     attrs = (("silu", int),)
 
-    def output_descs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict) -> list[tuple[tuple, str]]:
+    def output_descs(self, shapes: Shapes, dtypes: dict[str, str]) -> list[tuple[tuple, str]]:
         return [(shapes["x"], dtypes["x"])]
 
     def check(self, shapes: Shapes, dtypes: dict[str, str]) -> None:
@@ -646,7 +653,7 @@ class TreeConv1dSpec(PluginSpec):
             ("global_parents", 0, "x", 0),
         ])  # fmt: skip
         _same_dtype(self.plugin_id, dtypes, ("x", "weight", "conv_state"))
-        w, ws = _const(shapes["weight"][1]), _const(shapes["conv_state"][2])
+        w, ws = _const(shapes, "weight", 1), _const(shapes, "conv_state", 2)
         if ws != w - 1 or w < 2:
             raise ValueError(f"{self.plugin_id}: conv_state width {ws} must be weight width {w} - 1 (W >= 2)")
 
@@ -661,19 +668,19 @@ class TreeConv1dSpec(PluginSpec):
     def _bc(self, shapes: Shapes) -> int:
         import triton
 
-        return min(128, triton.next_power_of_2(_const(shapes["x"][1])))
+        return min(128, triton.next_power_of_2(_const(shapes, "x", 1)))
 
     def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
         return {
-            "C": _const(shapes["x"][1]),
-            "W": _const(shapes["weight"][1]),
+            "C": _const(shapes, "x", 1),
+            "W": _const(shapes, "weight", 1),
             "BN": cfg.bn,
             "BC": self._bc(shapes),
             "SILU": bool(attrs.get("silu", 1)),
         }
 
     def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
-        c = _const(shapes["x"][1])
+        c = _const(shapes, "x", 1)
         return (_cdiv(c, self._bc(shapes)), cdiv(shapes["x"][0], cfg.bn), 1)
 
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
@@ -701,7 +708,6 @@ def aot_payload(
     *,
     arch: int = 90,
     cdiv: Callable[[Dim, int], Dim] = _cdiv,
-    ptx_version: int | None = None,
 ) -> AOTPayload:
     """Compile ``spec``'s kernel for ``sm_<arch>`` and the given I/O; ``tactic`` indexes
     ``spec.tactics(shapes)``. Dimensions used as constexprs (head counts, head dims, channels) must be
@@ -714,7 +720,7 @@ def aot_payload(
     constexprs = spec.constexprs(shapes, dtypes, attrs, cfg)
     kernel = compile_kernel(
         spec.adapter(), spec.signature(dtypes, constexprs), constexprs,
-        **spec.launch_options(cfg), arch=arch, ptx_version=ptx_version,
+        **spec.launch_options(cfg), arch=arch,
     )  # fmt: skip
     if kernel.num_params != len(spec.params):
         raise ValueError(f"{kernel.name}: {kernel.num_params} parameters, expected {len(spec.params)}")

@@ -176,9 +176,9 @@ class ServingEngine:
         return self.executor.max_batch_size
 
     @property
-    def context_limit(self) -> int:
-        """Most prompt + output tokens one request may hold: ``max_seq_len - 1`` in every mode, unless the
-        whole KV cache holds fewer (:attr:`Scheduler.request_limit`)."""
+    def request_limit(self) -> int:
+        """Most prompt + output tokens one request may hold (:attr:`Scheduler.request_limit`): its
+        ``context_limit``, ``max_seq_len - 1`` in every mode, unless the whole KV cache holds fewer."""
         return self.executor.scheduler.request_limit
 
     def submit(

@@ -72,7 +72,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"bole: serving {self.llm.model_dir} on {kwargs['device']}, mode {bole.mode} "
             f"(depth {bole.max_depth}, nodes {bole.max_nodes}, top-k {bole.top_k}), "
-            f"max batch {self.engine.max_batch_size}, context limit {self.engine.context_limit} tokens, "
+            f"max batch {self.engine.max_batch_size}, context limit {self.engine.request_limit} tokens, "
             f"warmed up at batch {warmed}"
         )
 
@@ -98,14 +98,14 @@ class TritonPythonModel:
         if isinstance(parsed.prompt, str) and self.llm.tokenizer is not None:
             check_prompt_text(
                 parsed.prompt,
-                context_limit=self.engine.context_limit,
+                context_limit=self.engine.request_limit,
                 max_token_bytes=self.llm.tokenizer.max_token_bytes,
             )
         prompt_ids = self.llm.encode(parsed.prompt)
         check_request(
             prompt_ids,
             parsed.params,
-            context_limit=self.engine.context_limit,
+            context_limit=self.engine.request_limit,
             vocab_size=self.llm.model.config.vocab_size,
             has_tokenizer=self.llm.tokenizer is not None,
         )
