@@ -2081,8 +2081,8 @@ MUTANTS = [
     Mutant(
         "AO3",
         "trtllm_bole/engine/aot.py",
-        'return (_const(shapes["g"][1]), shapes["cu_seqlens"][0] - 1, 1)',
-        'return (_const(shapes["g"][1]), shapes["cu_seqlens"][0] - 2, 1)',
+        'return (_const(shapes, "g", 1), shapes["cu_seqlens"][0] - 1, 1)',
+        'return (_const(shapes, "g", 1), shapes["cu_seqlens"][0] - 2, 1)',
         ["tests/engine/test_aot_interpret.py::test_explicit_inverse_adapters_in_two_launches"],
     ),
     Mutant(
@@ -2130,7 +2130,7 @@ MUTANTS = [
     Mutant(
         "CD4",
         "trtllm_bole/engine/aot.py",
-        '        default = default_commit_config(dk, dv, _const(shapes["paths"][1]))\n',
+        '        default = default_commit_config(dk, dv, _const(shapes, "paths", 1))\n',
         "        default = default_commit_config(dk, dv, 1)\n",
         ["tests/engine/test_aot.py::test_tactics_only_tile_the_head_dims"],
     ),
