@@ -70,8 +70,9 @@ class LLM:
     on over the next steps, each piece on top of the last, while the running requests decode in between.
     ``cuda_graphs``: on a GPU, drafting replays a CUDA graph per batch size, greedy or sampled
     (:mod:`trtllm_bole.spec.draft_graphs`), the tree selection one per pool shape, and the target's
-    verify one per forest shape (a greedy batch's with its acceptance and commit;
-    :mod:`trtllm_bole.spec.verify_graphs`), captured by :meth:`warm_up`, and the prefills one per number
+    verify one per forest shape and kind of batch (greedy, sampled, sampled with top-k/top-p), with its
+    acceptance and commit (:mod:`trtllm_bole.spec.verify_graphs`), the MTP's follow-up one per batch size,
+    greedy ones captured by :meth:`warm_up` and sampled ones when first met, and the prefills one per number
     of prompts and padded token count (:mod:`trtllm_bole.spec.prefill_graphs`), captured when first met;
     ``False`` launches every kernel from Python. An engine supplies its own dtype, limits, draft settings
     and budget table, and refuses requests beyond its build.
@@ -212,16 +213,15 @@ class LLM:
         compiles a kernel variant the first time a step meets its shape class (the batch's config, a
         node count's divisibility), seconds each. Default: batch 1 on CPU (nothing to compile); on a
         GPU the powers of two up to ``max_batch_size`` and ``max_batch_size`` itself. Returns the batch
-        sizes served.
+        sizes served (a cold first run on the H200 served 164 tokens/s against 258-275 warmed up:
+        ``benchmarks/results/profile_step_h200_cold.json``).
 
-        Measured on the H200 (embedded model, tree-serial, batch 8, at 414b82f, before the CUDA graphs): 164
-        tokens/s in a first, cold run (``benchmarks/results/profile_step_h200_cold.json``) against 258-275
-        warmed up in that code's runs (the files now hold later, faster runs). On a GPU it then captures the
-        greedy draft's CUDA graph of every batch size up to ``max_batch_size`` (a tenth of a second each, that
-        a request would otherwise wait for), and the selection's and greedy verify step's of full trees;
-        ``sampled``: the draft's and the verify step's of sampled batches too (else captured when first met:
-        a first sampled run of 32 requests at batch 32 on the H200 took 2.3 s, capturing them, against 0.6 s
-        once they were there)."""
+        On a GPU it then captures the CUDA graphs of every batch size up to ``max_batch_size``
+        (:meth:`Executor.capture_graphs`: a tenth of a second each, that a request would otherwise wait
+        for): the greedy draft's, the selection's and the greedy verify step's of full trees, and the MTP's
+        follow-up; ``sampled``: the draft's and the verify step's of sampled batches too (else captured
+        when first met: a first sampled run of 32 requests at batch 32 on the H200 took 2.3 s, capturing
+        them, against 0.6 s once they were there)."""
         limit = self.executor.max_batch_size
         if batch_sizes is None and self.model.device.type != "cuda":
             batch_sizes = [1]
