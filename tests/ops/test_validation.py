@@ -23,14 +23,14 @@ def verify(x, tree, **overrides):
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        (lambda x: {"q": x.q[:, :1]}, r"q and k must both be \[N, H, dk\]"),
-        (lambda x: {"q": x.q[:-1], "k": x.k[:-1]}, "must have N=7 rows"),
+        (lambda x: {"q": x.q[:, :1]}, r"q, k must be \[N, H, dk\] and v \[N, HV, dv\]"),
+        (lambda x: {"q": x.q[:-1], "k": x.k[:-1], "v": x.v[:-1]}, "must have N=7 rows"),
         (lambda x: {"v": x.v[:, :3], "g": x.g[:, :3], "beta": x.beta[:, :3]}, "multiple of key heads"),
         (lambda x: {"g": x.g[:, :2]}, r"g must be \[N=7, HV=4\]"),
         (lambda x: {"beta": x.beta[:-1]}, r"beta must be \[N=7, HV=4\]"),
-        (lambda x: {"state": x.state[:, :, :4]}, r"state must be \[S, HV=4, dk=8, dv=4\]"),
+        (lambda x: {"state": x.state[:, :, :4]}, r"state must be float32 or float64 \[S, HV=4, dk=8, dv=4\]"),
         (lambda x: {"state": x.state.bfloat16()}, "float32 or float64"),
-        (lambda x: {"v": x.v.int()}, "v must be a floating-point tensor"),
+        (lambda x: {"v": x.v.int()}, "v must be float32, bfloat16, float16 or float64, got torch.int32"),
         (lambda x: {"state": x.state[:1]}, "state holds 1 slots but the tree has 2 requests"),
         (lambda x: {"q": x.q.bfloat16()}, "q and k must share a dtype"),
     ],

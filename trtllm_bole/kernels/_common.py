@@ -74,7 +74,7 @@ def check_contiguous(**tensors: torch.Tensor) -> None:
 
 
 def gdn_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
-    """``(N, H, dk, HV, dv)`` of q, k ``[N, H, dk]`` and v ``[N, HV, dv]``."""
+    """``(N, H, dk, HV, dv)`` of q, k ``[N, H, dk]`` and v ``[N, HV, dv]``, HV a multiple of H."""
     if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != q.shape[0]:
         raise ValueError(
             f"q, k must be [N, H, dk] and v [N, HV, dv] with the same N, got q {tuple(q.shape)}, "
@@ -82,7 +82,14 @@ def gdn_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, 
         )
     n, h, dk = q.shape
     hv, dv = v.shape[1:]
+    if hv % h:
+        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
     return n, h, dk, hv, dv
+
+
+def _names(dtypes: tuple[torch.dtype, ...]) -> str:
+    names = [str(d).removeprefix("torch.") for d in dtypes]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def check_gdn_operands(
@@ -92,21 +99,27 @@ def check_gdn_operands(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
+    *,
+    state_dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+    input_dtypes: tuple[torch.dtype, ...] = INPUT_DTYPES,
 ) -> None:
-    """g, beta ``[N, HV]``; state float32 ``[S, HV, dk, dv]``; q, k, v, g, beta of :data:`INPUT_DTYPES`
-    (after :func:`gdn_shapes`)."""
+    """g, beta ``[N, HV]``; state ``[S, HV, dk, dv]`` of ``state_dtypes``; q, k, v, g, beta of
+    ``input_dtypes``, q and k of one (after :func:`gdn_shapes`)."""
     n, hv, dv = v.shape
     dk = q.shape[2]
     for name, t in (("g", g), ("beta", beta)):
         if t.shape != (n, hv):
             raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
-    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv) or state.dtype != torch.float32:
+    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv) or state.dtype not in state_dtypes:
         raise ValueError(
-            f"state must be float32 [S, HV={hv}, dk={dk}, dv={dv}], got {state.dtype} {tuple(state.shape)}"
+            f"state must be {_names(state_dtypes)} [S, HV={hv}, dk={dk}, dv={dv}], got {state.dtype} "
+            f"{tuple(state.shape)}"
         )
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if t.dtype not in INPUT_DTYPES:
-            raise ValueError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}")
+        if t.dtype not in input_dtypes:
+            raise ValueError(f"{name} must be {_names(input_dtypes)}, got {t.dtype}")
+    if k.dtype != q.dtype:
+        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
 
 
 def check_conv_shapes(

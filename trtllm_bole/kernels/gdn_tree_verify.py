@@ -476,16 +476,12 @@ def checked_call(
     has one per owner): the tree's requests, or the prefill's prompts, each of which owns several of the
     tree's chains (:mod:`.gdn_prefill`)."""
     q, k, v, g, beta = operands
-    n, h, dk, hv, dv = gdn_shapes(q, k, v)
+    n, _, dk, hv, dv = gdn_shapes(q, k, v)
     if n != tree.num_nodes:
         raise ValueError(f"q/k/v hold {n} nodes but the tree has {tree.num_nodes}")
-    if hv % h:
-        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
     if dk % 16 or dv % 16:
         raise ValueError(f"dk={dk} and dv={dv} must be multiples of 16 (tensor-core tile sides)")
     check_gdn_operands(q, k, v, g, beta, state)
-    if k.dtype != q.dtype:
-        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
     check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)
     check_contiguous(state=state)
     check_depth(tree, "gdn_tree_verify")

@@ -1,9 +1,11 @@
-"""Bole's operators, the one way into the compute: each function validates its inputs, once, and calls
-the ``bole::*`` operator of :mod:`.library`, whose CPU implementation is the torch reference and whose
-CUDA implementation is the Triton kernels (``trtllm_bole.kernels``), picked by PyTorch's dispatcher by
-the tensors' device. The slot indices' values are not checked while a CUDA graph captures: a capture
-records kernels, and the capturing caller, :mod:`trtllm_bole.spec.verify_graphs`, owns the values it
-replays.
+"""Bole's operators, the one way into the compute: each function validates its inputs (shapes, dtypes,
+devices, and the values that index memory) and calls the ``bole::*`` operator of :mod:`.library`,
+whose CPU implementation is the torch reference and whose CUDA implementation is the Triton kernels
+(``trtllm_bole.kernels``), picked by PyTorch's dispatcher by the tensors' device. The kernels'
+launchers check shapes again, with the same functions of :mod:`trtllm_bole.kernels._common`, for the
+callers that launch them directly. The slot indices' values are not checked while a CUDA graph
+captures: a capture records kernels, and the capturing caller, :mod:`trtllm_bole.spec.verify_graphs`,
+owns the values it replays.
 
 Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 
@@ -37,10 +39,12 @@ from trtllm_bole.kernels._common import (
     check_conv_shapes,
     check_depth,
     check_device,
+    check_gdn_operands,
     check_kv_shapes,
     check_leaves,
     check_slot_count,
     check_state_indices,
+    gdn_shapes,
 )
 from trtllm_bole.ops import library
 from trtllm_bole.ops.library import tree_args
@@ -622,34 +626,21 @@ def _check_gdn(
     *,
     values: bool = True,
 ) -> None:
-    if q.dim() != 3 or k.shape != q.shape:
-        raise ValueError(f"q and k must both be [N, H, dk], got {tuple(q.shape)} and {tuple(k.shape)}")
-    if v.dim() != 3 or v.shape[0] != n or q.shape[0] != n:
-        raise ValueError(
-            f"q/k/v must have N={n} rows (the tree's nodes), got q {tuple(q.shape)}, v {tuple(v.shape)}"
-        )
-    h, dk = q.shape[1:]
-    hv, dv = v.shape[1:]
-    if hv % h:
-        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
-    for name, t in (("g", g), ("beta", beta)):
-        if t.shape != (n, hv):
-            raise ValueError(f"{name} must be [N={n}, HV={hv}], got {tuple(t.shape)}")
-    if state.dim() != 4 or state.shape[1:] != (hv, dk, dv):
-        raise ValueError(f"state must be [S, HV={hv}, dk={dk}, dv={dv}], got {tuple(state.shape)}")
-    _check_state_dtype(state)
+    if gdn_shapes(q, k, v)[0] != n:
+        raise ValueError(f"q/k/v must have N={n} rows (the tree's nodes), got {q.shape[0]}")
+    check_gdn_operands(q, k, v, g, beta, state, state_dtypes=STATE_DTYPES, input_dtypes=FLOAT_DTYPES)
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not t.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
         if t.device != state.device:
             raise ValueError(f"{name} is on {t.device} but state is on {state.device}")
-    if q.dtype != k.dtype:
-        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
     _check_slots(state.shape[0], num_requests, state_indices, state.device, values=values)
 
 
+STATE_DTYPES = (torch.float32, torch.float64)  # float64: the reference's exact runs, on the CPU
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 def _check_state_dtype(state: torch.Tensor) -> None:
-    if state.dtype not in (torch.float32, torch.float64):
+    if state.dtype not in STATE_DTYPES:
         raise ValueError(f"state must be float32 or float64, got {state.dtype}")
 
 
