@@ -125,7 +125,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x's dtype. Training, which differentiates it, runs the torch reference on every device."""
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm weight must be [{x.shape[-1]}], got {list(weight.shape)}")
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+    if _differentiated(x, weight):
         return norms.rms_norm(x, weight, eps)
     return library.rms_norm(x, weight, eps)
 
@@ -150,7 +150,7 @@ def rms_norm_rope(
         )
     if cos.dtype != x.dtype or sin.dtype != x.dtype:
         raise ValueError(f"cos and sin must be in x's dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+    if _differentiated(x, weight):
         return rope.rms_norm_rope(x, weight, eps, cos, sin)
     return library.rms_norm_rope(x, weight, eps, cos, sin)
 
@@ -173,7 +173,7 @@ def gdn_inputs(
         want = (hv,) if name == "dt_bias" else (*lead, hv)
         if t.shape != want:
             raise ValueError(f"gdn_inputs: {name} must be {list(want)}, got {list(t.shape)}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (qk, a, b, a_log, dt_bias)):
+    if _differentiated(qk, a, b, a_log, dt_bias):
         return norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads)
     flat = (t.reshape(-1, t.shape[-1]) for t in (qk, a, b))
     out = library.gdn_inputs(*flat, a_log, dt_bias, heads)
@@ -189,7 +189,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
             f"gated_rms_norm takes x [..., heads, n], a gate of its shape and weight [n], got "
             f"{list(x.shape)}, {list(gate.shape)} and {list(weight.shape)}"
         )
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, gate, weight)):
+    if _differentiated(x, gate, weight):
         return norms.gated_rms_norm(x, gate, weight, eps)
     rows = x.shape[-2:]
     return library.gated_rms_norm(x.reshape(-1, *rows), gate.reshape(-1, *rows), weight, eps).view(x.shape)
@@ -633,6 +633,12 @@ def _check_gdn(
         if t.device != state.device:
             raise ValueError(f"{name} is on {t.device} but state is on {state.device}")
     _check_slots(state.shape[0], num_requests, state_indices, state.device, values=values)
+
+
+def _differentiated(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records an op on these: the operators have no backward, so training runs the
+    reference instead."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 STATE_DTYPES = (torch.float32, torch.float64)  # float64: the reference's exact runs, on the CPU

@@ -86,37 +86,31 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 # ----------------------------------------------------------------------------------------- #
 
 
-def _rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Row-major whatever x's layout, as the kernel's output (and the fake) is."""
-    return norms.rms_norm(x, weight, eps).contiguous()
+def _row_major(reference: Callable) -> Callable:
+    """``reference`` with row-major outputs whatever its inputs' layout, as the kernel's (and the fake's)
+    are."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        out = reference(*args, **kwargs)
+        return tuple(t.contiguous() for t in out) if isinstance(out, tuple) else out.contiguous()
+
+    return run
 
 
 rms_norm = _define(
     "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
-    cpu=_rms_norm_reference,
+    cpu=_row_major(norms.rms_norm),
     cuda=_kernel("norms", "rms_norm"),
     fake=lambda x, weight, eps: x.new_empty(x.shape),
 )
 
 
-def _rms_norm_rope_reference(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
-    """Row-major whatever x's layout, as the kernel's output (and the fake) is."""
-    return rope.rms_norm_rope(x, weight, eps, cos, sin).contiguous()
-
-
 rms_norm_rope = _define(
     "rms_norm_rope(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor",
-    cpu=_rms_norm_rope_reference,
+    cpu=_row_major(rope.rms_norm_rope),
     cuda=_kernel("norms", "rms_norm_rope"),
     fake=lambda x, weight, eps, cos, sin: x.new_empty(x.shape),
 )
-
-
-def _gdn_inputs_reference(
-    qk: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor, heads: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Row-major whatever the inputs' layout, as the kernel's outputs (and the fake's) are."""
-    return tuple(t.contiguous() for t in norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads))
 
 
 def _gdn_inputs_fake(
@@ -129,20 +123,15 @@ def _gdn_inputs_fake(
 gdn_inputs = _define(
     "gdn_inputs(Tensor qk, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, int heads) "
     "-> (Tensor, Tensor, Tensor, Tensor)",
-    cpu=_gdn_inputs_reference,
+    cpu=_row_major(norms.gdn_inputs),
     cuda=_kernel("norms", "gdn_inputs"),
     fake=_gdn_inputs_fake,
 )
 
 
-def _gated_rms_norm_reference(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Row-major whatever x's layout, as the kernel's output (and the fake) is."""
-    return norms.gated_rms_norm(x, gate, weight, eps).contiguous()
-
-
 gated_rms_norm = _define(
     "gated_rms_norm(Tensor x, Tensor gate, Tensor weight, float eps) -> Tensor",
-    cpu=_gated_rms_norm_reference,
+    cpu=_row_major(norms.gated_rms_norm),
     cuda=_kernel("norms", "gated_rms_norm"),
     fake=lambda x, gate, weight, eps: x.new_empty(x.shape),
 )
