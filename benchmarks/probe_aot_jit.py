@@ -24,6 +24,7 @@ import triton
 from bench_aot_plugins import HV, NODES, verify_inputs
 
 import trtllm_bole.engine.aot as aot
+import trtllm_bole.engine.ptx as ptx
 from plugins.check_aot import SERVING, PTXKernel, inverse_io, port_io, verify_errors, verify_truth
 from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config
 
@@ -38,12 +39,12 @@ WRITES = {
 def payload(plugin: str, tensors: dict, attrs: dict, tactic: int, triton_isa: bool) -> aot.AOTPayload:
     spec = aot.SPECS[plugin]
     shapes, dtypes = port_io(tensors, spec)
-    pinned = aot.PTX_VERSION
-    aot.PTX_VERSION = {} if triton_isa else pinned  # {}: Triton's default ISA for its CUDA
+    pinned = ptx.PTX_VERSION
+    ptx.PTX_VERSION = {} if triton_isa else pinned  # {}: Triton's default ISA for its CUDA
     try:
         return aot.aot_payload(spec, shapes, dtypes, attrs, tactic, arch=90)
     finally:
-        aot.PTX_VERSION = pinned
+        ptx.PTX_VERSION = pinned
 
 
 def isa(ptx: str) -> str:

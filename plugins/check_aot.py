@@ -90,7 +90,7 @@ class PTXKernel:
             zip(p.params[p.num_inputs : p.num_inputs + len(p.extra_args)], p.extra_args, strict=True)
         )
         unaligned = [n for n in p.params if n not in extras and tensors[n].data_ptr() % 16]
-        if unaligned:  # the PTX takes every pointer as 16-byte aligned (engine.aot.compile_kernel)
+        if unaligned:  # the PTX takes every pointer as 16-byte aligned (engine.ptx.compile_kernel)
             raise ValueError(f"{p.kernel_name}: tensors {unaligned} are not 16-byte aligned")
         holders = [
             np.array([int(extras[name])], dtype=np.int32)

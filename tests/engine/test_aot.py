@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import triton
 
-from trtllm_bole.engine.aot import SPECS, compile_kernel, entry_params, trim_params, value_tiles
+from trtllm_bole.engine.aot import SPECS, value_tiles
 from trtllm_bole.engine.build import BuildSettings
 from trtllm_bole.engine.kernel_set import engine_payloads, plugin_io
+from trtllm_bole.engine.ptx import compile_kernel, entry_params, trim_params
 from trtllm_bole.kernels.gdn_commit import default_commit_config
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.presets import QWEN35_PRESETS

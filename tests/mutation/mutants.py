@@ -2066,7 +2066,7 @@ MUTANTS = [
     ),
     Mutant(
         "AO1",
-        "trtllm_bole/engine/aot.py",
+        "trtllm_bole/engine/ptx.py",
         "ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=aligned),",
         "ASTSource(fn=fn, signature=signature, constexprs=constants, attrs={}),",
         ["tests/engine/test_aot.py::test_aot_ptx_for_sm90_commit_and_conv"],
