@@ -136,7 +136,6 @@ class ServingEngine:
         *,
         decode: Callable[[list[int]], str] | None = None,
         max_queue_size: int | None = None,
-        name: str = "bole-engine",
     ) -> None:
         if max_queue_size is not None and (isinstance(max_queue_size, bool) or max_queue_size < 1):
             raise ValueError(f"max_queue_size must be a positive integer or None, got {max_queue_size!r}")
@@ -158,7 +157,7 @@ class ServingEngine:
         self._next_waiting_poll = 0.0  # when the whole queue is next asked (_poll_cancellations)
         self._stats: EngineStats  # published by the engine thread (_publish), read by any thread
         self._publish()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="bole-engine", daemon=True)
         self._thread.start()
 
     @classmethod
