@@ -152,7 +152,7 @@ def test_an_unchecked_prefill_reads_no_value_of_a_tensor(tiny_config):
     model = s.model
     ids = s.tokens(28)
 
-    def context():  # new slot indices each time: their check's memo (ops._check_slots) never answers
+    def context():  # new slot indices each time: their check's memo (ops.checks.check_slots) never answers
         return StepContext.chains([19, 9], s.slots[1:].clone(), s.tables[1:], torch.tensor([13, 2]))
 
     hidden, _ = model.prefill(ids, context())

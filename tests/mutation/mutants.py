@@ -701,7 +701,7 @@ MUTANTS = [
     ),
     Mutant(
         "O1",
-        "trtllm_bole/ops/__init__.py",
+        "trtllm_bole/ops/checks.py",
         "    if torch.unique(state_indices).numel() != num_requests:\n        raise",
         "    if False:\n        raise",
         ["tests/ops/test_validation.py", "tests/ops/test_library.py"],
@@ -722,14 +722,14 @@ MUTANTS = [
     ),
     Mutant(
         "O4",
-        "trtllm_bole/ops/__init__.py",
+        "trtllm_bole/ops/checks.py",
         "    if bool(unallocated.any()):",
         "    if False:",
         ["tests/ops/test_validation.py", "tests/ops/test_library.py", "tests/kernels/test_kv_commit.py"],
     ),
     Mutant(
         "O5",
-        "trtllm_bole/ops/__init__.py",
+        "trtllm_bole/ops/checks.py",
         "    if bool((context_lens < 0).any()):",
         "    if False:",
         ["tests/ops/test_validation.py", "tests/ops/test_library.py", "tests/kernels/test_kv_commit.py"],
@@ -757,7 +757,7 @@ MUTANTS = [
     ),
     Mutant(
         "O9",
-        "trtllm_bole/ops/__init__.py",
+        "trtllm_bole/ops/checks.py",
         "passed_version == version and passed_slots <= num_slots",
         "passed_version == version",
         ["tests/ops/test_validation.py", "tests/ops/test_library.py"],

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import numbers
-import weakref
 from collections.abc import Sequence
 
 import torch
@@ -39,16 +38,20 @@ from trtllm_bole.kernels._common import (
     check_conv_shapes,
     check_depth,
     check_device,
-    check_gdn_operands,
     check_kv_shapes,
-    check_leaves,
-    check_slot_count,
-    check_state_indices,
-    gdn_shapes,
 )
 from trtllm_bole.ops import library
+from trtllm_bole.ops.checks import (
+    check_accepted_leaves,
+    check_gdn,
+    check_kv_room,
+    check_slots,
+    check_state_dtype,
+    differentiated,
+    values_checkable,
+)
 from trtllm_bole.ops.library import tree_args
-from trtllm_bole.reference import gdn_tree, kv_cache, norms, rope
+from trtllm_bole.reference import gdn_tree, norms, rope
 from trtllm_bole.tree import PrefillChunks, TreeBatch
 
 __all__ = [
@@ -125,7 +128,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x's dtype. Training, which differentiates it, runs the torch reference on every device."""
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm weight must be [{x.shape[-1]}], got {list(weight.shape)}")
-    if _differentiated(x, weight):
+    if differentiated(x, weight):
         return norms.rms_norm(x, weight, eps)
     return library.rms_norm(x, weight, eps)
 
@@ -150,7 +153,7 @@ def rms_norm_rope(
         )
     if cos.dtype != x.dtype or sin.dtype != x.dtype:
         raise ValueError(f"cos and sin must be in x's dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
-    if _differentiated(x, weight):
+    if differentiated(x, weight):
         return rope.rms_norm_rope(x, weight, eps, cos, sin)
     return library.rms_norm_rope(x, weight, eps, cos, sin)
 
@@ -173,7 +176,7 @@ def gdn_inputs(
         want = (hv,) if name == "dt_bias" else (*lead, hv)
         if t.shape != want:
             raise ValueError(f"gdn_inputs: {name} must be {list(want)}, got {list(t.shape)}")
-    if _differentiated(qk, a, b, a_log, dt_bias):
+    if differentiated(qk, a, b, a_log, dt_bias):
         return norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads)
     flat = (t.reshape(-1, t.shape[-1]) for t in (qk, a, b))
     out = library.gdn_inputs(*flat, a_log, dt_bias, heads)
@@ -189,7 +192,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
             f"gated_rms_norm takes x [..., heads, n], a gate of its shape and weight [n], got "
             f"{list(x.shape)}, {list(gate.shape)} and {list(weight.shape)}"
         )
-    if _differentiated(x, gate, weight):
+    if differentiated(x, gate, weight):
         return norms.gated_rms_norm(x, gate, weight, eps)
     rows = x.shape[-2:]
     return library.gated_rms_norm(x.reshape(-1, *rows), gate.reshape(-1, *rows), weight, eps).view(x.shape)
@@ -265,7 +268,7 @@ def gdn_tree_verify(
     """
     tree = as_tree(parents, cu_seqlens)
     check_depth(tree, "gdn_tree_verify")  # the closed form's exactness is tested to this depth, on any device
-    _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
+    check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
     check_device(tree, state.device)
     o, u, log_p = library.gdn_tree_verify(
         q, k, v, g, beta, state, *tree_args(tree), scale=scale, state_indices=state_indices
@@ -308,10 +311,10 @@ def gdn_commit(
     tree = factors.tree
     check_depth(tree, "gdn_commit")
     check_commit_factors(state, factors)
-    _check_state_dtype(state)
-    _check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
+    check_state_dtype(state)
+    check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
     check_device(tree, state.device, k=factors.k, u=factors.u, log_decay=factors.log_decay)
-    _check_leaves(accepted_leaf, tree, state.device, values=check)
+    check_accepted_leaves(accepted_leaf, tree, state.device, values=check)
     library.gdn_commit(
         state,
         factors.k,
@@ -339,7 +342,7 @@ def gdn_tree_verify_serial(
     """Today's scheme (SGLang's tree path, vLLM/TRT-LLM's chain path): node-by-node recurrence that
     writes a full state snapshot per node. Returns ``o`` and ``snapshots [N, HV, dk, dv]``."""
     tree = as_tree(parents, cu_seqlens)
-    _check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
+    check_gdn(q, k, v, g, beta, state, tree.num_nodes, tree.num_requests, state_indices)
     check_device(tree, state.device)
     return library.gdn_tree_verify_serial(
         q, k, v, g, beta, state, *tree_args(tree), scale=scale, state_indices=state_indices
@@ -356,12 +359,12 @@ def gdn_snapshot_commit(
     check: bool = True,
 ) -> None:
     """Copy each request's accepted snapshot into its state slot (the serial schemes' commit)."""
-    _check_state_dtype(state)
+    check_state_dtype(state)
     if snapshots.dtype != state.dtype:
         raise ValueError(f"snapshots must be {state.dtype} like the state, got {snapshots.dtype}")
-    _check_slots(state.shape[0], tree.num_requests, state_indices, state.device, values=check)
+    check_slots(state.shape[0], tree.num_requests, state_indices, state.device, values=check)
     check_device(tree, state.device, snapshots=snapshots)
-    _check_leaves(accepted_leaf, tree, state.device, values=check)
+    check_accepted_leaves(accepted_leaf, tree, state.device, values=check)
     if snapshots.shape[0] != tree.num_nodes or snapshots.shape[1:] != state.shape[1:]:
         raise ValueError(
             f"snapshots must be [N={tree.num_nodes}, {', '.join(map(str, state.shape[1:]))}], "
@@ -415,7 +418,7 @@ def gdn_prefill(
         num_nodes, num_prompts = bounds[-1], len(bounds) - 1
         lengths = [b - a for a, b in itertools.pairwise(bounds)]
         chunks = PrefillChunks.of(lengths, chunk_size, v.device)
-    _check_gdn(q, k, v, g, beta, state, num_nodes, num_prompts, state_indices, values=check)
+    check_gdn(q, k, v, g, beta, state, num_nodes, num_prompts, state_indices, values=check)
     return library.gdn_prefill(
         q,
         k,
@@ -467,7 +470,7 @@ def tree_conv1d(
     tree = as_tree(parents, cu_seqlens)
     check_conv_shapes(x, weight, conv_state, bias, activation, tree)
     check_device(tree, x.device, weight=weight, conv_state=conv_state, bias=bias)
-    _check_slots(
+    check_slots(
         conv_state.shape[0], tree.num_requests, state_indices, x.device, values=check, what="conv_state"
     )
     return library.tree_conv1d(
@@ -490,7 +493,7 @@ def conv_state_commit(
     ``x [L, N, C]``.
     """
     check_conv_commit_shapes(conv_state, x, tree)
-    _check_slots(
+    check_slots(
         conv_state.shape[-3],
         tree.num_requests,
         state_indices,
@@ -499,7 +502,7 @@ def conv_state_commit(
         what="conv_state",
     )
     check_device(tree, conv_state.device, x=x)
-    _check_leaves(accepted_leaf, tree, conv_state.device, values=check)
+    check_accepted_leaves(accepted_leaf, tree, conv_state.device, values=check)
     library.conv_state_commit(conv_state, x, *tree_args(tree), accepted_leaf, state_indices=state_indices)
 
 
@@ -532,8 +535,10 @@ def kv_commit(
     check_kv_shapes(k_cache, v_cache, new_k, new_v, tree, block_tables, context_lens)
     check_device(tree, k_cache.device, v_cache=v_cache, new_k=new_k, new_v=new_v, block_tables=block_tables,
                  context_lens=context_lens)  # fmt: skip
-    _check_leaves(accepted_leaf, tree, k_cache.device, values=False)  # check_kv_room checks their range
-    if check and _values_checkable(accepted_leaf):
+    check_accepted_leaves(
+        accepted_leaf, tree, k_cache.device, values=False
+    )  # check_kv_room checks their range
+    if check and values_checkable(accepted_leaf):
         check_kv_room(k_cache, tree, accepted_leaf, block_tables, context_lens)
     library.kv_commit(
         k_cache, v_cache, new_k, new_v, *tree_args(tree), accepted_leaf, block_tables, context_lens
@@ -606,139 +611,3 @@ def tree_attention(
     return library.tree_attention(
         q, k, v, k_cache, v_cache, block_tables, context_lens, *tree_args(tree), float(scale)
     )
-
-
-# ----------------------------------------------------------------------------------------- #
-# Validation                                                                                 #
-# ----------------------------------------------------------------------------------------- #
-
-
-def _check_gdn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    n: int,
-    num_requests: int,
-    state_indices: torch.Tensor | None,
-    *,
-    values: bool = True,
-) -> None:
-    if gdn_shapes(q, k, v)[0] != n:
-        raise ValueError(f"q/k/v must have N={n} rows (the tree's nodes), got {q.shape[0]}")
-    check_gdn_operands(q, k, v, g, beta, state, state_dtypes=STATE_DTYPES, input_dtypes=FLOAT_DTYPES)
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if t.device != state.device:
-            raise ValueError(f"{name} is on {t.device} but state is on {state.device}")
-    _check_slots(state.shape[0], num_requests, state_indices, state.device, values=values)
-
-
-def _differentiated(*tensors: torch.Tensor) -> bool:
-    """Whether autograd records an op on these: the operators have no backward, so training runs the
-    reference instead."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-STATE_DTYPES = (torch.float32, torch.float64)  # float64: the reference's exact runs, on the CPU
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def _check_state_dtype(state: torch.Tensor) -> None:
-    if state.dtype not in STATE_DTYPES:
-        raise ValueError(f"state must be float32 or float64, got {state.dtype}")
-
-
-def _check_leaves(
-    accepted_leaf: torch.Tensor, tree: TreeBatch, device: torch.device, *, values: bool
-) -> None:
-    """Shape, dtype and device always; unless ``values=False``, each leaf inside its request (a sync)."""
-    check_leaves(accepted_leaf, tree, device)
-    if values and _values_checkable(accepted_leaf):
-        tree.accepted_nodes(accepted_leaf)  # raises on a leaf outside [-1, request size)
-
-
-def _values_checkable(t: torch.Tensor) -> bool:
-    """False while a CUDA graph captures or torch compiles: a graph records kernels, not values, and the
-    capturing (compiling) caller owns the values it replays."""
-    return not (torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing()))
-
-
-_slots_passed: tuple[weakref.ref, int, int] | None = None
-"""``(state_indices, its version counter, num_slots)`` of the last slot indices whose values passed
-:func:`_check_slots`. Every GDN layer of a step checks the same tensor, and checking its values costs
-three device syncs; an unmodified tensor (same version) against as many slots or more passes again. Writes
-that bypass torch's version counter (through ``.data`` or ``.numpy()``) go unseen: change slot indices with
-tensor operations (the executor's ``copy_``)."""
-
-
-def _passed_before(state_indices: torch.Tensor, version: int | None, num_slots: int) -> bool:
-    if _slots_passed is None:
-        return False
-    tensor, passed_version, passed_slots = _slots_passed
-    return tensor() is state_indices and passed_version == version and passed_slots <= num_slots
-
-
-def _check_slots(
-    num_slots: int,
-    num_requests: int,
-    state_indices: torch.Tensor | None,
-    device: torch.device,
-    *,
-    values: bool = True,
-    what: str = "state",
-) -> None:
-    """Shapes and devices always; the indices' values (three device syncs) unless ``values=False``."""
-    global _slots_passed
-    check_slot_count(num_slots, num_requests, state_indices, what)
-    if state_indices is None:
-        return
-    check_state_indices(state_indices, num_requests, device)
-    if not values:
-        return
-    if not _values_checkable(state_indices):
-        return
-    version = None if state_indices.is_inference() else state_indices._version
-    if _passed_before(state_indices, version, num_slots):
-        return
-    if int(state_indices.min()) < 0 or int(state_indices.max()) >= num_slots:
-        raise ValueError(f"state_indices must lie in [0, {num_slots}), got {state_indices.tolist()}")
-    if torch.unique(state_indices).numel() != num_requests:
-        raise ValueError(f"state_indices must name distinct slots, got {state_indices.tolist()}")
-    if version is not None:
-        _slots_passed = (weakref.ref(state_indices), version, num_slots)
-
-
-def check_kv_room(
-    k_cache: torch.Tensor,
-    tree: TreeBatch,
-    accepted_leaf: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-) -> None:
-    """Every position the accepted paths would be written to lies inside its request's allocated blocks
-    (the leaves in range; a device sync). :func:`kv_commit` checks it; a caller that must refuse before
-    any state moves (a prefill, whose GDN layers update their state as they run) calls it first."""
-    num_blocks, block_size = k_cache.shape[1], k_cache.shape[2]
-    tree.accepted_nodes(accepted_leaf)  # raises on a leaf outside [-1, request size)
-    if bool((context_lens < 0).any()):
-        raise ValueError(f"context_lens must not be negative, got {context_lens.tolist()}")
-    keep, pos, column, blocks = kv_cache.accepted_positions(
-        tree, accepted_leaf, context_lens, block_tables, block_size
-    )
-    overflow = keep & (column >= block_tables.shape[1])
-    if bool(overflow.any()):
-        b = int(tree.request[torch.nonzero(overflow)[0]])
-        raise ValueError(
-            f"request {b}: the accepted path reaches position {int(pos[keep & (tree.request == b)].max())} "
-            f"but its block table holds {block_tables.shape[1] * block_size} positions; allocate blocks for "
-            f"context_len + max tree depth before verify"
-        )
-    unallocated = keep & ((blocks < 0) | (blocks >= num_blocks))
-    if bool(unallocated.any()):
-        b = int(tree.request[torch.nonzero(unallocated)[0]])
-        raise ValueError(
-            f"request {b}: its block table points outside the cache's {num_blocks} blocks where the "
-            f"accepted path is written: {block_tables[b].tolist()}"
-        )
