@@ -23,7 +23,8 @@ flight, so on SIGTERM/SIGINT the launcher first writes ``--drain-grace`` into th
 is with ``--model-repository``; such a repository that sets none is not drained): the model refuses new
 requests, lets those in flight run for up to that many seconds, then ends the rest with an
 UNAVAILABLE error ("the serving engine shut down"), and Triton stops. The exit code is 0 when
-tritonserver stopped by itself with 0, non-zero when it failed or had to be killed.
+tritonserver stopped by itself with 0, or when a stop came while it was still loading the model (the
+SIGTERM then ends it), non-zero when it failed or had to be killed.
 
 Metrics: Triton's Prometheus endpoint on ``--metrics-port`` (default 8002; -1: none) serves Triton's own
 ``nv_inference_*`` and the model's ``bole_*`` (:mod:`trtllm_bole.serving.metrics`).
@@ -521,6 +522,8 @@ def serve(
               flush=True)  # fmt: skip
         return 1
     print(f"tritonserver stopped (exit code {code})", flush=True)
+    if stop_flag.asked and code == -signal.SIGTERM:  # a stop during the model's load: what was asked
+        return 0
     return 1 if engine_stopped or code < 0 else code
 
 

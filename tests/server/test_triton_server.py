@@ -452,6 +452,31 @@ def test_signals_during_the_launcher_s_own_stop_do_not_cut_it_short(tmp_path):
     assert "tritonserver stopped (exit code 0)" in log, server.log_tail()
 
 
+def test_a_stop_while_the_model_loads_exits_0(tmp_path):
+    """SIGTERM before the server is ready: tritonserver, still loading the model, dies of the SIGTERM the
+    launcher forwards (-15); that stop was asked for, so the launcher exits 0 (it exited 1)."""
+    import signal
+
+    log = tmp_path / "launch.log"
+    args = ["--workdir", str(tmp_path), "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    with log.open("w") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, str(LAUNCH), *args], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while '"loading: bole:1"' not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline and launcher.poll() is None, log.read_text(errors="replace")
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(60) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    text = log.read_text(errors="replace")
+    assert "tritonserver stopped (exit code" in text and "Traceback" not in text, text[-3000:]
+
+
 def test_a_full_queue_refuses_a_request_with_unavailable(tmp_path):
     """``--max-queue-size 1`` with a batch of one: while one request streams and one waits, a third is
     refused with UNAVAILABLE and counted; the waiting one runs once the first is cancelled."""
