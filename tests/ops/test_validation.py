@@ -167,6 +167,28 @@ def test_commits_refuse_leaves_on_another_device(case, gen):
         ops.kv_commit(cache, cache.clone(), new, new, tree, torch.tensor([0, 0]), tables, lengths.to("meta"))
 
 
+def test_norms_and_sampling_ops_refuse_tensors_on_another_device():
+    """As the commits: one tensor elsewhere is named (the dispatcher would pick the kernels for a CUDA
+    one and hand them the others' memory)."""
+    meta = {"device": "meta"}
+    x, w = torch.zeros(3, 2, 8), torch.zeros(8)
+    cos, sin = torch.zeros(3, 2), torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="weight is on meta but x is on cpu"):
+        ops.rms_norm(x, torch.zeros(8, **meta), 1e-6)
+    with pytest.raises(ValueError, match="sin is on meta but x is on cpu"):
+        ops.rms_norm_rope(x, w, 1e-6, cos, sin.to("meta"))
+    with pytest.raises(ValueError, match="gate is on meta but x is on cpu"):
+        ops.gated_rms_norm(x, x.to("meta"), w, 1e-6)
+    qk, a = torch.zeros(3, 16), torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="dt_bias is on meta but qk is on cpu"):
+        ops.gdn_inputs(qk, a, a, torch.zeros(2), torch.zeros(2, **meta), 1)
+    logits, rows = torch.zeros(2, 5), torch.ones(2)
+    with pytest.raises(ValueError, match="top_p is on meta but logits is on cpu"):
+        ops.filter_floor(logits, rows, torch.zeros(2, dtype=torch.long), rows.to("meta"))
+    with pytest.raises(ValueError, match="floor is on meta but logits is on cpu"):
+        ops.softmax_stats(logits, rows, rows.to("meta"))
+
+
 def test_conv_rejects(case, gen, undispatched):
     tree, _ = case
     x = torch.randn(tree.num_nodes, 6, generator=gen)

@@ -43,6 +43,7 @@ from trtllm_bole.kernels._common import (
 from trtllm_bole.ops import library
 from trtllm_bole.ops.checks import (
     check_accepted_leaves,
+    check_beside,
     check_gdn,
     check_kv_room,
     check_slots,
@@ -128,6 +129,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x's dtype. Training, which differentiates it, runs the torch reference on every device."""
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm weight must be [{x.shape[-1]}], got {list(weight.shape)}")
+    check_beside("x", x, weight=weight)
     if differentiated(x, weight):
         return norms.rms_norm(x, weight, eps)
     return library.rms_norm(x, weight, eps)
@@ -153,6 +155,7 @@ def rms_norm_rope(
         )
     if cos.dtype != x.dtype or sin.dtype != x.dtype:
         raise ValueError(f"cos and sin must be in x's dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
+    check_beside("x", x, weight=weight, cos=cos, sin=sin)
     if differentiated(x, weight):
         return rope.rms_norm_rope(x, weight, eps, cos, sin)
     return library.rms_norm_rope(x, weight, eps, cos, sin)
@@ -176,6 +179,7 @@ def gdn_inputs(
         want = (hv,) if name == "dt_bias" else (*lead, hv)
         if t.shape != want:
             raise ValueError(f"gdn_inputs: {name} must be {list(want)}, got {list(t.shape)}")
+    check_beside("qk", qk, a=a, b=b, a_log=a_log, dt_bias=dt_bias)
     if differentiated(qk, a, b, a_log, dt_bias):
         return norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads)
     flat = (t.reshape(-1, t.shape[-1]) for t in (qk, a, b))
@@ -192,6 +196,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
             f"gated_rms_norm takes x [..., heads, n], a gate of its shape and weight [n], got "
             f"{list(x.shape)}, {list(gate.shape)} and {list(weight.shape)}"
         )
+    check_beside("x", x, gate=gate, weight=weight)
     if differentiated(x, gate, weight):
         return norms.gated_rms_norm(x, gate, weight, eps)
     rows = x.shape[-2:]
@@ -219,6 +224,7 @@ def filter_floor(
             f"filter_floor takes temperature, integer top_k and top_p [{rows[0]}], got "
             f"{[list(t.shape) for t in (temperature, top_k, top_p)]} and top_k {top_k.dtype}"
         )
+    check_beside("logits", logits, temperature=temperature, top_k=top_k, top_p=top_p)
     return library.filter_floor(logits.contiguous(), temperature, top_k, top_p)
 
 
@@ -241,6 +247,7 @@ def softmax_stats(
             f"softmax_stats takes float temperature and floor [{rows[0]}], got "
             f"{[(list(t.shape), t.dtype) for t in (temperature, floor)]}"
         )
+    check_beside("logits", logits, temperature=temperature, floor=floor)
     return library.softmax_stats(logits.contiguous(), temperature.contiguous(), floor.contiguous())
 
 

@@ -19,6 +19,14 @@ from trtllm_bole.reference import kv_cache
 from trtllm_bole.tree import TreeBatch
 
 
+def check_beside(name: str, tensor: torch.Tensor, **others: torch.Tensor) -> None:
+    """``others`` on ``tensor``'s device (else the dispatcher would run one device's implementation on
+    the other's memory)."""
+    for other, t in others.items():
+        if t.device != tensor.device:
+            raise ValueError(f"{other} is on {t.device} but {name} is on {tensor.device}")
+
+
 def check_gdn(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -35,9 +43,7 @@ def check_gdn(
     if gdn_shapes(q, k, v)[0] != n:
         raise ValueError(f"q/k/v must have N={n} rows (the tree's nodes), got {q.shape[0]}")
     check_gdn_operands(q, k, v, g, beta, state, state_dtypes=STATE_DTYPES, input_dtypes=FLOAT_DTYPES)
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if t.device != state.device:
-            raise ValueError(f"{name} is on {t.device} but state is on {state.device}")
+    check_beside("state", state, q=q, k=k, v=v, g=g, beta=beta)
     check_slots(state.shape[0], num_requests, state_indices, state.device, values=values)
 
 
