@@ -22,6 +22,22 @@ def test_verify_and_decode_return_seconds(timer):
     assert timer.verify(1, 0, 3, gdn_scheme="serial") > 0
 
 
+def test_a_verify_step_commits_each_request_s_whole_spine(timer, monkeypatch):
+    """The commit's path is as deep as the tree (the spine's end), not the node whose index the spine's
+    end had before the tree's nodes were sorted by depth (a shallower node: the commit was under-timed)."""
+    settings = TimingSettings(warmup=0, repeats=1, top_k=2, depth=4)
+    shallow = StepTimer(timer.model, max_batch=2, max_kv_len=8, max_tokens=24, settings=settings)
+    committed, real_step = [], shallow._step
+
+    def spy(input_ids, ctx, gdn_scheme, leaf, **kwargs):
+        committed.append(ctx.tree.depth[leaf + ctx.tree.cu_seqlens[:-1]].tolist())
+        return real_step(input_ids, ctx, gdn_scheme, leaf, **kwargs)
+
+    monkeypatch.setattr(shallow, "_step", spy)
+    shallow.verify(2, 8, 24)  # two trees of 12 nodes, depth 4
+    assert committed == [[4, 4]]
+
+
 def test_steps_beyond_the_sizing_are_refused(timer):
     with pytest.raises(ValueError, match="batch"):
         timer.decode(3, 8)

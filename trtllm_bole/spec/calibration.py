@@ -8,12 +8,13 @@ committed along its spine; a decode step is one token per request, verified and 
 model's own work is timed (the forest and its metadata are built beforehand): CUDA events around
 the step after warm-up, the median of the repeats (``time.perf_counter`` on CPU).
 
-On a GPU the forward is replayed from a CUDA graph, as the executor runs it
-(:class:`~trtllm_bole.spec.verify_graphs.VerifyGraphs`: one graph per forest shape, captured by the
-warm-up), and in both the commit launches from Python without value checks (``check=False``: nothing
-waits for the device): a budget is a ratio of step times, and a forward launched from Python times
-the host, not the GPU (``cuda_graphs=False`` times it that way). Decode steps replay graphs of
-one-node forests, like the executor's plain decoding.
+On a GPU the forward is replayed from a CUDA graph (:class:`~trtllm_bole.spec.verify_graphs.VerifyGraphs`:
+one graph per forest shape, captured by the warm-up), as the executor replays its steps (whose graphs,
+:class:`~trtllm_bole.spec.verify_graphs.StepGraphs`, also hold the acceptance and the commit), and the
+commit launches from Python without value checks (``check=False``: nothing waits for the device): a
+budget is a ratio of step times, and a forward launched from Python times the host, not the GPU
+(``cuda_graphs=False`` times it that way). Decode steps replay graphs of one-node forests, like the
+executor's plain decoding.
 
 The cache contents are whatever the previous steps left (zeros at first): timing does not depend
 on them, and committed lengths never advance, so every repeat measures the same step.
@@ -30,6 +31,7 @@ import torch
 
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.model import Qwen35Model
+from trtllm_bole.spec.acceptance import deepest_per_request
 from trtllm_bole.spec.budget import (
     DEFAULT_BATCH_BUCKETS,
     DEFAULT_CAPACITIES,
@@ -100,7 +102,8 @@ class StepTimer:
         trees = [topk_parents(n, self.settings.top_k, self.settings.depth) for n in sizes]
         ctx = self._context(batch, kv_len, trees)
         input_ids = self._tokens(tokens)
-        spine = torch.tensor([min(n, self.settings.depth) - 1 for n in sizes], device=self.model.device)
+        every = torch.ones(tokens, dtype=torch.bool, device=self.model.device)
+        spine = deepest_per_request(ctx.tree, every) - ctx.tree.cu_seqlens[:-1]  # local: the spine's end
         return self._time(self._step(input_ids, ctx, gdn_scheme, spine, max_depth=self.settings.depth))
 
     def decode(self, batch: int, kv_len: int) -> float:
