@@ -117,14 +117,14 @@ def parser() -> argparse.ArgumentParser:
         type=_ints,
         default=DEFAULT_BATCH_BUCKETS,
         metavar="B,B,...",
-        help="batch-size buckets (capped at --max-batch-size)",
+        help="batch-size buckets (those past --max-batch-size become --max-batch-size)",
     )
     cal.add_argument(
         "--calibration-kv-lens",
         type=_ints,
         default=DEFAULT_KV_BUCKETS,
         metavar="KV,KV,...",
-        help="committed KV-length buckets (capped below --max-seq-len)",
+        help="committed KV-length buckets (those past --max-seq-len - 1 become --max-seq-len - 1)",
     )
     cal.add_argument(
         "--calibration-capacities",

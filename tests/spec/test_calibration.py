@@ -50,11 +50,18 @@ def test_steps_beyond_the_sizing_are_refused(timer):
 
 
 def test_settings_fit_an_engine():
+    """Every batch and KV length the engine serves has a measured bucket that covers it (KV lengths
+    257-1,023 fell back to the bucket of 256, and an engine of 64 positions was timed at 4,096)."""
     fitted = CalibrationSettings().fitted(max_batch=4, max_seq_len=1024, max_tokens=100)
     assert fitted.batch_buckets == (1, 2, 4)
-    assert fitted.kv_buckets == (256,)
+    assert fitted.kv_buckets == (256, 1023)
     assert fitted.capacities == (8, 16, 32, 48, 64, 96)
-    assert CalibrationSettings(kv_buckets=(4096,)).fitted(1, 64, 8).kv_buckets == (4096,)  # keeps one
+    assert CalibrationSettings().fitted(max_batch=12, max_seq_len=4097, max_tokens=100).batch_buckets == (
+        1, 2, 4, 8, 12,
+    )  # fmt: skip
+    assert CalibrationSettings().fitted(12, 4097, 100).kv_buckets == (256, 1024, 4096)
+    assert CalibrationSettings(kv_buckets=(4096,)).fitted(1, 64, 8).kv_buckets == (63,)
+    assert CalibrationSettings(capacities=(64,)).fitted(1, 64, 8).capacities == (64,)  # keeps one
 
 
 @pytest.mark.gpu

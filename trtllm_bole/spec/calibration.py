@@ -200,18 +200,21 @@ class CalibrationSettings:
                 raise ValueError(f"calibration {name} must be positive integers, got {values!r}")
 
     def fitted(self, max_batch: int, max_seq_len: int, max_tokens: int) -> CalibrationSettings:
-        """Buckets an engine can meet: batches up to ``max_batch``, KV lengths below ``max_seq_len``,
-        capacities up to ``max_tokens`` (each bucket set keeps at least its smallest entry)."""
+        """What an engine can meet: capacities up to ``max_tokens`` (at least the smallest), and batch and
+        KV buckets up to ``max_batch`` and ``max_seq_len - 1``, with the limit itself as the last bucket
+        where a bucket reaches past it, so that every batch and KV length the engine serves has a measured
+        bucket that covers it (a bucket of 1,024 in an engine of 1,024 positions: 1,023)."""
 
-        def keep(values: tuple[int, ...], limit: int) -> tuple[int, ...]:
-            kept = tuple(v for v in sorted(values) if v <= limit)
-            return kept or (min(values),)
+        def capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
+            below = tuple(v for v in sorted(buckets) if v < limit)
+            return (*below, limit) if max(buckets) >= limit else below
 
+        capacities = tuple(v for v in sorted(self.capacities) if v <= max_tokens) or (min(self.capacities),)
         return CalibrationSettings(
             self.epsilon,
-            keep(self.capacities, max_tokens),
-            keep(self.batch_buckets, max_batch),
-            keep(self.kv_buckets, max_seq_len - 1),
+            capacities,
+            capped(self.batch_buckets, max_batch),
+            capped(self.kv_buckets, max_seq_len - 1),
             self.timing,
         )
 
