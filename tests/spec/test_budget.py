@@ -116,3 +116,25 @@ def test_load_rejects_corrupt_tables(tmp_path):
     path.write_text('{"schema_version": 99}')
     with pytest.raises(ValueError, match="schema version 99"):
         BudgetTable.load(path)
+
+
+@pytest.mark.parametrize(
+    ("entries", "words"),
+    [
+        ([], "no entries"),
+        ([[1, 256, 8], [1, 1024, 8], [2, 256, 8]], r"missing \[\(2, 1024\)\]"),
+        ([[1, 256, 8], [1, 256, 16]], "with duplicates"),
+        ([[1, 256, 0]], r"budgets must be positive integers, got \[0\]"),
+        ([[1, 256, 8.5]], r"budgets must be positive integers, got \[8\.5\]"),
+    ],
+)
+def test_load_refuses_a_table_that_would_fail_a_step(tmp_path, entries, words):
+    """A table with a hole in its grid (or no entries, or a budget that is no count of tokens) is refused
+    at load; it loaded and failed every step whose sizes fell in the hole."""
+    path = tmp_path / "budget.json"
+    table = BudgetTable(
+        0.2, [8, 16], 9, "cpu", [BudgetEntry(b, kv, n, 1.0, [1.0, 1.0]) for b, kv, n in entries]
+    )
+    table.save(path)
+    with pytest.raises(ValueError, match=words):
+        BudgetTable.load(path)

@@ -79,6 +79,24 @@ class BudgetTable:
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)  # a table saved with a NaN epsilon (not even valid JSON) is refused
 
+    def check_grid(self) -> None:
+        """One entry for every (batch bucket, KV bucket) pair, each with a positive integer budget: else a
+        step whose sizes fall in the hole fails at serving time, not at load."""
+        if not self.entries:
+            raise ValueError("the budget table has no entries")
+        cells = [(e.batch_max, e.kv_max) for e in self.entries]
+        batches, kvs = sorted({b for b, _ in cells}), sorted({kv for _, kv in cells})
+        missing = [(b, kv) for b in batches for kv in kvs if (b, kv) not in cells]
+        if missing or len(cells) != len(set(cells)):
+            raise ValueError(
+                f"the budget table must hold one entry per batch and KV bucket ({batches} x {kvs}), "
+                f"missing {missing}" + ("" if len(cells) == len(set(cells)) else ", with duplicates")
+            )
+        bad = [e.budget for e in self.entries if isinstance(e.budget, bool) or not isinstance(e.budget, int)
+               or e.budget < 1]  # fmt: skip
+        if bad:
+            raise ValueError(f"budgets must be positive integers, got {bad}")
+
     def lookup(self, batch_size: int, kv_len: int, epsilon: float | None = None) -> int:
         """B_ver for the smallest bucket that covers (batch_size, kv_len); the largest bucket
         beyond the calibrated range (budgets grow with batch, so this is conservative).
@@ -116,7 +134,9 @@ class BudgetTable:
             if data.get("schema_version") != SCHEMA_VERSION:
                 raise ValueError(f"schema version {data.get('schema_version')}, expected {SCHEMA_VERSION}")
             data["entries"] = [BudgetEntry(**e) for e in data["entries"]]
-            return cls(**data)
+            table = cls(**data)
+            table.check_grid()
+            return table
         except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{path}: not a valid budget table ({exc})") from exc
 
