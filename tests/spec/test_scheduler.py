@@ -10,6 +10,7 @@ from trtllm_bole.spec.scheduler import (
     Scheduler,
     SlotPool,
     SpecStats,
+    kv_tokens,
     prefill_rounds,
 )
 
@@ -71,7 +72,7 @@ def test_the_context_limit_is_the_same_in_every_mode():
     """Speculation stops where plain decoding does; a request's KV reservation adds its tree past it."""
     ar, tree = make(max_seq_len=16, tree_tokens=1), make(max_seq_len=16, tree_tokens=4)
     assert ar.context_limit == tree.context_limit == 15
-    assert (ar.kv_tokens, tree.kv_tokens) == (16, 19)
+    assert (kv_tokens(16, 1), kv_tokens(16, 4)) == (16, 19)  # what the executor's default cache holds
     r = req(0, 10, max_tokens=100)
     assert (ar._reservation(r), tree._reservation(r)) == (4, 5)  # ceil(16 / 4), ceil((15 + 4) / 4)
 

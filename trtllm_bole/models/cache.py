@@ -155,12 +155,9 @@ class StepContext:
         slots: torch.Tensor,
         block_tables: torch.Tensor,
         context_lens: torch.Tensor,
-        *,
-        paths: bool = True,
     ) -> StepContext:
-        """One chain of ``lengths[b]`` new tokens per request (prefill, or a chain draft); ``paths=False``
-        for a prefill, whose operators read no paths table (:meth:`TreeBatch.chains`)."""
-        tree = TreeBatch.chains(lengths, device=slots.device, paths=paths)
+        """One chain of ``lengths[b]`` new tokens per request (a prompt's, or a chain draft)."""
+        tree = TreeBatch.chains(lengths, device=slots.device)
         return cls(slots, block_tables, context_lens, tree, tuple(lengths))
 
     @classmethod

@@ -171,10 +171,6 @@ class Scheduler:
         return self.max_seq_len - 1
 
     @property
-    def kv_tokens(self) -> int:
-        return kv_tokens(self.max_seq_len, self.tree_tokens)
-
-    @property
     def request_limit(self) -> int:
         """Most prompt + output tokens one request can be served: the context limit, or fewer where the
         whole KV cache cannot hold that many and a tree's headroom past them."""
