@@ -190,6 +190,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def check_ports_free(ports: dict[str, int]) -> None:
+    """Refuse ports another process listens on (tritonserver would report ready over HTTP and then exit 1
+    on its metrics or gRPC port, a line deep in its log)."""
+    for flag, port in ports.items():
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed port's TIME_WAIT is free
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise SystemExit(
+                    f"error: {flag} {port} is taken ({e.strerror}): is another server running? Pass another "
+                    f"port, or 0 for any free one"
+                ) from None
+
+
 class StopFlag:
     """Set by SIGTERM/SIGINT once :meth:`install` ran. Its handler only sets it: one that raised (as
     KeyboardInterrupt) could cut the launcher's own stop short, and a ``threading.Event`` set in a
@@ -437,6 +452,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --engine-watch must lie in [0, 3600] seconds, got {args.engine_watch}")
     if args.max_batch_size is not None and args.max_batch_size < 1:  # 0 used to serve the default batch
         raise SystemExit(f"error: --max-batch-size must be at least 1, got {args.max_batch_size}")
+    if args.engine_dir and not Path(args.engine_dir).is_dir():  # else a line deep in tritonserver's log
+        raise SystemExit(f"error: --engine-dir {args.engine_dir} is not a directory")
+    if not args.prepare_only:
+        ports = {
+            "--http-port": args.http_port,
+            "--grpc-port": args.grpc_port,
+            "--metrics-port": args.metrics_port,
+        }
+        check_ports_free({flag: port for flag, port in ports.items() if port > 0})
     root = triton_root()
     server_dir = prepare_server_env(args.server_env or default_server_env_dir(), root)
     if args.prepare_only:

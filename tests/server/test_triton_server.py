@@ -624,6 +624,25 @@ def test_launch_refuses_a_max_batch_size_below_one(value):
     assert done.returncode == 1 and f"--max-batch-size must be at least 1, got {value}" in done.stderr
 
 
+def test_launch_refuses_a_taken_port_and_a_missing_engine_dir_before_starting(tmp_path):
+    """Tritonserver reported ready over HTTP, then exited 1 on a taken metrics port (a second server with
+    the defaults), and a missing --engine-dir was a line deep in its log."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run([sys.executable, str(LAUNCH), "--metrics-port", str(port)], capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 1 and f"error: --metrics-port {port} is taken" in run.stderr, run.stderr
+    assert "tritonserver" not in run.stdout
+    missing = tmp_path / "nowhere"
+    run = subprocess.run([sys.executable, str(LAUNCH), "--engine-dir", str(missing)], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 1 and f"error: --engine-dir {missing} is not a directory" in run.stderr
+
+
 def test_launch_help_runs_without_a_server():
     done = subprocess.run([sys.executable, str(LAUNCH), "--help"], capture_output=True, text=True, check=True)
     assert "--engine-dir" in done.stdout
