@@ -1,4 +1,6 @@
-"""Timing, memory, inputs, results file and plot for benchmarks/bench_gdn_verify.py."""
+"""Timing, memory, inputs, results file and plot for benchmarks/bench_gdn_verify.py and its siblings.
+Importing it puts the repository root on ``sys.path``: ``plugins/`` (check_aot's references) is no
+installed package, and the scripts that read it run as ``python benchmarks/<script>.py``."""
 
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ import torch.nn.functional as F
 from trtllm_bole.kernels._common import VerifyCall, slot_indices
 from trtllm_bole.testing import forest
 from trtllm_bole.tree import TreeBatch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
 
 H, DK, DV = 16, 128, 128  # Qwen3.5 GDN key heads and head dims
 MODELS = {"qwen3.5-9b": {"hv": 32, "gdn_layers": 24}, "qwen3.5-27b": {"hv": 48, "gdn_layers": 48}}
