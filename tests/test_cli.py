@@ -35,10 +35,13 @@ def test_generate_help_shows_defaults_but_not_unset_ones():
 
 
 def test_bad_generate_settings_end_in_one_error_line():
-    """A value out of range is the user's to fix: one line naming it, exit code 2, before any loading."""
+    """A value out of range is the user's to fix: one line naming its flag (not the settings' field: top_k
+    is --branching in one and --top-k in the other), exit code 2, before any loading."""
     cases = {  # flag: (value, what the error line says)
-        "--depth": ("20", "max_depth: "),
-        "--max-tokens": ("0", "max_tokens: "),
+        "--depth": ("20", "error: --depth: "),
+        "--max-tokens": ("0", "error: --max-tokens: "),
+        "--branching": ("0", "error: --branching: "),
+        "--top-k": ("-3", "error: --top-k: "),
         "--model": ("/nonexistent", "is not a directory"),
         "--max-nodes": ("3", "error: max_nodes (3) must be at least max_depth (8)"),  # a check of two fields
     }

@@ -32,12 +32,21 @@ def _generate(args: argparse.Namespace) -> int:
         return 141
 
 
+# Each settings model's fields as the flags that set them (top_k: --branching in one, --top-k in the other).
+FLAGS = {
+    "BoleConfig": {"mode": "--mode", "top_k": "--branching", "max_depth": "--depth",
+                   "max_nodes": "--max-nodes"},
+    "SamplingParams": {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_k": "--top-k",
+                       "top_p": "--top-p", "seed": "--seed"},
+}  # fmt: skip
+
+
 def _one_line(e: ValueError) -> str:
     from pydantic import ValidationError
 
     from trtllm_bole.config import one_line
 
-    return one_line(e) if isinstance(e, ValidationError) else str(e)
+    return one_line(e, FLAGS.get(e.title, {})) if isinstance(e, ValidationError) else str(e)
 
 
 def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingParams]:

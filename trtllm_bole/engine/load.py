@@ -77,8 +77,8 @@ class Engine:
         b = self.build
         if dtype not in ("auto", b["dtype"]):
             raise ValueError(
-                f"{self.path}: the engine holds {b['dtype']} weights, dtype={dtype!r} was asked; pass "
-                f"dtype='auto' or rebuild with --dtype {dtype}"
+                f"{self.path}: the engine holds {b['dtype']} weights, dtype {dtype!r} was asked; leave the "
+                f"dtype at 'auto' (the engine's) or rebuild the engine with --dtype {dtype}"
             )
         given = bole.model_dump(include=bole.model_fields_set) if bole else {}
         engine = {"max_depth": b["max_draft_depth"], "max_nodes": b["max_draft_nodes"]}
