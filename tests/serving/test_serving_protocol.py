@@ -112,6 +112,11 @@ def test_end_id_replaces_the_models_end_token():
             {"max_new_tokens": 8},
             r"unknown request parameters \['max_new_tokens'\]",
         ),
+        (  # a misspelt prompt field (HTTP JSON's extra keys arrive as parameters): the inputs are named
+            {},
+            {"prompt": "def f():"},
+            r"unknown request parameters \['prompt'\]: this model reads the prompt from text_input or input_",
+        ),
         ({"text_input": text("x"), "input_lengths": scalar(1, np.int32)}, {}, "does not apply to text_input"),
         ({"text_input": text("x")}, {"input_lengths": 1}, "does not apply to text_input"),
         (

@@ -85,8 +85,9 @@ def parse_request(
     unknown = sorted(k for k in parameters if k not in PARAMETER_NAMES and not k.startswith("triton_"))
     if unknown:
         raise RequestError(
-            f"unknown request parameters {unknown}: this model reads {sorted(PARAMETER_NAMES)} (as inputs "
-            "or as request parameters)"
+            f"unknown request parameters {unknown}: this model reads the prompt from text_input or "
+            f"input_ids, stop strings from stop_words, and {sorted(PARAMETER_NAMES)} (as inputs or as "
+            "request parameters)"
         )
     prompt = _prompt(tensors, parameters)
     values: dict[str, Any] = {}
