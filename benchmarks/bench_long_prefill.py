@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 from _bench_util import rel_rms, run_meta, write_result
+from bench import device_tag
 
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.llm import DEFAULT_MODEL
@@ -46,7 +47,11 @@ TOL = 1e-3
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for the JSON")
-    p.add_argument("--tag", default="h200", help="suffix of the JSON's name (e.g. the checkout measured)")
+    p.add_argument(
+        "--tag",
+        default=None,
+        help="suffix of the JSON's name, e.g. the checkout measured (default: h200 or cpu)",
+    )
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no memory figures)")
     p.add_argument(
         "--points", default=POINTS, help=f"prompts x tokens each, comma-separated (default {POINTS})"
@@ -166,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.compare:
         before, after = (json.loads(Path(f).read_text()) for f in args.compare)
-        print(plot(before, after, Path(args.out) / f"bench_long_prefill_{args.tag}.png"))
+        tag = args.tag or after.get("tag", "compare")
+        print(plot(before, after, Path(args.out) / f"bench_long_prefill_{tag}.png"))
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU here: pass --device cpu for a smoke run", file=sys.stderr)
@@ -175,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(DEFAULT_MODEL, dtype=torch.float32, device=args.device, mtp=False, progress=False)
     gen = torch.Generator().manual_seed(0)
     point(model, 2, 100, gen, 1)  # warm-up: compiles, allocations, cuBLAS handles
+    args.tag = args.tag or device_tag(torch.cuda.get_device_name() if args.device == "cuda" else "cpu")
     meta = run_meta(model=DEFAULT_MODEL.name, dtype="float32", tag=args.tag) if args.device == "cuda" else {}
     results = [point(model, b, n, gen, args.repeats) for b, n in points]
     served = []
