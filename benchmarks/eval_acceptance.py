@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="folder for the JSON and PNG")
     parser.add_argument(
         "--curve", default="1,2,4,8,16,32,64",
         help="draft tokens per request for the MAT curve of tree d8 k4 (empty: skip)",

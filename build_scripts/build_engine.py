@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) != cli.get_default(name)
     ]
     if ignored and not args.calibrate:
-        cli.error(f"{', '.join(ignored)} only apply with --calibrate")
+        cli.error(f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only with --calibrate")
     signal.signal(signal.SIGTERM, _stop)  # timeout, docker stop, a cancelled CI job: clean up as Ctrl-C
     import torch
 

@@ -102,7 +102,10 @@ def stream(
         try:
             ready = client.is_model_ready(model)
         except InferenceServerException as e:
-            raise InferenceServerException(f"no Triton server answers at {url} ({e.message()})") from None
+            raise InferenceServerException(
+                f"no Triton server answers at {url} ({e.message()}); this client speaks gRPC: give the "
+                "server's gRPC port (launch.py prints it; 8001 by default, 8000 is HTTP)"
+            ) from None
         if not ready:
             raise InferenceServerException(f"the server at {url} has no ready model {model!r}")
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
@@ -145,14 +148,16 @@ def _chunk(result: grpcclient.InferResult) -> Chunk:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", default="127.0.0.1:8001", help="gRPC endpoint host:port")
-    p.add_argument("--model", default="bole")
+    p.add_argument(
+        "--url", default="127.0.0.1:8001", help="gRPC endpoint host:port (default: 127.0.0.1:8001)"
+    )
+    p.add_argument("--model", default="bole", help="model name (default: bole)")
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument(
         "--prompt", default='def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
     )
     prompt.add_argument("--ids", default=None, help="comma-separated prompt token ids instead of --prompt")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
@@ -160,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--end-id", type=int, default=None, help="end token replacing the model's (-1: none)")
     p.add_argument("--stop", action="append", default=None, help="stop word (repeatable)")
     p.add_argument("--no-stream", action="store_true", help="one response with the whole output")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for each response (default: 600)"
+    )
     args = p.parse_args(argv)
 
     ids = None

@@ -60,7 +60,7 @@ def test_user_mistakes_get_one_line_errors(tmp_path):
     """Usage errors exit 2 and unwritable outputs 1, each with one line naming the problem (no traceback)."""
     (tmp_path / "file").write_text("")
     cases = [
-        (["--calibration-repeats", "3"], 2, "--calibration-repeats only apply with --calibrate"),
+        (["--calibration-repeats", "3"], 2, "--calibration-repeats applies only with --calibrate"),
         (["--calibrate", "--calibration-repeats", "0"], 2, "repeats must be at least 1"),
         (["--calibrate", "--epsilon", "nan"], 2, "epsilon must be a number >= 0, got nan"),
         (["--calibrate", "--epsilon", "-1"], 2, "epsilon must be a number >= 0, got -1.0"),
