@@ -351,7 +351,7 @@ def test_runtime_requests_beyond_the_build_are_refused(engine):
         LLM(path, max_batch_size=16)
     with pytest.raises(ValueError, match=r"max_draft_depth 12 exceeds"):
         LLM(path, speculative_config=BoleConfig(max_depth=12))
-    with pytest.raises(ValueError, match=r"float32 weights, dtype='bfloat16'"):
+    with pytest.raises(ValueError, match=r"float32 weights, dtype 'bfloat16' was asked; leave the dtype at"):
         LLM(path, dtype="bfloat16")
     llm = LLM(path, max_batch_size=2, speculative_config=BoleConfig(mode="ar"))
     assert llm.executor.max_batch_size == 2 and llm.model.mtp is None
