@@ -100,12 +100,17 @@ def test_generate_counts_a_prompt_prefilled_in_pieces_as_its_forwards():
 
 
 def test_generate_serves_a_prompt_beyond_the_default_context_with_max_seq_len():
-    """The default context (1,024) refuses a 1,100-token prompt by naming ``max_seq_len``: the command has a
-    flag for it, up to the model's 4,096 positions (it had none, so no such prompt could be served)."""
+    """The default context (1,024) refuses a 1,100-token prompt before anything streams, naming the flag
+    that raises it, up to the model's 4,096 positions (the command had none, so no such prompt could be
+    served; then the refusal came after the prompt was printed, in the API's words)."""
     command = [sys.executable, "-m", "trtllm_bole", "generate", "--prompt-ids", ",".join(["1"] * 1100),
                "--mode", "ar", "--max-tokens", "2"]  # fmt: skip
     refused = subprocess.run(command, capture_output=True, text=True)
-    assert refused.returncode == 1 and "max_seq_len 1024" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout[-300:]
+    assert refused.stderr.splitlines()[-1] == (
+        "error: the prompt holds 1100 tokens, and --max-seq-len 1024 allows prompts of at most 1022: "
+        "raise it (the model has 4096 positions)"
+    )
     served = subprocess.run([*command, "--max-seq-len", "1200"], capture_output=True, text=True)
     assert served.returncode == 0 and "finish: length" in served.stderr, served.stderr
     beyond = subprocess.run([*command, "--max-seq-len", "4097"], capture_output=True, text=True).stderr
