@@ -68,10 +68,10 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
               max_seq_len=args.max_seq_len, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
     ids = llm.encode(prompt)  # a text prompt needs the model's tokenizer: say so before anything streams
     scheduler, positions = llm.executor.scheduler, llm.model.config.max_position_embeddings
-    if len(ids) > scheduler.context_limit - 1:  # the prefill emits a token: one place must stay free
+    if len(ids) > scheduler.prompt_limit:
         raise ValueError(
             f"the prompt holds {len(ids)} tokens, and --max-seq-len {scheduler.max_seq_len} allows prompts "
-            f"of at most {scheduler.context_limit - 1}: raise it (the model has {positions} positions)"
+            f"of at most {scheduler.prompt_limit}: raise it (the model has {positions} positions)"
         )
     return llm, prompt, params
 

@@ -2284,7 +2284,7 @@ MUTANTS = [
     Mutant(
         "B6",
         "trtllm_bole/spec/budget.py",
-        "        if missing or len(cells) != len(set(cells)):",
+        "        if missing or duplicated:",
         "        if False:",
         ["tests/spec/test_budget.py::test_load_refuses_a_table_that_would_fail_a_step"],
     ),

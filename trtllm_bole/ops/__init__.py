@@ -542,9 +542,8 @@ def kv_commit(
     check_kv_shapes(k_cache, v_cache, new_k, new_v, tree, block_tables, context_lens)
     check_device(tree, k_cache.device, v_cache=v_cache, new_k=new_k, new_v=new_v, block_tables=block_tables,
                  context_lens=context_lens)  # fmt: skip
-    check_accepted_leaves(
-        accepted_leaf, tree, k_cache.device, values=False
-    )  # check_kv_room checks their range
+    # Shape, dtype and device here; their range, with the positions they write, by check_kv_room.
+    check_accepted_leaves(accepted_leaf, tree, k_cache.device, values=False)
     if check and values_checkable(accepted_leaf):
         check_kv_room(k_cache, tree, accepted_leaf, block_tables, context_lens)
     library.kv_commit(

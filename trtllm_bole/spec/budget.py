@@ -87,10 +87,11 @@ class BudgetTable:
         cells = [(e.batch_max, e.kv_max) for e in self.entries]
         batches, kvs = sorted({b for b, _ in cells}), sorted({kv for _, kv in cells})
         missing = [(b, kv) for b in batches for kv in kvs if (b, kv) not in cells]
-        if missing or len(cells) != len(set(cells)):
+        duplicated = len(cells) != len(set(cells))
+        if missing or duplicated:
             raise ValueError(
                 f"the budget table must hold one entry per batch and KV bucket ({batches} x {kvs}), "
-                f"missing {missing}" + ("" if len(cells) == len(set(cells)) else ", with duplicates")
+                f"missing {missing}" + (", with duplicates" if duplicated else "")
             )
         bad = [e.budget for e in self.entries if isinstance(e.budget, bool) or not isinstance(e.budget, int)
                or e.budget < 1]  # fmt: skip

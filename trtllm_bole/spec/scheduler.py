@@ -171,6 +171,11 @@ class Scheduler:
         return self.max_seq_len - 1
 
     @property
+    def prompt_limit(self) -> int:
+        """Longest prompt a request may have: its prefill emits a token, whatever ``max_tokens`` says."""
+        return self.context_limit - 1
+
+    @property
     def request_limit(self) -> int:
         """Most prompt + output tokens one request can be served: the context limit, or fewer where the
         whole KV cache cannot hold that many and a tree's headroom past them."""
@@ -178,7 +183,7 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         """Queue a request, or finish it at once with an error if it can never fit."""
-        limit = self.context_limit - 1  # the prefill emits a token, whatever max_tokens says
+        limit = self.prompt_limit
         if not request.prompt_ids:
             self._fail(request, "empty prompt")
         elif len(request.prompt_ids) > limit:
