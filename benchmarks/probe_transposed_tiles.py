@@ -45,7 +45,7 @@ VARIANTS = {  # name: (BV, warps, register cap, bf16 T x T products)
 def _value_tiles_t_kernel(
     q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth, paths,
     o, u, log_p, factors, scratch, a_log, dt_bias,
-    scale, hv, n_total, d, n_squarings, plain_last,
+    scale, hv, n_total, d,
     H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BV: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr, X_BF16: tl.constexpr,
     UPCAST: tl.constexpr,

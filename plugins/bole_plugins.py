@@ -112,7 +112,6 @@ def gdn_tree_verify_desc(
     dfs_order: trtp.TensorDesc,
     subtree_size: trtp.TensorDesc,
     scale: float,
-    max_depth: int,
 ) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
     return _describe(VERIFY, locals())
 
@@ -137,7 +136,6 @@ def gdn_tree_verify_aot_impl(
     dfs_order: trtp.TensorDesc,
     subtree_size: trtp.TensorDesc,
     scale: float,
-    max_depth: int,
     outputs: tuple[trtp.TensorDesc],
     tactic: int,
 ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:

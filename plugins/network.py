@@ -306,11 +306,11 @@ class VerifyNetwork:
 
     def _blocked(self, q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any) -> tuple[Any, ...]:
         """``bole::gdn_tree_verify`` (fp32 q/k): o, the commit's k, u and log_p."""
-        t, b = self.tree, self.build_settings
+        t = self.tree
         verify = self.net.add_plugin(
             self._op().gdn_tree_verify(
                 q, k, v, g, beta, state, t["state_indices"], t["cu_seqlens"], t["dfs_order"],
-                t["subtree_size"], scale=self.c.linear_key_head_dim**-0.5, max_depth=b["max_draft_depth"] + 1,
+                t["subtree_size"], scale=self.c.linear_key_head_dim**-0.5,
             ),
             aot=True,
         )  # fmt: skip

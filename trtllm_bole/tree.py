@@ -186,7 +186,7 @@ class TreeBatch:
         them where the caller knows only those (a forest selected on the device): ``paths`` then has
         ``max_depth`` columns, -1 beyond each node's depth (as ``spec.verify_graphs.pad_depth`` pads
         them), and the result reports the bounds. Every consumer treats both as sizes of padding: the
-        kernels' extra squarings multiply by ``I + 0`` (Lemma 3), attention masks padded rows.
+        kernels read a path up to the node's depth, attention masks padded rows.
 
         Pre-order ranks sort each request's root-to-node paths lexicographically: a path is a key of
         ``max_depth`` fields of ``max_nodes.bit_length()`` bits, cut into 62-bit words sorted stably from

@@ -104,7 +104,7 @@ def test_prefill_config_follows_the_inputs_precision():
 @pytest.mark.parametrize("first", [40, 10], ids=["deep-first", "shallow-first"])
 def test_a_prompts_prefill_does_not_depend_on_the_other_prompts(first, dtype, gen):
     """Bit for bit: prompt 0 alone, or in one launch with a long and a short prompt (the chunk size, not
-    the longest prompt, bounds the chains' depth and so the kernel's squarings)."""
+    the longest prompt, bounds the chains' depth)."""
     lengths = [first, 70, 3]
     x = random_gdn_inputs(sum(lengths), 3, 2, 4, 16, 32, generator=gen, device=DEVICE)
     inputs = [t.to(dtype) for t in (x.q, x.k, x.v)] + [x.g.float(), x.beta.float()]

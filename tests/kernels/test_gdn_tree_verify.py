@@ -299,8 +299,9 @@ def launch_args(cfg, gen):
 
 def test_compact_factors_serve_trees_up_to_depth_16(gen):
     """Shallow trees get their factors on compact path tiles (the factor kernel of two launches, every
-    program of one launch), deeper ones (the prefill's chains) by the dense squarings; both kinds run in
-    the tests above (depths 3, 5, 9 and 17, 64). Trees larger than the tile keep the blocked kernel."""
+    program of one launch), deeper ones (the prefill's chains) by the dense block-doubling inverse; both
+    kinds run in the tests above (depths 3, 5, 9 and 17, 64). Trees larger than the tile keep the blocked
+    kernel."""
     assert [compact_factors(d) for d in (1, 8, 9, 16, 17, 64)] == [True] * 4 + [False] * 2
     for launches, phase in ((2, 1), (1, 3)):
         cfg = InverseConfig(16, 16, 16, 1, launches, 1)
@@ -510,7 +511,7 @@ def test_real_size(cfg, dtype, gen, nan_outputs):
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 8, 16])
 def test_real_size_depth_nine_default_config(batch, gen, nan_outputs):
-    """The engine's trees (eight drafts and the pending token: depth 9, the shortened last squaring) at
+    """The engine's trees (eight drafts and the pending token: depth 9) at
     Qwen3.5-9B heads, with the launcher's default at each batch (one launch of 64 / 128, two launches)."""
     tree, x = make([topk_parents(64, 4, 9)] * batch, 16, 32, 128, 128, gen, torch.bfloat16)
     check(run(x, tree, torch.bfloat16), truth(x, tree), SERVING)

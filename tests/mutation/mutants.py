@@ -3,8 +3,10 @@ exact core, the kernels, the model, serving and the engine, each with the tests 
 
 Written in two rounds of mutation testing (2026-12-01). First round (81: the speculative logic, the exact
 core, the kernels, the operators): the suite then killed 62; tests added for the 18 real survivors kill
-them; ``IV1`` changes no value (marked ``equivalent``). Second round (69: the model, its config and
-checkpoint, the LLM API, text, serving, the engine): 33 killed; tests added kill 32 of the 36 survivors;
+them; ``IV1`` changed no value (marked ``equivalent``). ``IV1`` and ``V1`` went with the squarings they
+edited (2026-12-04; ``DB1``-``DB3`` guard the block doubling that replaced them; their ids are not
+reused). Second round (69: the model, its config and checkpoint, the LLM API, text, serving, the
+engine): 33 killed; tests added kill 32 of the 36 survivors;
 ``N3`` and ``N19`` are equivalent; ``N18`` (NaN rows of padded queries, never gathered) and ``SV11`` (the
 code of a reply Triton drops once its client cancelled; gone with that code at 06cb0a3, its id not reused)
 survive. Entries added later with the code they guard (e.g. ``AO1``-``AO6``, the TensorRT plugins' AOT
@@ -671,13 +673,6 @@ MUTANTS = [
         ["tests/test_tree.py"],
     ),
     Mutant(
-        "V1",
-        "trtllm_bole/kernels/gdn_tree_verify.py",
-        "call.scale, hv, (chain - 1).bit_length(),",
-        "call.scale, hv, chain.bit_length() - 1,",
-        ["tests/kernels/test_gdn_tree_verify.py"],
-    ),
-    Mutant(
         "V2",
         "trtllm_bole/kernels/gdn_tree_verify.py",
         "rhs -= tl.dot(b_r[:, None] * ratio * kk_c, u_c, input_precision=PREC)\n"
@@ -866,14 +861,6 @@ MUTANTS = [
         "x1 * cos + -x2 * sin, x2 * cos + x1 * sin",
         "x1 * cos + x2 * sin, x2 * cos + x1 * sin",
         ["tests/models/test_vs_transformers.py"],
-    ),
-    Mutant(
-        "IV1",
-        "trtllm_bole/kernels/gdn_tree_verify_inverse.py",
-        "plain_last = int(squarings >= 2 and chain - 1 == 1 << (squarings - 1))",
-        "plain_last = int(squarings >= 2 and chain == 1 << (squarings - 1))",
-        ["tests/kernels/test_gdn_tree_verify.py", "-k", "inverse"],
-        equivalent="the full product always (one more per inverse at chains of 9 and 17): same values",
     ),
     # Second round: the model, its config and checkpoint, the LLM API, text, serving, the engine.
     Mutant(
@@ -2074,8 +2061,8 @@ MUTANTS = [
     Mutant(
         "AO2",
         "trtllm_bole/engine/aot_kernels.py",
-        "d=max_depth, n_squarings=0, plain_last=0, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, PHASE=2,",
-        "d=max_depth - 1, n_squarings=0, plain_last=0, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, PHASE=2,",
+        "d=max_depth, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, PHASE=2,",
+        "d=max_depth - 1, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, PHASE=2,",
         ["tests/engine/test_aot_interpret.py::test_explicit_inverse_adapters_in_two_launches"],
     ),
     Mutant(
@@ -2308,5 +2295,26 @@ MUTANTS = [
         "    if stop_flag.asked and code == -signal.SIGTERM:",
         "    if False:",
         ["tests/server/test_triton_server.py::test_a_stop_while_the_model_loads_exits_0"],
+    ),
+    Mutant(
+        "DB1",
+        "trtllm_bole/kernels/_verify_tiles.py",
+        "        if (1 << s) < BT:",
+        "        if (2 << s) < BT:",
+        ["tests/kernels/test_verify_stability.py", "tests/kernels/test_gdn_tree_verify.py", "-k", "fp32"],
+    ),
+    Mutant(
+        "DB3",
+        "trtllm_bole/kernels/gdn_tree_verify.py",
+        "        u_r = tl.dot(_unit_lower_inverse(a, BT, PREC), rhs, input_precision=PREC)",
+        "        u_r = tl.dot(a, rhs, rhs, input_precision=PREC)",
+        ["tests/kernels/test_gdn_tree_verify.py", "-k", "fp32_exact"],
+    ),
+    Mutant(
+        "DB2",
+        "trtllm_bole/reference/gdn_tree.py",
+        '    solver: str = "triangular",',
+        '    solver: str = "neumann",',
+        ["tests/kernels/test_verify_stability.py::test_reference_closed_form_in_float32"],
     ),
 ]

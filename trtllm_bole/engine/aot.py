@@ -183,7 +183,7 @@ class GDNTreeVerifySpec(PluginSpec):
     )
     outputs = (Port("o", 0, FLOATS), Port("u", 0, ("float32",)), Port("log_p", 0, ("float32",)))
     extra_args = ()
-    attrs = (("scale", float), ("max_depth", int))
+    attrs = (("scale", float),)
 
     def output_descs(self, shapes: Shapes, dtypes: dict[str, str]) -> list[tuple[tuple, str]]:
         return [(shapes["v"], dtypes["v"]), (shapes["v"], "float32"), (shapes["g"], "float32")]
@@ -211,7 +211,6 @@ class GDNTreeVerifySpec(PluginSpec):
         return gdn_tree_verify_aot
 
     def constexprs(self, shapes: Shapes, dtypes: dict[str, str], attrs: dict, cfg: Any) -> dict[str, Any]:
-        chain = min(int(attrs["max_depth"]), cfg.bt)
         exact = _exact(dtypes, ("v", "beta"))
         return {
             "SCALE": float(attrs["scale"]),
@@ -222,7 +221,6 @@ class GDNTreeVerifySpec(PluginSpec):
             "BT": cfg.bt,
             "BK": cfg.bk,
             "BV": cfg.bv,
-            "SQUARINGS": (chain - 1).bit_length(),  # ceil(log2 chain): G^chain = 0 inside a block
             "LB": 64 if cfg.num_warps >= 4 else 32,  # as the runtime launcher picks them
             "FUSED": cfg.fused,
             "PREC": "ieee" if exact else "tf32",

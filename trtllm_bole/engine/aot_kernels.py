@@ -41,7 +41,6 @@ def gdn_tree_verify_aot(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    SQUARINGS: tl.constexpr,
     LB: tl.constexpr,
     FUSED: tl.constexpr,
     PREC: tl.constexpr,
@@ -50,7 +49,7 @@ def gdn_tree_verify_aot(
     _gdn_tree_verify_kernel(
         q=q, k=k, v=v, g=g, beta=beta, state=state, slots=state_indices, cu_seqlens=cu_seqlens,
         dfs_order=dfs_order, subtree_size=subtree_size, o=o, u=u, log_p=log_p, a_log=g, dt_bias=g,
-        scale=SCALE, hv=HV, n_squarings=SQUARINGS, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, LB=LB,
+        scale=SCALE, hv=HV, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, LB=LB,
         FUSED=FUSED, USE_SLOTS=True, PREC=PREC, S_BF16=False, UPCAST=False, RAW_GATES=False,
     )  # fmt: skip
 
@@ -83,7 +82,7 @@ def gdn_tree_factors_aot(
     _path_factors_kernel(
         q=q, k=k, v=q, g=g, beta=beta, state=q, slots=cu_seqlens, cu_seqlens=cu_seqlens, dfs_order=depth,
         subtree_size=depth, depth=depth, paths=paths, o=q, u=q, log_p=log_p, factors=factors, scratch=scratch,
-        a_log=g, dt_bias=g, scale=SCALE, hv=HV, n_total=num_nodes, d=max_depth, n_squarings=0, plain_last=0,
+        a_log=g, dt_bias=g, scale=SCALE, hv=HV, n_total=num_nodes, d=max_depth,
         H=H, DK=DK, BT=BT, DP=DP, SW=SW, PREC=PREC, UPCAST=False, RAW_GATES=False,
     )  # fmt: skip
 
@@ -122,7 +121,7 @@ def gdn_tree_values_aot(
         q=q, k=k, v=v, g=log_p, beta=log_p, state=state, slots=state_indices, cu_seqlens=cu_seqlens,
         dfs_order=dfs_order, subtree_size=subtree_size, depth=depth, paths=depth, o=o, u=u, log_p=log_p,
         factors=factors, scratch=log_p, a_log=log_p, dt_bias=log_p, scale=SCALE, hv=HV, n_total=num_nodes,
-        d=max_depth, n_squarings=0, plain_last=0, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, PHASE=2,
+        d=max_depth, H=H, DK=DK, DV=DV, BT=BT, BK=BK, BV=BV, PHASE=2,
         USE_SLOTS=True, PREC=PREC, S_BF16=S_BF16, UPCAST=False, RAW_GATES=False, BLOCKED=False,
     )  # fmt: skip
 

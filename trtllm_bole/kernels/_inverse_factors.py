@@ -1,8 +1,8 @@
 """Phase 1 of the explicit-inverse verify (:mod:`.gdn_tree_verify_inverse`): the gates, the path
 offsets and ratios, and the factors ``W'`` and ``C'`` once per (request, value head), compact
 (:func:`_path_factors`: back substitution along each node's path) or dense and blocked
-(:func:`_blocked_factors`: squarings on ``[T, T]`` tiles); :func:`_factor_tile` gathers them into
-dense tiles for phase 2."""
+(:func:`_blocked_factors`: block-doubling inverses of ``[T, T]`` tiles); :func:`_factor_tile` gathers
+them into dense tiles for phase 2."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from trtllm_bole.kernels._verify_tiles import (
     _is_ancestor,
     _operand,
     _rows,
+    _unit_lower_inverse,
 )
 from trtllm_bole.kernels.norms import softplus
 
@@ -54,24 +55,6 @@ def _factor_tile(f_req, rows, dep_c, d, anc, BT: tl.constexpr):
 
 
 @triton.jit
-def _inverse(a, eye, n_squarings, plain_last, PREC: tl.constexpr):
-    """``(I - A)⁻¹ = (I + A)(I + A²)(I + A⁴)…`` for nilpotent ``A`` (``A^(2^n_squarings) = 0``). The
-    factors commute, so each step is ``W += A^(2^s) W``. ``plain_last``: the chain is ``2^(n - 1) + 1``
-    nodes long (``A^(2^(n-1) + 1) = 0``; e.g. 9 = 8 drafts and the pending token), so the last step keeps
-    only ``A^(2^(n-1)) I``: ``W += A^(2^(n-1))``, one product fewer."""
-    w = tl.where(eye, 1.0, 0.0)
-    if n_squarings > 0:
-        w += a
-        for s in range(1, n_squarings):
-            a = tl.dot(a, a, input_precision=PREC)
-            if (plain_last != 0) & (s == n_squarings - 1):
-                w += a
-            else:
-                w = tl.dot(a, w, w, input_precision=PREC)
-    return w
-
-
-@triton.jit
 def _log_decay(anc, g_t):
     """``logP``: the masked row sum of g over each node's ancestors-or-self, in registers."""
     return tl.sum(tl.where(anc, g_t[None, :], 0.0), axis=1)
@@ -84,19 +67,19 @@ def _path_ratio(anc, lp_row, lp_col):
 
 
 @triton.jit
-def _w_prime(kk, lp, ord_t, end_t, m_t, b_t, n_squarings, plain_last, BT: tl.constexpr, PREC: tl.constexpr):
+def _w_prime(kk, lp, ord_t, end_t, m_t, b_t, BT: tl.constexpr, PREC: tl.constexpr):
     """``W' = W D_β`` for a tree of at most ``BT`` nodes, in registers, from ``K Kᵀ`` and ``logP``. The
     mask and the ratios are recomputed rather than kept (few ``[BT, BT]`` tiles live)."""
     o_t = tl.arange(0, BT)
     ratio = _path_ratio(_is_ancestor(ord_t, ord_t, end_t, m_t, m_t), lp, lp)
     a = tl.where(o_t[:, None] != o_t[None, :], -b_t[:, None] * ratio * kk, 0.0)
-    return _inverse(a, o_t[:, None] == o_t[None, :], n_squarings, plain_last, PREC) * b_t[None, :]
+    return _unit_lower_inverse(a, BT, PREC) * b_t[None, :]
 
 
 @triton.jit
 def _blocked_factors(
     k_req, g_req, b_req, dfs_req, size_req, dep_req, lp_req, w_req,
-    n_t, hv, d, a_exp_h, dt_bias_h, n_squarings, plain_last,
+    n_t, hv, d, a_exp_h, dt_bias_h,
     ROW_STRIDE: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
 ):  # fmt: skip
@@ -104,7 +87,6 @@ def _blocked_factors(
     block row r are stored before a barrier; later rows read them back."""
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    eye = o_t[:, None] == o_t[None, :]
     off_diag = o_t[:, None] != o_t[None, :]
     full = o_t < BT
     for r in range(0, tl.cdiv(n_t, BT)):
@@ -127,7 +109,7 @@ def _blocked_factors(
 
         kk = _gram(k_req, k_req, rows, m_r, rows, m_r, o_k, ROW_STRIDE, DK, BT, BK, PREC, UPCAST)
         a_rr = tl.where(off_diag, -b_r[:, None] * _path_ratio(anc_rr, lp_r, lp_r) * kk, 0.0)
-        w_rr = _inverse(a_rr, eye, n_squarings, plain_last, PREC)
+        w_rr = _unit_lower_inverse(a_rr, BT, PREC)
         tl.store(w_req + _path_offsets(rows, dep_r, d), w_rr * b_r[None, :], mask=anc_rr)
         for c in range(0, r):
             cols = c * BT + o_t

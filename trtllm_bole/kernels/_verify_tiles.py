@@ -43,6 +43,27 @@ def _state_product(a, s, acc, PREC: tl.constexpr, S_BF16: tl.constexpr, UPCAST: 
 
 
 @triton.jit
+def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
+    """``(I - A)⁻¹`` of a strictly lower-triangular ``[BT, BT]`` tile ``A`` (``BT`` a power of two), by
+    block doubling: with ``W`` the inverse of the diagonal blocks of size ``b``, the inverse on blocks of
+    ``2b`` is ``W + W (A ∘ M_b) W``, where ``M_b`` keeps each odd block's rows against the block before it
+    (``[P 0; -C Q]⁻¹ = [P⁻¹ 0; Q⁻¹ C P⁻¹ Q⁻¹]``). ``log2 BT`` rounds of two products, each on the bounded
+    entries of exact inverses. The power series ``(I + A)(I + A²)(I + A⁴)…`` it replaces is the same
+    polynomial, but ``A^m`` on a chain sums ``C(n - 1, m - 1)`` paths: on 32 nodes of near-identical
+    keys with β near 1 its fp32 rounding reached the size of the result
+    (tests/kernels/test_verify_stability.py)."""
+    o_t = tl.arange(0, BT)
+    w = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    for s in tl.static_range(0, 7):  # half-blocks of 1 … 64 nodes: BT up to 128
+        if (1 << s) < BT:
+            blk_r = o_t[:, None] >> s
+            blk_c = o_t[None, :] >> s
+            cross = tl.where(((blk_r & 1) == 1) & (blk_c == blk_r - 1), a, 0.0)
+            w += tl.dot(w, tl.dot(cross, w, input_precision=PREC), input_precision=PREC)
+    return w
+
+
+@triton.jit
 def _gram(
     a_req,
     k_req,

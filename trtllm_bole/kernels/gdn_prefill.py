@@ -46,10 +46,10 @@ def prefill_config(dk: int, dv: int, fp32_exact: bool) -> VerifyConfig:
     return VerifyConfig(16, tile_dividing(dk, 64), tile_dividing(dv, 64), num_warps=2, num_stages=2)
 
 
-@triton.jit(do_not_specialize=["n_squarings"])
+@triton.jit
 def _gdn_prefill_kernel(
     q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, o, u, log_p, a_log, dt_bias,
-    scale, hv, n_squarings, first,
+    scale, hv, first,
     H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr, S_BF16: tl.constexpr,
     UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, LB: tl.constexpr, FUSED: tl.constexpr,
@@ -66,7 +66,7 @@ def _gdn_prefill_kernel(
     s_ptr = state + (slot * hv + i_hv) * (DK * DV)
     for i_b in range(tl.load(first + i_p), tl.load(first + i_p + 1)):
         _verify_request(q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, o, u, log_p,
-                        a_log, dt_bias, scale, hv, n_squarings, i_v, i_hv, i_b, i_p, H, DK, DV, BT, BK, BV,
+                        a_log, dt_bias, scale, hv, i_v, i_hv, i_b, i_p, H, DK, DV, BT, BK, BV,
                         USE_SLOTS, PREC, S_BF16, UPCAST, RAW_GATES, LB, FUSED)  # fmt: skip
         tl.debug_barrier()  # the chunk's U (this tile's columns) and logP are stored before the commit
         bos = tl.load(cu_seqlens + i_b).to(tl.int64)

@@ -16,10 +16,10 @@ need no padding (each program loops over its own request's nodes). Nodes go in r
    ``R_r = β(V_r - P_r K_r S)``; then ``R_r -= Σ_{c<r} G_rc U_c`` and ``O_r += Σ_{c<r} C_rc U_c``
    with ``U_c`` read back from the ``u`` output this program wrote (blocked forward substitution;
    column blocks holding no ancestor of the row block are skipped);
-3. ``U_r = (I + G_rr)⁻¹ R_r`` as ``(I - G)(I + G²)(I + G⁴)…`` applied to ``R_r``: ``n_squarings`` =
-   ⌈log2 d⌉ products (``d`` = the longest chain inside a block, at most ``BT`` and the compiled
-   :data:`MAX_DEPTH`; ``G^d = 0`` by Lemma 3) instead of ``d`` Neumann rounds; then
-   ``O_r = P_r Q_r S + Σ_{c≤r} C_rc U_c``.
+3. ``U_r = (I + G_rr)⁻¹ R_r``, the block's inverse by doubling (:func:`~._verify_tiles._unit_lower_inverse`:
+   ``log2 BT`` rounds of two ``[BT, BT]`` products on bounded entries; BOLE.md's Neumann series, or its
+   squared form ``(I - G)(I + G²)(I + G⁴)…`` that this kernel ran until 2026-12-04, loses fp32 exactness
+   on long chains of similar keys); then ``O_r = P_r Q_r S + Σ_{c≤r} C_rc U_c``.
 
 Ancestor masks are never stored: "j is an ancestor-or-self of i" is the pre-order interval test on two
 1-D loads (``dfs_order``, ``subtree_size``), and log-ratios off the ancestor set are masked to ``-inf``
@@ -59,6 +59,7 @@ from trtllm_bole.kernels._verify_tiles import (
     _operand,
     _rows,
     _state_product,
+    _unit_lower_inverse,
 )
 from trtllm_bole.kernels.gdn_tree_verify_inverse import (
     INVERSE_CONFIGS,
@@ -138,7 +139,7 @@ def _log_decay(
 @triton.jit
 def _verify_request(
     q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, o, u, log_p, a_log, dt_bias,
-    scale, hv, n_squarings, i_v, i_hv, i_b, i_slot,
+    scale, hv, i_v, i_hv, i_b, i_slot,
     H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr, S_BF16: tl.constexpr,
     UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, LB: tl.constexpr, FUSED: tl.constexpr,
@@ -225,19 +226,11 @@ def _verify_request(
                     o_acc = tl.dot(ratio * qk_c, u_c, o_acc, input_precision=PREC)
 
         anc = _is_ancestor(ord_r, ord_r, end_r, m_r, m_r)
-        u_r = rhs
-        if n_squarings > 0:
-            # A = -G_rr; (I + G)^-1 = (I + A)(I + A^2)(I + A^4)...: commuting factors applied to R
-            # one by one (no explicit inverse). n_squarings = ceil(log2 d) is a runtime bound: one
-            # compiled kernel serves every depth up to MAX_DEPTH.
-            if not FUSED:
-                kk = _gram(k_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
-            ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_r[None, :], float("-inf")))
-            a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_r[:, None] * ratio * kk, 0.0)
-            u_r = tl.dot(a, u_r, u_r, input_precision=PREC)
-            for _ in range(1, n_squarings):
-                a = tl.dot(a, a, input_precision=PREC)
-                u_r = tl.dot(a, u_r, u_r, input_precision=PREC)
+        if not FUSED:
+            kk = _gram(k_req, k_req, rows, m_r, rows, m_r, o_k, H * DK, DK, BT, BK, PREC, UPCAST)
+        ratio = tl.exp(tl.where(anc, lp_r[:, None] - lp_r[None, :], float("-inf")))
+        a = tl.where(anc & (o_t[:, None] != o_t[None, :]), -b_r[:, None] * ratio * kk, 0.0)  # -G_rr
+        u_r = tl.dot(_unit_lower_inverse(a, BT, PREC), rhs, input_precision=PREC)
         out_offs = rows[:, None] * (hv * DV) + o_v[None, :]
         tl.store(u_req + out_offs, u_r, mask=m_r[:, None])
         if not FUSED:
@@ -248,7 +241,7 @@ def _verify_request(
         tl.debug_barrier()  # later row blocks read this block's U back
 
 
-@triton.jit(do_not_specialize=["n_squarings"])
+@triton.jit
 def _gdn_tree_verify_kernel(
     q,
     k,
@@ -267,7 +260,6 @@ def _gdn_tree_verify_kernel(
     dt_bias,
     scale,
     hv,
-    n_squarings,
     H: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -284,7 +276,7 @@ def _gdn_tree_verify_kernel(
 ):
     i_v, i_hv, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _verify_request(q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, o, u, log_p, a_log,
-                    dt_bias, scale, hv, n_squarings, i_v, i_hv, i_b, i_b, H, DK, DV, BT, BK, BV, USE_SLOTS,
+                    dt_bias, scale, hv, i_v, i_hv, i_b, i_b, H, DK, DV, BT, BK, BV, USE_SLOTS,
                     PREC, S_BF16, UPCAST, RAW_GATES, LB, FUSED)  # fmt: skip
 
 
@@ -295,10 +287,9 @@ def blocked_launch(call: VerifyCall, cfg: VerifyConfig) -> tuple[tuple, tuple, d
     hv, dv = call.v.shape[1:]
     tree = call.tree
     outputs = call.new_outputs()
-    chain = min(tree.max_depth, cfg.bt)  # longest chain of nodes inside one row block
     args = (
         call.q, call.k, call.v, call.g, call.beta, call.state, call.slots, tree.cu_seqlens, tree.dfs_order,
-        tree.subtree_size, *outputs, *call.gate_params, call.scale, hv, (chain - 1).bit_length(),
+        tree.subtree_size, *outputs, *call.gate_params, call.scale, hv,
     )  # fmt: skip
     consts = dict(
         H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, LB=64 if cfg.num_warps >= 4 else 32,

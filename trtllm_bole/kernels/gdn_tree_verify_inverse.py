@@ -21,8 +21,9 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
   µs at B = 16 (9B heads, T = 64), the verify from 67.4 to 53.3 µs. Trees deeper than
   :data:`COMPACT_MAX_DEPTH` (its back substitution is ``depth - 1`` dependent steps: prefill chains of 64
   ran 4x slower on it) and trees larger than the tile keep the dense form: ancestor masks from the pre-order
-  interval test; ``logP`` as a masked row sum of g; ``K Kᵀ``; ``G``; ``W = (I - G)(I + G²)(I + G⁴)…`` (⌈log2
-  d⌉ squarings, ``G^d = 0`` by Lemma 3) on the tensor cores. Trees larger than the tile ``BT`` are blocked:
+  interval test; ``logP`` as a masked row sum of g; ``K Kᵀ``; ``G``; ``W = (I + G)⁻¹`` by block doubling
+  (:func:`~._verify_tiles._unit_lower_inverse`, ``log2 BT`` rounds of two products) on the tensor cores.
+  Trees larger than the tile ``BT`` are blocked:
   ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back (their ``C'`` is formed in
   phase 2, block by block).
 - Phase 2, one program per (request, value head, value tile): ``Q S`` and ``K S`` over dk (one load of
@@ -259,11 +260,11 @@ def _blocked_apply(
         tl.store(o_req + out, (acc_o * scale).to(o_req.dtype.element_ty), mask=m_r[:, None])
 
 
-@triton.jit(do_not_specialize=["n_squarings", "plain_last", "d", "n_total"])
+@triton.jit(do_not_specialize=["d", "n_total"])
 def _gdn_tree_verify_inverse_kernel(
     q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth, paths,
     o, u, log_p, factors, scratch, a_log, dt_bias,
-    scale, hv, n_total, d, n_squarings, plain_last,
+    scale, hv, n_total, d,
     H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PHASE: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr,
     S_BF16: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr, BLOCKED: tl.constexpr,
@@ -301,7 +302,7 @@ def _gdn_tree_verify_inverse_kernel(
         if n_t > BT:
             if PHASE != 2:
                 _blocked_factors(k_req, g_req, b_req, dfs_req, size_req, dep_req, lp_req, w_req, n_t, hv, d,
-                                 a_exp_h, dt_bias_h, n_squarings, plain_last, H * DK, DK, BT, BK, PREC,
+                                 a_exp_h, dt_bias_h, H * DK, DK, BT, BK, PREC,
                                  UPCAST, RAW_GATES)  # fmt: skip
             if PHASE != 1:
                 _blocked_apply(q_req, k_req, v_req, s_req, u_req, o_req, dfs_req, size_req, dep_req, lp_req,
@@ -336,7 +337,7 @@ def _gdn_tree_verify_inverse_kernel(
                 qk = tl.dot(_operand(q_t, UPCAST), tl.trans(k_op), input_precision=PREC)
                 tl.store(c_req + offs, _path_ratio(anc, lp, lp) * qk * scale, mask=anc)
             kk = tl.dot(k_op, tl.trans(k_op), input_precision=PREC)
-            w = _w_prime(kk, lp, ord_t, end_t, m_t, b_t, n_squarings, plain_last, BT, PREC)
+            w = _w_prime(kk, lp, ord_t, end_t, m_t, b_t, BT, PREC)
             if PHASE == 1:
                 tl.store(w_req + offs, w, mask=_is_ancestor(ord_t, ord_t, end_t, m_t, m_t))
         else:
@@ -361,7 +362,7 @@ def _gdn_tree_verify_inverse_kernel(
 def _path_factors_kernel(
     q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth, paths,
     o, u, log_p, factors, scratch, a_log, dt_bias,
-    scale, hv, n_total, d, n_squarings, plain_last,
+    scale, hv, n_total, d,
     H: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, DP: tl.constexpr, SW: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
 ):  # fmt: skip
@@ -388,7 +389,7 @@ def _path_factors_kernel(
 def _compact_one_launch_kernel(
     q, k, v, g, beta, state, slots, cu_seqlens, dfs_order, subtree_size, depth, paths,
     o, u, log_p, factors, scratch, a_log, dt_bias,
-    scale, hv, n_total, d, n_squarings, plain_last,
+    scale, hv, n_total, d,
     H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DP: tl.constexpr, SW: tl.constexpr, USE_SLOTS: tl.constexpr, PREC: tl.constexpr,
     S_BF16: tl.constexpr, UPCAST: tl.constexpr, RAW_GATES: tl.constexpr,
@@ -447,7 +448,7 @@ serves every value tile and precision (it touches neither the state nor V)."""
 COMPACT_MAX_DEPTH = 16
 """Deepest tree (rounded up to a power of two) whose factors :func:`_path_factors_kernel` forms: its tiles
 are ``[depth, BT]`` and its back substitution takes ``depth - 1`` dependent steps, so deeper trees (the
-prefill's chains of up to 64) take the dense factor kernel's squarings."""
+prefill's chains of up to 64) take the dense factor kernel's block-doubling inverse."""
 
 
 def loads_key_dim(dk: int) -> bool:
@@ -483,13 +484,10 @@ def inverse_launch_args(
     scratch = u
     if compact_factors(d) and (per_tile or dv < 2 * cfg.bt):
         scratch = torch.empty((tiles, n, hv, 2 * cfg.bt), dtype=torch.float32, device=device)
-    chain = min(d, cfg.bt)  # longest chain inside one tile
-    squarings = (chain - 1).bit_length()
-    plain_last = int(squarings >= 2 and chain - 1 == 1 << (squarings - 1))
     args = (
         call.q, call.k, call.v, call.g, call.beta, call.state, call.slots, tree.cu_seqlens, tree.dfs_order,
         tree.subtree_size, tree.depth, tree.paths, o, u, log_p, factors, scratch,
-        *call.gate_params, call.scale, hv, n, d, squarings, plain_last,
+        *call.gate_params, call.scale, hv, n, d,
     )  # fmt: skip
     consts = dict(
         H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, UPCAST=_UPCAST, DP=pow2_at_least(d),

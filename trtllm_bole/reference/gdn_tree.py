@@ -86,14 +86,17 @@ def closed_form_tree_verify(
     *,
     scale: float | None = None,
     state_indices: torch.Tensor | None = None,
-    solver: str = "neumann",
+    solver: str = "triangular",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``O = D_P Q S_pre + C U`` with ``(I + G) U = R`` (BOLE.md §2).
 
     Returns ``o [N, HV, dv]`` (dtype of v), ``u [N, HV, dv]`` and ``log_decay [N, HV]`` (the factors
-    the commit needs, in the compute dtype). ``solver`` picks the exact method for ``(I + G) U = R``:
-    ``"neumann"`` (Lemma 3, ``d`` rounds of ``Z <- -G Z``) or ``"triangular"`` (forward substitution,
-    stable for long chains such as prefill chunks).
+    the commit needs, in the compute dtype). ``solver`` picks the method for ``(I + G) U = R``:
+    ``"triangular"`` (forward substitution, backward stable) or ``"neumann"`` (Lemma 3, ``d`` rounds of
+    ``Z <- -G Z``: exact in exact arithmetic, but on a chain ``(G^m)_ij`` sums ``C(i - j - 1, m - 1)``
+    paths, not one as BOLE.md §2 says, so on runs of near-identical keys with β near 1 its terms grow
+    like ``(1 + β)^d`` and cancel: float32 O off by 1e-1 at 32 nodes, by 1e8 at 64;
+    tests/kernels/test_verify_stability.py).
     """
     if solver not in ("neumann", "triangular"):
         raise ValueError(f"solver must be 'neumann' or 'triangular', got {solver!r}")
@@ -107,6 +110,8 @@ def closed_form_tree_verify(
     u = torch.empty(v.shape, dtype=dtype, device=v.device)
     for b in range(tree.num_requests):
         lo, hi = int(tree.cu_seqlens[b]), int(tree.cu_seqlens[b + 1])
+        if hi == lo:  # an empty request (a padded forest's tail) has nothing to verify
+            continue
         depth = int(tree.depth[lo:hi].max())
         o_b, u_b = closed_form_core(
             *(x[lo:hi].transpose(0, 1) for x in (q, k, v)),  # [HV, T, .]

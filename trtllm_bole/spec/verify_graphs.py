@@ -17,8 +17,8 @@ hidden rows), a sampled step's settings and coins, the slots, the context length
 (padded with ``NO_BLOCK`` to ``table_width`` blocks, the widest a request can need: reads there are
 masked by the context lengths, writes dropped) and the forest's metadata, its paths padded to
 ``max_depth`` columns (``-1``, as for any path shorter than the deepest). A deeper ``max_depth`` than
-the forest's own changes no value: the kernels read a node's path up to its depth, and the closed form's
-extra squarings multiply by ``I + G^(2^j)`` with ``G^(2^j)`` exactly zero (Lemma 3). Forests are
+the forest's own changes no value: the kernels read a node's path up to its depth (the closed form's
+solve never depended on it). Forests are
 captured on first sight, at most ``max_graphs`` of them (later shapes run eagerly), or ahead of traffic
 by :meth:`ForestGraphs.capture` (the executor's ``capture_graphs``: every batch size with full trees and
 full chains). The outputs are the graph's, valid until its next replay: a verify's logits, hidden states
