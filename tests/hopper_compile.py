@@ -3,7 +3,8 @@
 The interpreter runs code that Triton's compiler refuses (a name typed differently in two branches of an
 ``if``, a loop-carried value that changes type, a plain Python global), so kernels that pass every test
 on CI failed to build on the H200, three times in one kernel. Without a GPU the compiler still runs: it
-builds a cubin for sm_90 from the kernel's signature. :class:`Launches` notes the signature of each
+builds a cubin for sm_90 from the kernel's signature, and says how much shared memory a program needs
+(more than an SM has fails only at launch). :class:`Launches` notes the signature of each
 launch of a ``trtllm_bole`` kernel in the interpreter (argument types, constexpr values, launch options)
 and :class:`Compiler` builds each new one in a process of its own (where ``@triton.jit`` makes compilable
 functions, not interpreted ones); ``tests/conftest.py`` fails the test that launched a kernel that does
@@ -130,6 +131,10 @@ def _causes(error: BaseException | None) -> str:
     return "\n".join(reversed(chain))
 
 
+HOPPER_SHARED = 232_448
+"""Shared memory one program may take on an H200 SM (227 KB, the opt-in maximum)."""
+
+
 def serve() -> None:
     import importlib
 
@@ -144,8 +149,11 @@ def serve() -> None:
         try:
             fn = getattr(importlib.import_module(record["module"]), record["name"])
             source = ASTSource(fn, record["signature"], constexprs=record["constexprs"])
-            triton.compile(source, target=hopper, options=record["options"])
+            shared = triton.compile(source, target=hopper, options=record["options"]).metadata.shared
             verdict = {"ok": True}
+            if shared > HOPPER_SHARED:
+                limit = f"past the {HOPPER_SHARED} an H200 SM offers (its launch fails: OutOfResources)"
+                verdict = {"error": f"needs {shared} bytes of shared memory a program, {limit}"}
         except Exception as error:  # any compile error is the verdict
             verdict = {"error": _causes(error)}
         print(json.dumps(verdict), flush=True)

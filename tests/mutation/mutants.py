@@ -2317,4 +2317,11 @@ MUTANTS = [
         '    solver: str = "neumann",',
         ["tests/kernels/test_verify_stability.py::test_reference_closed_form_in_float32"],
     ),
+    Mutant(
+        "TA10",
+        "trtllm_bole/kernels/tree_attention.py",
+        "        return 32, 64 if bd <= 128 else 32, 4",
+        "        return 32, 64, 4",
+        ["tests/kernels/test_tree_attention.py", "-k", "matches_the_float64"],
+    ),
 ]

@@ -132,10 +132,11 @@ def _combine_kernel(o, part_m, part_l, part_o, rows_total, D: tl.constexpr, BD: 
 def tiles(dtype: torch.dtype, bd: int) -> tuple[int, int, int]:
     """Query rows and keys a block, and warps, for q's dtype and the padded head dim: fp32's IEEE dots run
     on the FMA units, with their operand tiles in registers (H200, the embedded model's heads, d = 64:
-    blocks of 64 query rows halved the end-to-end tokens/s against 32); 16-bit dots run on the tensor
-    cores, 64 query rows (two warpgroups at d = 256)."""
+    blocks of 64 query rows halved the end-to-end tokens/s against 32), and from d = 256 (Qwen3.5's) in
+    blocks of 32 keys (64 took 298 KB of shared memory, past an H200 SM's 227 KB); 16-bit dots run on the
+    tensor cores, 64 query rows (two warpgroups at d = 256)."""
     if dtype == torch.float32:
-        return 32, 64, 4
+        return 32, 64 if bd <= 128 else 32, 4
     return (64, 32, 8) if bd >= 256 else (64, 64, 4)
 
 
