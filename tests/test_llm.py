@@ -162,6 +162,36 @@ def test_a_max_seq_len_beyond_the_model_is_refused_before_its_weights_load(monke
         LLM(max_seq_len=4097)
 
 
+@pytest.mark.parametrize("config_layers", [1, 0], ids=["no-mtp-tensors", "config-without-mtp-layers"])
+def test_a_speculative_mode_without_an_mtp_module_is_refused_before_the_weights_load(
+    config_layers, tmp_path, monkeypatch
+):
+    """The default mode drafts with the checkpoint's MTP module: a checkpoint without one is refused
+    from its config and headers (it was refused after every weight had loaded: minutes at 27B)."""
+    import trtllm_bole.llm as llm_module
+    from trtllm_bole.config import BoleConfig
+    from trtllm_bole.models.checkpoint import random_tensors, write_safetensors
+    from trtllm_bole.models.config import load_config
+    from trtllm_bole.testing import TINY_MTP_CONFIG
+
+    settings = {**TINY_MTP_CONFIG, "mtp_num_hidden_layers": config_layers}
+    (tmp_path / "config.json").write_text(json.dumps(settings))
+    write_safetensors(tmp_path, random_tensors(load_config(TINY_MTP_CONFIG), seed=0, mtp=config_layers == 0))
+    load_model = llm_module.load_model
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the MTP module was looked for")
+
+    monkeypatch.setattr(llm_module, "load_model", loaded)
+    why = "has no mtp.* tensors" if config_layers else r"config\.json sets mtp_num_hidden_layers = 0"
+    with pytest.raises(
+        ValueError, match=rf"mode 'bole' drafts with the checkpoint's MTP module, and .*{why}"
+    ):
+        LLM(tmp_path)
+    monkeypatch.setattr(llm_module, "load_model", load_model)
+    assert LLM(tmp_path, speculative_config=BoleConfig(mode="ar")).model.mtp is None
+
+
 def test_an_empty_stream_prompt_is_one_refused_request(llm):
     (out,) = list(llm.generate_stream([]))
     assert out.finished and out.outputs[0].finish_reason == "error" and "empty prompt" in out.error

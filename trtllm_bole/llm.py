@@ -24,10 +24,10 @@ from tqdm import tqdm
 from trtllm_bole.config import BoleConfig, SamplingParams, check_device, short_repr
 from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
 from trtllm_bole.models.config import eos_token_ids, load_config, load_json, read_generation_config
-from trtllm_bole.models.loader import load_model
+from trtllm_bole.models.loader import load_model, missing_mtp
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
-from trtllm_bole.spec.executor import Executor
+from trtllm_bole.spec.executor import Executor, no_mtp_error
 from trtllm_bole.spec.scheduler import MAX_PREFILL_TOKENS, MIN_SEQ_LEN, Request, SpecStats, check_limits
 from trtllm_bole.text import TextDelta, Tokenizer, cut_at_stop
 
@@ -106,6 +106,8 @@ class LLM:
             max_batch_size, max_seq_len, self.speculative_config = self.engine.runtime_settings(
                 dtype, max_batch_size, max_seq_len, speculative_config
             )
+            if self.speculative_config.speculates and not self.engine.config["model"]["has_mtp"]:
+                raise no_mtp_error(self.speculative_config.mode, "the engine was built without one")
             self.model = self.engine.load_model(device=device, mtp=self.speculative_config.speculates)
             hf_config, generation_config = self.engine.hf_config, self.engine.generation_config
         else:
@@ -114,6 +116,9 @@ class LLM:
             max_seq_len = 1024 if max_seq_len is None else max_seq_len
             torch_dtype = _resolve_dtype(dtype, device)
             load_config(path).check_seq_len(max_seq_len)  # before the weights load (minutes at 27B)
+            missing = missing_mtp(path) if self.speculative_config.speculates else None
+            if missing is not None:
+                raise no_mtp_error(self.speculative_config.mode, missing)
             self.model = load_model(
                 path, dtype=torch_dtype, device=device, mtp=self.speculative_config.speculates
             )

@@ -101,3 +101,22 @@ def test_a_bad_layer_count_or_interval_is_named(field, value):
     raw = {k: v for k, v in TINY_CONFIG.items() if k != "layer_types"}
     with pytest.raises(ValueError, match=f"{field} = {value!r} must be a positive integer"):
         load_config({**raw, field: value})
+
+
+def test_gdn_head_dims_the_cuda_kernels_cannot_tile_are_refused_before_anything_loads():
+    """dk, dv in multiples of 16 on CUDA (the kernels' tensor-core tiles); refused when the model is
+    placed there (it failed at the first step, inside the verify kernel's launcher), on any machine."""
+    from trtllm_bole.models.model import Qwen35Model
+
+    odd = load_config({**TINY_CONFIG, "linear_key_head_dim": 16, "linear_value_head_dim": 8})
+    with pytest.raises(
+        ValueError, match=r"linear_value_head_dim = 8: the GDN kernels on CUDA take head dims"
+    ):
+        Qwen35Model(odd, dtype=torch.float32, device="cuda")
+    Qwen35Model(odd, dtype=torch.float32, device="cpu")  # the CPU path takes any
+    load_config({**TINY_CONFIG, "linear_key_head_dim": 16, "linear_value_head_dim": 32}).check_cuda_tiles()
+    full_attention_only = {
+        **TINY_CONFIG,
+        "layer_types": ["full_attention"] * TINY_CONFIG["num_hidden_layers"],
+    }
+    load_config({**full_attention_only, "linear_value_head_dim": 8}).check_cuda_tiles()

@@ -134,6 +134,22 @@ def test_a_leftover_single_file_beside_shards_is_refused(tmp_path, tiny_settings
         _load(tmp_path)
 
 
+def test_writing_a_checkpoint_again_replaces_its_weights(tmp_path, tiny_settings):
+    """Sharded, then a single file, then fewer shards, into one folder: each write leaves only its own."""
+    _write(tmp_path, tiny_settings(), shard_bytes=20_000)
+    _write(tmp_path, tiny_settings())
+    assert sorted(p.name for p in tmp_path.glob("model*")) == ["model.safetensors"]
+    _load(tmp_path)
+    _write(tmp_path, tiny_settings(), shard_bytes=20_000)
+    many = len(list(tmp_path.glob("model-*.safetensors")))
+    _write(tmp_path, tiny_settings(), shard_bytes=200_000)
+    assert (
+        len(list(tmp_path.glob("model-*.safetensors"))) < many
+        and not (tmp_path / "model.safetensors").exists()
+    )
+    _load(tmp_path)
+
+
 def test_missing_mtp_is_reported_not_fatal(tmp_path, tiny_settings, caplog):
     _write(tmp_path, tiny_settings(), mtp=False)
     with caplog.at_level(logging.WARNING, logger="trtllm_bole.models.loader"):

@@ -1269,8 +1269,8 @@ MUTANTS = [
     Mutant(
         "MT5",
         "trtllm_bole/models/loader.py",
-        "load_mtp = mtp and has_mtp and config.mtp_num_hidden_layers > 0",
-        "load_mtp = mtp and has_mtp",
+        "    if config.mtp_num_hidden_layers == 0:\n",
+        "    if config.mtp_num_hidden_layers < 0:\n",
         [
             "tests/models/test_config.py",
             "tests/models/test_loader.py",
@@ -2323,5 +2323,26 @@ MUTANTS = [
         "        return 32, 64 if bd <= 128 else 32, 4",
         "        return 32, 64, 4",
         ["tests/kernels/test_tree_attention.py", "-k", "matches_the_float64"],
+    ),
+    Mutant(
+        "CT1",
+        "trtllm_bole/models/model.py",
+        '        if torch.device(device).type == "cuda":\n            config.check_cuda_tiles()\n',
+        "",
+        ["tests/models/test_config.py"],
+    ),
+    Mutant(
+        "MP1",
+        "trtllm_bole/llm.py",
+        "            missing = missing_mtp(path) if self.speculative_config.speculates else None",
+        "            missing = None",
+        ["tests/test_llm.py", "-k", "mtp_module"],
+    ),
+    Mutant(
+        "WS1",
+        "trtllm_bole/models/checkpoint.py",
+        "        old.unlink(missing_ok=True)",
+        "        pass",
+        ["tests/models/test_loader.py::test_writing_a_checkpoint_again_replaces_its_weights"],
     ),
 ]

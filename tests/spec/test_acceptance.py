@@ -3,6 +3,7 @@ import torch
 
 from trtllm_bole.spec.acceptance import (
     CDF_BLOCK,
+    accept,
     draw_coins,
     greedy_accept,
     inverse_cdf,
@@ -42,6 +43,17 @@ def test_greedy_duplicate_sibling_tokens_take_the_first():
     tree = forest([[-1, 0, 0]])
     leaf, bonus = greedy_accept(tree, torch.tensor([1, 4, 4]), torch.tensor([4, 7, 9]))
     assert leaf.tolist() == [1] and bonus.tolist() == [7]
+
+
+def test_greedy_ties_go_to_the_lowest_token_as_plain_greedy_decoding():
+    """Exact ties at the maximum (bf16 logits over a real vocabulary have them): a verify takes the first
+    maximal index, as ``argmax`` in plain decoding does, so a draft of a later tied token is rejected and
+    the bonus is the first. Request 0 drafts the second tied token, request 1 the first."""
+    tree = forest([[-1, 0], [-1, 0]])
+    logits = torch.zeros(4, 6)
+    logits[:, [2, 4]] = 1.0  # tokens 2 and 4 tie at every node
+    leaf, bonus = accept(tree, torch.tensor([0, 4, 0, 2]), logits, None)
+    assert leaf.tolist() == [0, 1] and bonus.tolist() == [2, 2]
 
 
 def walk(parents: list[int], tokens: list[int], probs: torch.Tensor, coins: torch.Tensor) -> tuple[int, int]:

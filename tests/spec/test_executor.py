@@ -442,7 +442,7 @@ def test_bad_requests(config):
         with pytest.raises(ValueError, match=re.escape(f"stop_token_ids {stop} are outside the vocabulary")):
             ex.submit([1], SamplingParams(stop_token_ids=stop))
     no_mtp = random_model(config, seed=3, mtp=False)
-    with pytest.raises(ValueError, match="lacks"):
+    with pytest.raises(ValueError, match="MTP module, and this model has none loaded"):
         Executor(no_mtp, BoleConfig(mode="bole"))
 
 

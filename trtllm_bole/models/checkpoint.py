@@ -137,9 +137,13 @@ def write_safetensors(
     out_dir: str | Path, tensors: dict[str, torch.Tensor], *, shard_bytes: int | None = None
 ) -> list[Path]:
     """``model.safetensors``, or shards ``model-0000i-of-0000n.safetensors`` of at most ``shard_bytes``
-    (at least one tensor each) plus ``model.safetensors.index.json``, as ``save_pretrained`` writes."""
+    (at least one tensor each) plus ``model.safetensors.index.json``, as ``save_pretrained`` writes. The
+    weights a previous write left in ``out_dir`` go first (a single file beside an index is refused at
+    load)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for old in (*out_dir.glob("model-*-of-*.safetensors"), out_dir / SINGLE_FILE, out_dir / INDEX_FILE):
+        old.unlink(missing_ok=True)
     tensors = {name: t.contiguous() for name, t in sorted(tensors.items())}
     if shard_bytes is None:
         save_file(tensors, out_dir / SINGLE_FILE, metadata={"format": "pt"})

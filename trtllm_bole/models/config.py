@@ -89,12 +89,27 @@ class Qwen35Config:
         """Refuse to serve sequences longer than the model's positions were trained for."""
         if max_seq_len > self.max_position_embeddings:
             raise ValueError(
-                f"max_seq_len {max_seq_len} exceeds the model's {self._where}max_position_embeddings "
+                f"max_seq_len {max_seq_len} exceeds the model's {self.text_scope}max_position_embeddings "
                 f"{self.max_position_embeddings} ({self.source}); positions past it were never trained"
             )
 
+    def check_cuda_tiles(self) -> None:
+        """Refuse GDN head dims the CUDA kernels cannot tile: their tensor-core tiles take dk and dv in
+        multiples of 16 (the CPU path takes any)."""
+        dims = {
+            "linear_key_head_dim": self.linear_key_head_dim,
+            "linear_value_head_dim": self.linear_value_head_dim,
+        }
+        odd = [f"{self.text_scope}{name} = {value}" for name, value in dims.items() if value % 16]
+        if self.gdn_layer_ids and odd:
+            raise ValueError(
+                f"{self.source}: {' and '.join(odd)}: the GDN kernels on CUDA take head dims in multiples of "
+                "16 (tensor-core tile sides); run this model on the CPU"
+            )
+
     @property
-    def _where(self) -> str:
+    def text_scope(self) -> str:
+        """Where the text model's fields sit in config.json: ``"text_config."`` in a multimodal wrapper."""
         return _field_scope(self.weight_prefix)
 
     def _check_integers(self) -> None:
@@ -105,15 +120,16 @@ class Qwen35Config:
         ):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{self.source}: {self._where}{name} = {value!r} must be a positive integer")
+                where = f"{self.source}: {self.text_scope}{name}"
+                raise ValueError(f"{where} = {value!r} must be a positive integer")
         if isinstance(self.linear_conv_kernel_dim, bool) or not isinstance(self.linear_conv_kernel_dim, int):
             raise ValueError(
-                f"{self.source}: {self._where}linear_conv_kernel_dim = {self.linear_conv_kernel_dim!r} "
+                f"{self.source}: {self.text_scope}linear_conv_kernel_dim = {self.linear_conv_kernel_dim!r} "
                 f"must be an integer >= 2"
             )
 
     def _validate(self) -> None:
-        where = self._where
+        where = self.text_scope
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(
                 f"{self.source}: {where}layer_types has {len(self.layer_types)} entries but "

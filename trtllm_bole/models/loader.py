@@ -60,13 +60,11 @@ def load_model(
     path = Path(path)
     config = load_config(path)
     headers = _read_headers(path)
-    has_mtp = any(name.startswith("mtp.") for name in headers)
-    load_mtp = mtp and has_mtp and config.mtp_num_hidden_layers > 0
-    if mtp and not has_mtp:
+    gap = _mtp_gap(config, headers)
+    load_mtp = mtp and gap is None
+    if mtp and gap is not None:
         log.warning(
-            "%s: no mtp.* tensors in the checkpoint; the built-in MTP drafter is unavailable "
-            "(plain decoding is unaffected)",
-            path,
+            "%s: %s; the built-in MTP drafter is unavailable (plain decoding is unaffected)", path, gap
         )
     layout = checkpoint_layout(config, mtp=load_mtp)
     _check_headers(path, config, headers, layout, load_mtp)
@@ -170,6 +168,20 @@ def _open(file: Path) -> safe_open:
         return safe_open(file, framework="pt", device="cpu")
     except Exception as e:  # a truncated file fails here, while its header is parsed
         raise ValueError(f"{file}: cannot read the safetensors file ({e}); it is truncated or corrupt") from e
+
+
+def missing_mtp(path: str | Path) -> str | None:
+    """Why the checkpoint at ``path`` has no MTP module to draft with, or None when it has one (from its
+    config and safetensors headers: no weights are read)."""
+    return _mtp_gap(load_config(path), _read_headers(Path(path)))
+
+
+def _mtp_gap(config: Qwen35Config, headers: dict) -> str | None:
+    if not any(name.startswith("mtp.") for name in headers):
+        return "the checkpoint has no mtp.* tensors"
+    if config.mtp_num_hidden_layers == 0:
+        return f"{config.source} sets {config.text_scope}mtp_num_hidden_layers = 0"
+    return None
 
 
 def _read_headers(path: Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:

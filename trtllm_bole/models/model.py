@@ -43,6 +43,8 @@ class Qwen35Model(EmptyInitModule):
     ):
         if dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"dtype must be one of {SUPPORTED_DTYPES}, got {dtype}")
+        if torch.device(device).type == "cuda":
+            config.check_cuda_tiles()
         super().__init__(dtype, device)
         self.config = config
         c = config

@@ -140,6 +140,14 @@ def _is_token_id(t: Any, vocab: int) -> bool:
         return False
 
 
+def no_mtp_error(mode: str, why: str) -> ValueError:
+    """A speculative ``mode`` refused for want of an MTP module to draft with (``why`` there is none)."""
+    return ValueError(
+        f"mode {mode!r} drafts with the checkpoint's MTP module, and {why}; use mode 'ar' (plain decoding) "
+        "or a checkpoint with one"
+    )
+
+
 class Executor:
     def __init__(
         self,
@@ -157,10 +165,7 @@ class Executor:
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
     ) -> None:
         if bole.speculates and model.mtp is None:
-            raise ValueError(
-                f"mode {bole.mode!r} drafts with the checkpoint's MTP module, which this model lacks; "
-                "use BoleConfig(mode='ar') or a checkpoint with mtp.* tensors"
-            )
+            raise no_mtp_error(bole.mode, "this model has none loaded")
         check_limits(max_batch_size=(max_batch_size, 1), max_seq_len=(max_seq_len, MIN_SEQ_LEN),
                      block_size=(block_size, 1), max_prefill_tokens=(max_prefill_tokens, 1))  # fmt: skip
         model.config.check_seq_len(max_seq_len)
