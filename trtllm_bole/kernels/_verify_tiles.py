@@ -54,7 +54,8 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
     (tests/kernels/test_verify_stability.py)."""
     o_t = tl.arange(0, BT)
     w = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    for s in tl.static_range(0, 7):  # half-blocks of 1 … 64 nodes: BT up to 128
+    tl.static_assert(BT <= 128)
+    for s in range(0, 7):  # half-blocks of 1 … 64 nodes; a loop, not unrolled (one copy of the products)
         if (1 << s) < BT:
             blk_r = o_t[:, None] >> s
             blk_c = o_t[None, :] >> s
