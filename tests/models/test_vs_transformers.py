@@ -166,3 +166,21 @@ def test_bfloat16_is_as_accurate_as_transformers_bfloat16(pair, tmp_path):
     their_err = (theirs - truth).abs().mean().item()
     print(f"bf16 mean abs error: ours {ours_err:.4f}, transformers {their_err:.4f}")
     assert ours_err <= 1.1 * their_err, f"bf16 mean error {ours_err:.4f} vs transformers' {their_err:.4f}"
+
+
+def test_the_embedded_checkpoint_loads_in_transformers_with_the_same_logits():
+    """What its model card says: transformers' AutoModelForCausalLM reads the embedded checkpoint (the
+    ``mtp.*`` tensors are the only ones it leaves unused) and computes our logits."""
+    from trtllm_bole.llm import DEFAULT_MODEL
+
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(
+        DEFAULT_MODEL, dtype=torch.float32, output_loading_info=True
+    )
+    assert not info["missing_keys"]
+    assert all(name.startswith("mtp.") for name in info["unexpected_keys"])
+    ours = load_model(DEFAULT_MODEL, dtype=torch.float32, progress=False)
+    prompt = torch.arange(5, 69)
+    with torch.no_grad():
+        theirs = hf.eval()(prompt[None]).logits[0]
+        _, mine = ours.forward_sequences(prompt[None])
+    torch.testing.assert_close(mine[0], theirs, atol=ATOL, rtol=0)

@@ -2345,4 +2345,18 @@ MUTANTS = [
         "        pass",
         ["tests/models/test_loader.py::test_writing_a_checkpoint_again_replaces_its_weights"],
     ),
+    Mutant(
+        "R11",
+        "trtllm_bole/reference/gdn_tree.py",
+        "    return x.repeat_interleave(hv // x.shape[-2], dim=-2)",
+        "    return x.repeat(*([1] * (x.dim() - 2)), hv // x.shape[-2], 1)",
+        ["tests/reference/test_gdn_tree.py::test_the_serial_oracle_on_chains_is_transformers_recurrence"],
+    ),
+    Mutant(
+        "R12",
+        "trtllm_bole/reference/gdn_tree.py",
+        "    if scale is not None:\n        q = q * scale\n",
+        "",
+        ["tests/reference/test_gdn_tree.py::test_the_serial_oracle_on_chains_is_transformers_recurrence"],
+    ),
 ]

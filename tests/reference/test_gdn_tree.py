@@ -15,6 +15,7 @@ from trtllm_bole.testing import (
     star_parents,
     topk_parents,
 )
+from trtllm_bole.tree import TreeBatch
 
 SHAPES = {
     "single": [[-1]],
@@ -197,3 +198,30 @@ def test_batched_chunk_form_matches_serial_and_is_differentiable(gen):
         return gdn_tree.chunk_gated_delta_rule(*a, x.state, scale=x.scale, chunk_size=4)[0]
 
     assert torch.autograd.gradcheck(f, tuple(inputs), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("h", "hv", "dk", "dv"), [(2, 2, 8, 8), (2, 4, 16, 8), (1, 3, 12, 5)])
+def test_the_serial_oracle_on_chains_is_transformers_recurrence(h, hv, dk, dv, gen):
+    """The oracle itself against the model it stands for: on chains (each node the previous one's child),
+    transformers' Qwen3.5 recurrence (float32 inside) with its in-kernel L2 norm and 1/sqrt(dk) scale,
+    grouped heads included. The other reference tests compare our functions with each other, which a
+    head mapping or scale shared by all of them would pass."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+
+    batch, length = 2, 9
+    x = random_gdn_inputs(batch * length, batch, h, hv, dk, dv, generator=gen)
+    q_raw, k_raw = (torch.randn(batch * length, h, dk, generator=gen, dtype=torch.float64) for _ in range(2))
+    o_hf, s_hf = torch_recurrent_gated_delta_rule(
+        *(t.reshape(batch, length, *t.shape[1:]) for t in (q_raw, k_raw, x.v, x.g, x.beta)),
+        initial_state=x.state, output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+
+    def l2(t):
+        return t * torch.rsqrt((t * t).sum(-1, keepdim=True) + 1e-6)  # transformers' l2norm
+
+    chains = TreeBatch.chains([length] * batch)
+    o, states = gdn_tree.serial_tree_recurrence(
+        l2(q_raw), l2(k_raw), x.v, x.g, x.beta, x.state, chains, scale=dk**-0.5
+    )
+    assert (o - o_hf.reshape(o.shape).double()).abs().max() <= 1e-5
+    assert (states[chains.cu_seqlens[1:] - 1] - s_hf.double()).abs().max() <= 1e-5

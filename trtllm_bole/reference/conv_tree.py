@@ -5,7 +5,8 @@ multiplies the newest input, as in ``torch.nn.Conv1d`` with left padding); conv_
 ``[S, C, W - 1]``: the committed last ``W - 1`` inputs of each request, oldest first.
 
 Node ``i``'s window is its own input and its ``W - 1`` nearest ancestors along its path, falling back
-to the committed conv state where the path is shorter.
+to the committed conv state where the path is shorter. The shapes are not checked here (a conv_state one
+column short would read a node as its own ancestor): :func:`trtllm_bole.ops.tree_conv1d` checks them.
 """
 
 from __future__ import annotations

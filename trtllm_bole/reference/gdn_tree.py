@@ -5,7 +5,10 @@ g (log decay, <= 0) and beta ``[N, HV]``; state ``[S, HV, dk, dv]`` with ``S = B
 addressed by ``state_indices`` ``[B]``. Value head ``h`` reads key head ``h // (HV // H)``.
 
 Everything is computed in the promoted dtype of the inputs and the state (float64 in, float64 out),
-so the same code is the float64 oracle and the CPU serving path.
+so the same code is the float64 oracle and the CPU serving path. Nothing here checks its inputs:
+:mod:`trtllm_bole.ops` refuses bad shapes, dtypes and trees by name before it calls these, and the
+tests call them on inputs they build (a wrong shape may broadcast rather than fail). ``scale`` scales q
+(transformers' Qwen3.5 uses ``dk ** -0.5``; None leaves q as it is).
 """
 
 from __future__ import annotations
