@@ -233,6 +233,17 @@ def test_bad_config_field_names_file_and_field(tmp_path, tiny_settings, edit, me
         load_config(tmp_path)
 
 
+def test_weights_only_as_pytorch_pickles_are_named(tmp_path, tiny_settings):
+    (tmp_path / "config.json").write_text(json.dumps(tiny_settings()))
+    with pytest.raises(ValueError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
+        _load(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(
+        ValueError, match=r"pytorch_model\*\.bin weights, which are not read .*as safetensors"
+    ):
+        _load(tmp_path)
+
+
 def test_missing_config_field_and_file(tmp_path, tiny_settings):
     settings = tiny_settings()
     del settings["intermediate_size"]

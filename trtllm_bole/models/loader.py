@@ -142,6 +142,11 @@ def checkpoint_files(path: Path) -> list[Path]:
         files = [path / name for name in sorted(set(_weight_map(index).values()))]
     elif (path / SINGLE_FILE).exists():
         files = [path / SINGLE_FILE]
+    elif any(path.glob("pytorch_model*.bin")):
+        raise ValueError(
+            f"{path}: holds pytorch_model*.bin weights, which are not read (pickles run code when loaded); "
+            "re-save the checkpoint as safetensors (save_pretrained(..., safe_serialization=True))"
+        )
     else:
         raise ValueError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE}; is this a checkpoint directory?")
     for file in files:
