@@ -192,6 +192,29 @@ def test_a_speculative_mode_without_an_mtp_module_is_refused_before_the_weights_
     assert LLM(tmp_path, speculative_config=BoleConfig(mode="ar")).model.mtp is None
 
 
+def test_a_stream_closed_while_another_steps_ends_with_that_step(llm, monkeypatch):
+    """Closing a stream while another caller's step holds the lock queues its abort; the step ends it
+    as it releases the lock, before the other stream's reader gets its tokens (it waited for some later
+    step, holding its slot and KV blocks while that reader was slow)."""
+    closed = llm.generate_stream([5, 6, 7, 8], SamplingParams(max_tokens=40, ignore_eos=True))
+    next(closed)
+    (request,) = llm.executor.scheduler.running
+    step = llm.executor.step
+
+    def step_closing_the_stream():
+        monkeypatch.setattr(llm.executor, "step", step)
+        closed.close()  # on this thread, inside the step: the lock is held, so the abort is queued
+        assert not request.finished
+        step()
+
+    monkeypatch.setattr(llm.executor, "step", step_closing_the_stream)
+    reader = llm.generate_stream([9, 10, 11], SamplingParams(max_tokens=3, ignore_eos=True))
+    next(reader)
+    assert request.finished and request.finish_reason == "abort" and not llm._to_abort
+    assert [o.finished for o in reader][-1]
+    assert pools_settled(llm.executor)
+
+
 def test_an_empty_stream_prompt_is_one_refused_request(llm):
     (out,) = list(llm.generate_stream([]))
     assert out.finished and out.outputs[0].finish_reason == "error" and "empty prompt" in out.error

@@ -280,15 +280,21 @@ class LLM:
 
     def _step(self) -> None:
         """One executor step for every caller. A step that raises may have left any running request
-        half-updated: they all end with an error, whoever submitted them."""
-        with self._lock:
-            self._abort_queued()
-            try:
-                self.executor.step()
-            except BaseException as e:
-                for r in list(self.executor.scheduler.running):
-                    self.executor.scheduler.finish(r, "error", f"a step failed: {e!r}")
-                raise
+        half-updated: they all end with an error, whoever submitted them. Streams closed while the step
+        held the lock are aborted as it ends (their requests held their slots and blocks until some
+        later step, which a stream with a slow reader may not take for long)."""
+        try:
+            with self._lock:
+                self._abort_queued()
+                try:
+                    self.executor.step()
+                except BaseException as e:
+                    for r in list(self.executor.scheduler.running):
+                        self.executor.scheduler.finish(r, "error", f"a step failed: {e!r}")
+                    raise
+        finally:
+            if self._to_abort:  # queued before the release, so after it no other closer waits on us
+                self._abort_unfinished([], wait=False)
 
     def _abort_unfinished(self, requests: list[Request], *, wait: bool = True) -> None:
         """Abort those of ``requests`` still unfinished: now, or, without ``wait`` while another holder

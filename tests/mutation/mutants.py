@@ -2359,4 +2359,11 @@ MUTANTS = [
         "",
         ["tests/reference/test_gdn_tree.py::test_the_serial_oracle_on_chains_is_transformers_recurrence"],
     ),
+    Mutant(
+        "AB1",
+        "trtllm_bole/llm.py",
+        "            if self._to_abort:  # queued before the release, so after it no other closer waits on us",
+        "            if False:",
+        ["tests/test_llm.py::test_a_stream_closed_while_another_steps_ends_with_that_step"],
+    ),
 ]
