@@ -47,7 +47,7 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
     """``(I - A)⁻¹`` of a strictly lower-triangular ``[BT, BT]`` tile ``A`` (``BT`` a power of two), by
     block doubling: with ``W`` the inverse of the diagonal blocks of size ``b``, the inverse on blocks of
     ``2b`` is ``W + W (A ∘ M_b) W``, where ``M_b`` keeps each odd block's rows against the block before it
-    (``[P 0; -C Q]⁻¹ = [P⁻¹ 0; Q⁻¹ C P⁻¹ Q⁻¹]``). ``log2 BT`` rounds of two products, each on the bounded
+    (``[P, 0; -C, Q]⁻¹ = [P⁻¹, 0; Q⁻¹ C P⁻¹, Q⁻¹]``). ``log2 BT`` rounds of two products, each on the bounded
     entries of exact inverses. The power series ``(I + A)(I + A²)(I + A⁴)…`` it replaces is the same
     polynomial, but ``A^m`` on a chain sums ``C(n - 1, m - 1)`` paths: on 32 nodes of near-identical
     keys with β near 1 its fp32 rounding reached the size of the result
