@@ -144,6 +144,8 @@ def test_generate_from_several_threads(llm):
         (lambda llm: SamplingParams(seed=2**64), "seed"),
         (lambda llm: SamplingParams(top_k=2**31), "top_k"),
         (lambda llm: SamplingParams(stop=[""]), "at least 1 character"),
+        (lambda llm: SamplingParams(max_tokens=True), "max_tokens\n.*integers, not booleans: got True"),
+        (lambda llm: SamplingParams(stop_token_ids=[3, False]), "stop_token_ids\n.*not booleans"),
     ],
 )
 def test_bad_inputs_are_refused_by_name(llm, call, words):

@@ -49,6 +49,16 @@ class SamplingParams(BaseModel):
     )
     ignore_eos: bool = Field(False, description="Keep generating past the tokenizer's end-of-text token.")
 
+    @field_validator("max_tokens", "top_k", "seed", "stop_token_ids", mode="before")
+    @classmethod
+    def _no_bools_for_integers(cls, value: object) -> object:
+        """``True`` is an int to Python and to pydantic's lax mode (``max_tokens=True`` was one token):
+        refused, as the server refuses a BOOL tensor or parameter for these fields."""
+        items = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, bool) for v in items):
+            raise ValueError(f"takes integers, not booleans: got {value!r}")
+        return value
+
     @field_validator("temperature")
     @classmethod
     def _temperature_greedy_or_finite(cls, t: float) -> float:

@@ -2366,4 +2366,11 @@ MUTANTS = [
         "            if False:",
         ["tests/test_llm.py::test_a_stream_closed_while_another_steps_ends_with_that_step"],
     ),
+    Mutant(
+        "SP2",
+        "trtllm_bole/config.py",
+        "        if any(isinstance(v, bool) for v in items):",
+        "        if False:",
+        ["tests/test_llm.py::test_bad_inputs_are_refused_by_name"],
+    ),
 ]
