@@ -192,7 +192,8 @@ class Executor:
         if self.scheduler.request_limit < 2:  # a prompt token and the one its prefill emits
             raise ValueError(
                 f"a KV cache of {num_blocks} blocks of {block_size} tokens serves no request: each needs "
-                f"2 tokens or more and {tree_tokens} of draft tree past them; give it at least "
+                f"2 tokens or more and room past them for the {tree_tokens} a step may keep (the pending "
+                f"token{' and a path of drafts' if bole.speculates else ''}); give it at least "
                 f"{-(-(2 + tree_tokens) // block_size) * block_size} tokens"
             )
         self._next_id = 0
