@@ -115,8 +115,9 @@ class LLM:
             max_batch_size = 8 if max_batch_size is None else max_batch_size
             max_seq_len = 1024 if max_seq_len is None else max_seq_len
             torch_dtype = _resolve_dtype(dtype, device)
-            load_config(path).check_seq_len(max_seq_len)  # before the weights load (minutes at 27B)
-            missing = missing_mtp(path) if self.speculative_config.speculates else None
+            config = load_config(path)
+            config.check_seq_len(max_seq_len)  # before the weights load (minutes at 27B)
+            missing = missing_mtp(path, config) if self.speculative_config.speculates else None
             if missing is not None:
                 raise no_mtp_error(self.speculative_config.mode, missing)
             self.model = load_model(

@@ -2334,7 +2334,7 @@ MUTANTS = [
     Mutant(
         "MP1",
         "trtllm_bole/llm.py",
-        "            missing = missing_mtp(path) if self.speculative_config.speculates else None",
+        "            missing = missing_mtp(path, config) if self.speculative_config.speculates else None",
         "            missing = None",
         ["tests/test_llm.py", "-k", "mtp_module"],
     ),

@@ -141,7 +141,9 @@ class PluginSpec:
 
 
 def _head_dims(plugin_id: str, h: int, dk: int, hv: int, dv: int) -> None:
-    if hv % h or dk % 16 or dv % 16:
+    from trtllm_bole.kernels._common import tiles_head_dims
+
+    if hv % h or not tiles_head_dims(dk, dv):
         raise ValueError(f"{plugin_id}: HV={hv} must be a multiple of H={h}, dk={dk} and dv={dv} of 16")
 
 

@@ -20,6 +20,12 @@ prefill path instead."""
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def tiles_head_dims(dk: int, dv: int) -> bool:
+    """Whether the GDN kernels can tile key and value head dims ``dk``, ``dv``: multiples of 16, the
+    tensor cores' tile side (the verify, commit and prefill kernels, their plugins, a model on CUDA)."""
+    return dk % 16 == 0 and dv % 16 == 0
+
+
 @dataclass(frozen=True, slots=True)
 class GDNTreeFactors:
     """What the factored commit needs from a verify (BOLE.md §3): per node ``(logP_i, k_i, u_i)``.

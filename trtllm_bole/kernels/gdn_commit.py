@@ -28,6 +28,7 @@ from trtllm_bole.kernels._common import (
     pow2_at_least,
     slot_indices,
     tile_dividing,
+    tiles_head_dims,
 )
 from trtllm_bole.tree import TreeBatch
 
@@ -239,7 +240,7 @@ def gdn_commit(
     check_commit_factors(state, factors)
     hv, dk, dv = state.shape[-3:]
     n, h = tree.num_nodes, k.shape[-2]
-    if state.dtype != torch.float32 or dk % 16 or dv % 16:
+    if state.dtype != torch.float32 or not tiles_head_dims(dk, dv):
         raise ValueError(
             f"the commit kernel takes a float32 state with dk and dv multiples of 16, got {state.dtype} "
             f"{tuple(state.shape)}"

@@ -50,6 +50,7 @@ from trtllm_bole.kernels._common import (
     num_sms,
     slot_indices,
     tile_dividing,
+    tiles_head_dims,
 )
 from trtllm_bole.kernels._verify_tiles import (
     _UPCAST,
@@ -470,7 +471,7 @@ def checked_call(
     n, _, dk, hv, dv = gdn_shapes(q, k, v)
     if n != tree.num_nodes:
         raise ValueError(f"q/k/v hold {n} nodes but the tree has {tree.num_nodes}")
-    if dk % 16 or dv % 16:
+    if not tiles_head_dims(dk, dv):
         raise ValueError(f"dk={dk} and dv={dv} must be multiples of 16 (tensor-core tile sides)")
     check_gdn_operands(q, k, v, g, beta, state)
     check_device(tree, state.device, q=q, k=k, v=v, g=g, beta=beta)

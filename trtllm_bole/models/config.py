@@ -96,12 +96,12 @@ class Qwen35Config:
     def check_cuda_tiles(self) -> None:
         """Refuse GDN head dims the CUDA kernels cannot tile: their tensor-core tiles take dk and dv in
         multiples of 16 (the CPU path takes any)."""
-        dims = {
-            "linear_key_head_dim": self.linear_key_head_dim,
-            "linear_value_head_dim": self.linear_value_head_dim,
-        }
-        odd = [f"{self.text_scope}{name} = {value}" for name, value in dims.items() if value % 16]
-        if self.gdn_layer_ids and odd:
+        from trtllm_bole.kernels._common import tiles_head_dims
+
+        dk, dv = self.linear_key_head_dim, self.linear_value_head_dim
+        if self.gdn_layer_ids and not tiles_head_dims(dk, dv):
+            dims = {"linear_key_head_dim": dk, "linear_value_head_dim": dv}
+            odd = [f"{self.text_scope}{name} = {value}" for name, value in dims.items() if value % 16]
             raise ValueError(
                 f"{self.source}: {' and '.join(odd)}: the GDN kernels on CUDA take head dims in multiples of "
                 "16 (tensor-core tile sides); run this model on the CPU"

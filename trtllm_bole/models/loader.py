@@ -175,10 +175,10 @@ def _open(file: Path) -> safe_open:
         raise ValueError(f"{file}: cannot read the safetensors file ({e}); it is truncated or corrupt") from e
 
 
-def missing_mtp(path: str | Path) -> str | None:
-    """Why the checkpoint at ``path`` has no MTP module to draft with, or None when it has one (from its
-    config and safetensors headers: no weights are read)."""
-    return _mtp_gap(load_config(path), _read_headers(Path(path)))
+def missing_mtp(path: str | Path, config: Qwen35Config) -> str | None:
+    """Why the checkpoint at ``path`` (whose config is ``config``) has no MTP module to draft with, or None
+    when it has one (from the safetensors headers: no weights are read)."""
+    return _mtp_gap(config, _read_headers(Path(path)))
 
 
 def _mtp_gap(config: Qwen35Config, headers: dict) -> str | None:
