@@ -47,20 +47,28 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
     """``(I - A)⁻¹`` of a strictly lower-triangular ``[BT, BT]`` tile ``A`` (``BT`` a power of two), by
     block doubling: with ``W`` the inverse of the diagonal blocks of size ``b``, the inverse on blocks of
     ``2b`` is ``W + W (A ∘ M_b) W``, where ``M_b`` keeps each odd block's rows against the block before it
-    (``[P, 0; -C, Q]⁻¹ = [P⁻¹, 0; Q⁻¹ C P⁻¹, Q⁻¹]``). ``log2 BT`` rounds of two products, each on the bounded
-    entries of exact inverses. The power series ``(I + A)(I + A²)(I + A⁴)…`` it replaces is the same
-    polynomial, but ``A^m`` on a chain sums ``C(n - 1, m - 1)`` paths: on 32 nodes of near-identical
-    keys with β near 1 its fp32 rounding reached the size of the result
-    (tests/kernels/test_verify_stability.py)."""
-    o_t = tl.arange(0, BT)
-    w = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
+    (``[P, 0; -C, Q]⁻¹ = [P⁻¹, 0; Q⁻¹ C P⁻¹, Q⁻¹]``). The first round needs no products (``W = I``), the
+    ``log2 BT - 1`` others two each, on the bounded entries of exact inverses. The power series
+    ``(I + A)(I + A²)(I + A⁴)…`` it replaces is the same polynomial, but ``A^m`` on a chain sums
+    ``C(n - 1, m - 1)`` paths: on 32 nodes of near-identical keys with β near 1 its fp32 rounding reached
+    the size of the result (tests/kernels/test_verify_stability.py)."""
+    o_r = tl.arange(0, BT)[:, None]
+    o_c = tl.arange(0, BT)[None, :]
     tl.static_assert(BT <= 128)
+    w = tl.where(o_r == o_c, 1.0, 0.0)
     for s in range(0, 7):  # half-blocks of 1 … 64 nodes; a loop, not unrolled (one copy of the products)
         if (1 << s) < BT:
-            blk_r = o_t[:, None] >> s
-            blk_c = o_t[None, :] >> s
+            blk_r = o_r >> s
+            blk_c = o_c >> s
             cross = tl.where(((blk_r & 1) == 1) & (blk_c == blk_r - 1), a, 0.0)
-            w += tl.dot(w, tl.dot(cross, w, input_precision=PREC), input_precision=PREC)
+            # W = I in the first round: W + W (A ∘ M_1) W = I + A ∘ M_1. Keep this branch inside the
+            # loop: the same first round written before it (w = I + cross, the loop from s = 1) ran in
+            # the interpreter, but triton 3.6 built a kernel that was wrong on the H200 (the 16-bit
+            # prefill at Qwen3.5-9B heads off by 0.31, benchmarks/EXPERIMENTS.md).
+            if s == 0:
+                w += cross
+            else:
+                w += tl.dot(w, tl.dot(cross, w, input_precision=PREC), input_precision=PREC)
     return w
 
 

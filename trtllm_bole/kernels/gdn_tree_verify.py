@@ -17,7 +17,7 @@ need no padding (each program loops over its own request's nodes). Nodes go in r
    with ``U_c`` read back from the ``u`` output this program wrote (blocked forward substitution;
    column blocks holding no ancestor of the row block are skipped);
 3. ``U_r = (I + G_rr)⁻¹ R_r``, the block's inverse by doubling (:func:`~._verify_tiles._unit_lower_inverse`:
-   ``log2 BT`` rounds of two ``[BT, BT]`` products on bounded entries; BOLE.md's Neumann series, or its
+   ``log2 BT - 1`` rounds of two ``[BT, BT]`` products on bounded entries; BOLE.md's Neumann series, or its
    squared form ``(I - G)(I + G²)(I + G⁴)…`` that this kernel ran until 2026-12-04, loses fp32 exactness
    on long chains of similar keys); then ``O_r = P_r Q_r S + Σ_{c≤r} C_rc U_c``.
 

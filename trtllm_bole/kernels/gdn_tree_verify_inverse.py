@@ -22,7 +22,7 @@ node and head (64 B at depth 8) instead of a dense ``[T, T]`` tile.
   :data:`COMPACT_MAX_DEPTH` (its back substitution is ``depth - 1`` dependent steps: prefill chains of 64
   ran 4x slower on it) and trees larger than the tile keep the dense form: ancestor masks from the pre-order
   interval test; ``logP`` as a masked row sum of g; ``K Kᵀ``; ``G``; ``W = (I + G)⁻¹`` by block doubling
-  (:func:`~._verify_tiles._unit_lower_inverse`, ``log2 BT`` rounds of two products) on the tensor cores.
+  (:func:`~._verify_tiles._unit_lower_inverse`, ``log2 BT - 1`` rounds of two products) on the tensor cores.
   Trees larger than the tile ``BT`` are blocked:
   ``W'_rc = -W_rr Σ_{c≤m<r} G_rm W'_mc`` with the earlier block rows read back (their ``C'`` is formed in
   phase 2, block by block).
