@@ -1687,15 +1687,15 @@ MUTANTS = [
     Mutant(
         "QB2",
         "trtllm_bole/serving/engine.py",
-        "return max(0, self._waiting() - max(0, free))",
-        "return self._waiting()",
+        "return len(sizes) - scheduler.admissible(sizes, self.executor.max_batch_size)",
+        "return len(sizes)",
         ["tests/serving/test_serving_metrics.py"],
     ),
     Mutant(
-        "QB5",
+        "QB6",
         "trtllm_bole/serving/engine.py",
-        "        if self._waits_for_blocks:\n            return self._waiting()\n",
-        "",
+        "return len(sizes) - scheduler.admissible(sizes, self.executor.max_batch_size)",
+        "return max(0, len(sizes) - self.executor.max_batch_size + len(scheduler.running))",
         ["tests/serving/test_serving_metrics.py"],
     ),
     Mutant(

@@ -150,6 +150,23 @@ def test_while_the_queue_waits_for_kv_blocks_free_places_do_not_hide_it():
     engine.close()
 
 
+def test_a_burst_into_an_idle_engine_weighs_kv_blocks_too():
+    """The same cache and queue bound, the requests arriving together before any step: the first takes
+    the blocks, the second waits for them and the third is refused, whether or not the engine thread
+    has moved the first two yet (the blocks used to be weighed only after a step: into an idle engine a
+    burst filled every free place, 9 of 12 taken with 8 places and one request's blocks)."""
+    engine = ServingEngine(make_executor(max_batch_size=4, num_blocks=6), max_queue_size=1)
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    collectors = [Collector() for _ in range(3)]
+    for prompt, got in zip(PROMPTS, collectors[:2], strict=False):
+        engine.submit(prompt, params, got)
+    with pytest.raises(RuntimeError, match="queue is full: 1 of max_queue_size 1 waiting"):
+        engine.submit(PROMPTS[2], params, collectors[2])
+    assert [c.final.finish_reason for c in collectors[:2]] == ["length"] * 2
+    engine.close()
+    assert engine.stats().rejected_queue_full == 1
+
+
 def test_samples_cover_every_stat_under_its_family():
     families = {f.name: f for f in FAMILIES}
     assert len(families) == len(FAMILIES) and {f.kind for f in FAMILIES} == {GAUGE, COUNTER}

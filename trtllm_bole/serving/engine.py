@@ -153,7 +153,6 @@ class ServingEngine:
         self._rejected = {"queue_full": 0, "shut_down": 0}  # by submit(), under self._cv
         self._latencies: deque[RequestLatency] = deque(maxlen=LATENCY_BACKLOG)
         self._iterations = 0
-        self._waits_for_blocks = False  # the queue's head waits for KV blocks (engine thread writes)
         self._next_waiting_poll = 0.0  # when the whole queue is next asked (_poll_cancellations)
         self._stats: EngineStats  # published by the engine thread (_publish), read by any thread
         self._publish()
@@ -215,12 +214,13 @@ class ServingEngine:
         return len(self._inbox) + len(self.executor.scheduler.waiting)
 
     def _queued(self) -> int:
-        """Requests waiting beyond the batch's free places: those of a burst that the next step admits
-        are not queued, unless the head of the queue waits for KV blocks (then no place takes anyone)."""
-        if self._waits_for_blocks:
-            return self._waiting()
-        free = self.executor.max_batch_size - len(self.executor.scheduler.running)
-        return max(0, self._waiting() - max(0, free))
+        """Requests waiting beyond those the next step admits (a place in the batch and, in order, their
+        KV blocks: :meth:`Scheduler.admissible`). Under ``self._cv``; the scheduler's queue is copied in
+        one step (``list`` of a deque runs no Python code, so the engine thread cannot interleave)."""
+        scheduler = self.executor.scheduler
+        sizes = [(len(r.prompt_ids), r.params.max_tokens) for r in list(scheduler.waiting)]
+        sizes += [(len(ids), params.max_tokens) for _, ids, params in self._inbox]
+        return len(sizes) - scheduler.admissible(sizes, self.executor.max_batch_size)
 
     def close(self, timeout: float = 30.0, *, grace: float = 0.0) -> None:
         """Refuse new requests, let those already submitted run for up to ``grace`` seconds, abort the
@@ -287,7 +287,6 @@ class ServingEngine:
             if self.executor.has_unfinished:
                 self._step()
                 self._iterations += 1
-            self._waits_for_blocks = self.executor.scheduler.waits_for_blocks()
             self._publish()
 
     def _publish(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,23 +205,27 @@ class Scheduler:
 
     def admit(self, max_batch: int) -> list[Request]:
         """Move waiting requests into the running batch while a slot and their blocks are free."""
-        admitted = []
-        while self.waiting and len(self.running) < max_batch and self.slots.num_free:
-            request = self.waiting[0]
-            needed = self._reservation(request)
-            if needed > self.blocks.num_free:
-                break  # FIFO: wait for blocks rather than starve the head of the queue
-            self.waiting.popleft()
+        taken = self.admissible(((len(r.prompt_ids), r.params.max_tokens) for r in self.waiting), max_batch)
+        admitted = [self.waiting.popleft() for _ in range(taken)]
+        for request in admitted:
             request.slot = self.slots.allocate()
-            request.blocks = self.blocks.allocate(needed)
+            request.blocks = self.blocks.allocate(self._reservation(request))
             request.state = RequestState.RUNNING
             self.running.append(request)
-            admitted.append(request)
         return admitted
 
-    def waits_for_blocks(self) -> bool:
-        """Whether the head of the queue waits for KV blocks (FIFO: no one behind it is admitted)."""
-        return bool(self.waiting) and self._reservation(self.waiting[0]) > self.blocks.num_free
+    def admissible(self, sizes: Iterable[tuple[int, int]], max_batch: int) -> int:
+        """How many requests of these ``(prompt length, max_tokens)``, in this order at the head of the
+        queue, :meth:`admit` takes now: while a place in the batch, a slot and their KV blocks are free
+        (FIFO: the head waits for blocks rather than starve; no one behind it is taken)."""
+        places = min(max_batch - len(self.running), self.slots.num_free)
+        free, taken = self.blocks.num_free, 0
+        for prompt, max_tokens in sizes:
+            needed = self.reservation(prompt, max_tokens)
+            if taken >= places or needed > free:
+                break
+            free, taken = free - needed, taken + 1
+        return taken
 
     def finish(self, request: Request, reason: str, error: str | None = None) -> None:
         """Finish a request for any reason and return its slot and blocks at once."""
@@ -241,9 +245,13 @@ class Scheduler:
         request.finish_reason = reason
         request.error = error
 
+    def reservation(self, prompt: int, max_tokens: int) -> int:
+        """KV blocks a request of ``prompt`` tokens and ``max_tokens`` holds from its admission on: its
+        context up to the limit, and a tree's headroom past it."""
+        return self.blocks.blocks_for(min(prompt + max_tokens, self.context_limit) + self.tree_tokens)
+
     def _reservation(self, request: Request) -> int:
-        context = min(len(request.prompt_ids) + request.params.max_tokens, self.context_limit)
-        return self.blocks.blocks_for(context + self.tree_tokens)
+        return self.reservation(len(request.prompt_ids), request.params.max_tokens)
 
     def _fail(self, request: Request, message: str) -> None:
         request.state = RequestState.FINISHED
