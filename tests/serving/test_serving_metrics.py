@@ -69,6 +69,8 @@ def test_a_busy_engine_reports_its_batch_and_the_blocks_it_holds():
     assert stats.kv_blocks_used == sum(len(r.blocks) for r in executor.scheduler.running) > 0
     engine.close()  # aborts all three
     assert engine.stats().finished_abort == len(keys) == 3
+    # The prompts prefilled: the third one never was (it counted as if it had been).
+    assert engine.stats().prompt_tokens == len(PROMPTS[0]) + len(PROMPTS[1])
 
 
 def test_a_request_whose_consumer_fails_is_counted_as_the_error_it_is_told():

@@ -77,7 +77,7 @@ class EngineStats:
     finished_error: int = 0
     rejected_queue_full: int = 0  # requests submit() refused, by reason
     rejected_shut_down: int = 0
-    prompt_tokens: int = 0  # of the requests ended
+    prompt_tokens: int = 0  # of the requests ended, those prefilled (not of one aborted while queued)
     generated_tokens: int = 0
     draft_tokens: int = 0  # verified (SpecStats.drafted)
     accepted_draft_tokens: int = 0
@@ -317,7 +317,7 @@ class ServingEngine:
         self._latencies.append(RequestLatency(first, total, len(request.output_ids), reason))
         stats = request.stats
         for name, value in (
-            ("prompt_tokens", len(request.prompt_ids)),
+            ("prompt_tokens", min(request.context_len, len(request.prompt_ids))),  # prefilled ones
             ("generated_tokens", len(request.output_ids)),
             ("draft_tokens", stats.drafted),
             ("accepted_draft_tokens", stats.accepted),

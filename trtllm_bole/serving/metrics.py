@@ -87,7 +87,7 @@ FAMILIES = (
     Family(
         "bole_token_metrics",
         COUNTER,
-        "Prompt and generated tokens of the requests ended",
+        "Prompt tokens prefilled and tokens generated, of the requests ended",
         "token_type",
         {"prompt": "prompt_tokens", "generated": "generated_tokens"},
     ),
