@@ -251,6 +251,16 @@ def test_bytes_are_refused_rather_than_read_as_token_ids(llm):
                 call(prompt)
 
 
+def test_booleans_are_refused_as_token_ids(llm):
+    """``True`` is an int to ``operator.index``: ``[True, 5]`` was served as the ids 1, 5 (and a numpy
+    bool array's ``tolist`` gives such a list), where the executor and SamplingParams refuse booleans."""
+    for call in (llm.generate, lambda p: next(llm.generate_stream(p))):
+        for prompt in ([True, 5], [[3, False]], np.array([True, False])):
+            with pytest.raises(ValueError, match="a sequence of integer token ids, got"):
+                call(prompt)
+    assert llm.encode([np.int64(3), torch.tensor(5)]) == [3, 5]  # other integer types are ids
+
+
 def test_every_end_token_of_the_checkpoint_is_read(tmp_path):
     """A list of ids (each stops: tests/spec/test_executor.py), or a clear error for anything else."""
     from trtllm_bole.llm import DEFAULT_MODEL
