@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import http.client
 import importlib.util
 import math
 import os
@@ -191,8 +192,14 @@ def free_port() -> int:
 
 
 def check_ports_free(ports: dict[str, int]) -> None:
-    """Refuse ports another process listens on (tritonserver would report ready over HTTP and then exit 1
-    on its metrics or gRPC port, a line deep in its log)."""
+    """Refuse ports another process listens on, or one port given twice (tritonserver would report ready
+    over HTTP and then exit 1 on its metrics or gRPC port, a line deep in its log, after the model loaded)."""
+    flags_of: dict[int, list[str]] = {}
+    for flag, port in ports.items():
+        flags_of.setdefault(port, []).append(flag)
+    for port, flags in flags_of.items():
+        if len(flags) > 1:
+            raise SystemExit(f"error: {' and '.join(flags)} are both {port}: each needs a port of its own")
     for flag, port in ports.items():
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed port's TIME_WAIT is free
@@ -261,7 +268,7 @@ def engine_serving(metrics_port: int) -> bool | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as response:
             return serving_gauge(response.read().decode(errors="replace"))
-    except OSError:
+    except (OSError, http.client.HTTPException):  # one stopping mid-answer: BadStatusLine, IncompleteRead
         return None
 
 
@@ -423,6 +430,25 @@ def repository_drain_file(repository: Path) -> Path | None:
     return path
 
 
+def check_model_parameters(values: dict[str, str]) -> None:
+    """The model's parameters read as its ``initialize`` reads them (:mod:`trtllm_bole.serving.protocol`),
+    before tritonserver starts: a bad value stops the launcher at once, not after the model's weights
+    load and its warm-up (minutes on a GPU), as an error deep in tritonserver's log."""
+    from pydantic import ValidationError
+
+    from trtllm_bole.config import one_line
+    from trtllm_bole.serving.protocol import engine_kwargs, llm_kwargs  # torch: only once the flags parse
+
+    flags = {"max_depth": "--max-depth", "max_nodes": "--max-nodes", "top_k": "--draft-top-k"}
+    try:
+        llm_kwargs(values)
+        engine_kwargs(values)
+    except ValidationError as e:  # the speculative config's fields
+        raise SystemExit(f"error: {one_line(e, flags)}") from None
+    except ValueError as e:  # "model parameter NAME must be ..."
+        raise SystemExit(f"error: {e}") from None
+
+
 def template_values(args: argparse.Namespace, drain_file: Path) -> dict[str, str]:
     return {
         "drain_file": str(drain_file),
@@ -461,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
             "--metrics-port": args.metrics_port,
         }
         check_ports_free({flag: port for flag, port in ports.items() if port > 0})
+        if args.model_repository is None:  # one served as it is holds its own parameters
+            check_model_parameters(template_values(args, Path("/unused")))
     root = triton_root()
     server_dir = prepare_server_env(args.server_env or default_server_env_dir(), root)
     if args.prepare_only:

@@ -3,6 +3,7 @@ over HTTP: exact greedy tokens, batched concurrency, cancellation, bad input, cl
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -606,6 +607,20 @@ def test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics():
     for absent in ("", 'nv_inference_count{model="bole",version="1"} 3\n', 'bole_engine_status{state="x"} 0'):
         assert launch.serving_gauge(absent) is None, absent
     assert launch.engine_serving(free_port()) is None  # nothing answers there
+    with socket.socket() as garbled:  # an answer cut short, as from a server stopping: not an error either
+        garbled.bind(("127.0.0.1", 0))
+        garbled.listen()
+        answer = threading.Thread(target=lambda: _answer_once(garbled, b"HTTP/1.1 2"))
+        answer.start()
+        assert launch.engine_serving(garbled.getsockname()[1]) is None
+        answer.join()
+
+
+def _answer_once(listening: socket.socket, reply: bytes) -> None:
+    connection, _ = listening.accept()
+    with connection:
+        connection.recv(4096)
+        connection.sendall(reply)
 
 
 @pytest.mark.parametrize("value", ["-1", "3601"])
@@ -627,8 +642,6 @@ def test_launch_refuses_a_max_batch_size_below_one(value):
 def test_launch_refuses_a_taken_port_and_a_missing_engine_dir_before_starting(tmp_path):
     """Tritonserver reported ready over HTTP, then exited 1 on a taken metrics port (a second server with
     the defaults), and a missing --engine-dir was a line deep in its log."""
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -641,6 +654,31 @@ def test_launch_refuses_a_taken_port_and_a_missing_engine_dir_before_starting(tm
     run = subprocess.run([sys.executable, str(LAUNCH), "--engine-dir", str(missing)], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert run.returncode == 1 and f"error: --engine-dir {missing} is not a directory" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--max-queue-size", "0"], "error: model parameter max_queue_size must be positive, got 0"),
+        (["--max-seq-len", "x"], "error: model parameter max_seq_len must be an integer, got 'x'"),
+        (["--max-depth", "40"], "error: --max-depth: Input should be less than or equal to 15 (got 40)"),
+    ],
+)
+def test_launch_refuses_bad_model_settings_before_starting(flags, words):
+    """Read only by the model's initialize() (after its weights loaded and it warmed up: minutes on a
+    GPU), these failed as a line of tritonserver's log ("Failed to initialize Python stub")."""
+    ports = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "-1"]
+    run = subprocess.run([sys.executable, str(LAUNCH), *ports, *flags], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert run.returncode == 1 and words in run.stderr, run.stderr
+    assert "tritonserver" not in run.stdout
+
+
+def test_launch_refuses_one_port_for_two_servers():
+    port = str(free_port())
+    run = subprocess.run([sys.executable, str(LAUNCH), "--http-port", port, "--grpc-port", port],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 1 and f"--http-port and --grpc-port are both {port}" in run.stderr, run.stderr
 
 
 def test_launch_help_runs_without_a_server():

@@ -50,13 +50,13 @@ class TritonPythonModel:
             )
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         kwargs = llm_kwargs(parameters, args["model_instance_kind"], args["model_instance_device_id"])
+        served, drain = engine_kwargs(parameters), drain_file(parameters)  # refused before the weights load
         self.llm = LLM(**kwargs)
         # Before the server reports ready: first-call costs, and on a GPU the Triton kernel variants of
         # every batch size class (compiled on first use, seconds each), and the CUDA graphs of greedy and
         # sampled batches.
         warmed = self.llm.warm_up(sampled=True, use_tqdm=False)
-        self.engine = ServingEngine.for_llm(self.llm, **engine_kwargs(parameters))
-        drain = drain_file(parameters)
+        self.engine = ServingEngine.for_llm(self.llm, **served)
         if drain is not None:  # the launcher's way to end requests in flight when it stops the server
             close_on_drain_file(self.engine, drain)
         # Metrics must never keep the model from serving (under --allow-metrics=false the backend takes
