@@ -146,6 +146,13 @@ def test_generate_from_several_threads(llm):
         (lambda llm: SamplingParams(stop=[""]), "at least 1 character"),
         (lambda llm: SamplingParams(max_tokens=True), "max_tokens\n.*integers, not booleans: got True"),
         (lambda llm: SamplingParams(stop_token_ids=[3, False]), "stop_token_ids\n.*not booleans"),
+        # In float32 (the sampling kernels' settings) 1e-46 read 0 and kept no token: every draw was the
+        # last token id; 1e39 read inf and tied every scaled logit, so top_k kept the whole vocabulary.
+        (
+            lambda llm: SamplingParams(temperature=0.8, top_p=1e-46),
+            "top_p must be at least 1.175e-38, float32's",
+        ),
+        (lambda llm: SamplingParams(temperature=1e39), "temperature must be at most 3.403e\\+38"),
     ],
 )
 def test_bad_inputs_are_refused_by_name(llm, call, words):

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 Mode = Literal["ar", "chain", "tree-serial", "bole"]
 MIN_TEMPERATURE = 1e-5  # logits / temperature stays finite in float32 for |logits| < 3e33
+MAX_TEMPERATURE = 3.4028234663852886e38  # float32's largest: the sampling kernels read settings in float32
+MIN_TOP_P = 2.0**-126  # float32's smallest normal: below it top_p reads 0 (or a subnormal, 0 on a GPU)
 MAX_STOPS, MAX_STOP_LENGTH = 16, 1024  # stop strings are matched on the engine thread, after every token
 
 
@@ -25,18 +27,26 @@ class SamplingParams(BaseModel):
         ge=0.0,
         allow_inf_nan=False,
         description=f"0 = greedy; otherwise softmax temperature, at least {MIN_TEMPERATURE} (below it the "
-        "scaled logits overflow float32: sample greedily with 0 instead).",
+        "scaled logits overflow float32: sample greedily with 0 instead) and finite in float32.",
     )
     top_k: int = Field(0, ge=0, le=2**31 - 1, description="Keep the k most likely tokens; 0 = off.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 = off.")
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description=f"Nucleus sampling mass; 1 = off. At least {MIN_TOP_P:.4g}, float32's smallest normal "
+        "(smaller ones read 0 and kept no token); any top_p below the most likely token's probability "
+        "keeps that token alone.",
+    )
     seed: int | None = Field(
         None,
         ge=-(2**63),
         lt=2**64,  # torch.Generator's range
-        description="Per-request RNG seed: the same request, served with the same drafts, samples the same "
-        "tokens. Speculation draws a coin per draft it tries, so under a batch-shared budget (whose trees "
-        "depend on the batch) or another mode the draws, and so the tokens, can differ; each is still a "
-        "sample of the target distribution.",
+        description="Per-request RNG seed, read modulo 2**64 as torch reads it (-1 and 2**64 - 1 are one "
+        "seed): the same request, served with the same drafts, samples the same tokens. Speculation draws a "
+        "coin per draft it tries, so under a batch-shared budget (whose trees depend on the batch) or "
+        "another mode the draws, and so the tokens, can differ; each is still a sample of the target "
+        "distribution.",
     )
     stop_token_ids: list[int] = Field(
         default_factory=list, description="Stop at any of these tokens (not included in the output)."
@@ -66,7 +76,19 @@ class SamplingParams(BaseModel):
             raise ValueError(
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}"
             )  # pydantic shows the input
+        if t > MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be at most {MAX_TEMPERATURE:.4g}, float32's largest")
         return t
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p_normal_in_float32(cls, p: float) -> float:
+        if p < MIN_TOP_P:
+            raise ValueError(
+                f"top_p must be at least {MIN_TOP_P:.4g}, float32's smallest normal (any top_p below the "
+                "most likely token's probability keeps that token alone)"
+            )
+        return p
 
 
 class BoleConfig(BaseModel):

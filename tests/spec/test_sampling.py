@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from trtllm_bole.config import MAX_TEMPERATURE, MIN_TOP_P
 from trtllm_bole.spec.sampling import process_logits
 
 
@@ -31,6 +32,15 @@ def test_top_p_smallest_prefix_reaching_p():
     logits = torch.tensor([0.5, 0.3, 0.2]).log().tolist()
     assert torch.allclose(row(logits, top_p=0.6), torch.tensor([0.625, 0.375, 0.0]))
     assert torch.allclose(row(logits, top_p=0.5), torch.tensor([1.0, 0.0, 0.0]))
+
+
+def test_the_bounds_of_top_p_and_temperature_hold_in_float32():
+    """SamplingParams' bounds, as the settings' float32 tensors hold them: the smallest top_p keeps the
+    most likely token alone (1e-46 read 0 and kept none: every draw was the last token id), and at the
+    largest temperature top_k = 2 keeps the top two, equally likely (1e39 read inf and tied every logit)."""
+    logits = [1.0, 3.0, 2.0, -1.0]
+    assert row(logits, temperature=0.8, top_p=MIN_TOP_P).tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert row(logits, temperature=MAX_TEMPERATURE, top_k=2).tolist() == [0.0, 0.5, 0.5, 0.0]
 
 
 def test_top_p_one_keeps_the_whole_vocabulary():
