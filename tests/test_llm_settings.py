@@ -23,6 +23,17 @@ def test_no_prompts_give_no_outputs(llm):
     assert llm.generate([], use_tqdm=False) == []
 
 
+def test_a_speculative_config_is_frozen():
+    """An executor sizes its KV headroom, coins and graphs from its config once: changing the object a
+    live LLM was built with (to build another with deeper trees) broke the first one's next step with an
+    MTP shape error. A changed config is a new object."""
+    config = BoleConfig(max_depth=4, max_nodes=8)
+    with pytest.raises(ValueError, match="frozen"):
+        config.max_depth = 8
+    deeper = BoleConfig(**{**config.model_dump(), "max_depth": 8})
+    assert (config.max_depth, deeper.max_depth, deeper.max_nodes) == (4, 8, 8)
+
+
 def test_a_chain_may_be_deeper_than_the_tree_node_limit():
     """``max_nodes`` bounds trees; a chain drafts ``max_depth`` tokens whatever it says."""
     chain = BoleConfig(mode="chain", max_depth=8, max_nodes=4)

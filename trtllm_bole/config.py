@@ -105,7 +105,8 @@ class BoleConfig(BaseModel):
       calibrated batch-shared budget (BOLE.md §2–§5).
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Frozen: an executor sizes its KV headroom, coins and graphs from it once (a changed one is a new one).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: Mode = Field("bole", description="Decoding scheme: ar, chain, tree-serial or bole.")
     top_k: int = Field(4, ge=1, le=16, description="Children expanded per draft node (and beam width).")
