@@ -273,8 +273,8 @@ MUTANTS = [
     Mutant(
         "SC1",
         "trtllm_bole/spec/scheduler.py",
-        "return self.blocks.blocks_for(context + self.tree_tokens)",
-        "return self.blocks.blocks_for(context)",
+        "return self.blocks.blocks_for(min(prompt + max_tokens, self.context_limit) + self.tree_tokens)",
+        "return self.blocks.blocks_for(min(prompt + max_tokens, self.context_limit))",
         ["tests/spec/test_scheduler.py", "tests/spec/test_executor.py"],
     ),
     Mutant(
@@ -294,8 +294,8 @@ MUTANTS = [
     Mutant(
         "SC4",
         "trtllm_bole/spec/scheduler.py",
-        "if needed > self.blocks.num_free:",
-        "if needed >= self.blocks.num_free:",
+        "if taken >= places or needed > free:",
+        "if taken >= places or needed >= free:",
         ["tests/spec/test_scheduler.py::test_a_request_needing_exactly_the_free_blocks_is_admitted"],
     ),
     Mutant(
@@ -1708,7 +1708,7 @@ MUTANTS = [
     Mutant(
         "QB4",
         "triton_server/model_repository_template/bole/1/model.py",
-        "ServingEngine.for_llm(self.llm, **engine_kwargs(parameters))",
+        "ServingEngine.for_llm(self.llm, **served)",
         "ServingEngine.for_llm(self.llm)",
         ["tests/server/test_triton_server.py::test_a_full_queue_refuses_a_request_with_unavailable"],
     ),
@@ -2372,5 +2372,61 @@ MUTANTS = [
         "        if any(isinstance(v, bool) for v in items):",
         "        if False:",
         ["tests/test_llm.py::test_bad_inputs_are_refused_by_name"],
+    ),
+    Mutant(
+        "SP3",
+        "trtllm_bole/config.py",
+        "        if p < MIN_TOP_P:",
+        "        if False:",
+        ["tests/test_llm.py::test_bad_inputs_are_refused_by_name"],
+    ),
+    Mutant(
+        "SP4",
+        "trtllm_bole/config.py",
+        "        if t > MAX_TEMPERATURE:",
+        "        if False:",
+        ["tests/test_llm.py::test_bad_inputs_are_refused_by_name"],
+    ),
+    Mutant(
+        "BC1",
+        "trtllm_bole/config.py",
+        '    model_config = ConfigDict(extra="forbid", frozen=True)',
+        '    model_config = ConfigDict(extra="forbid", validate_assignment=True)',
+        ["tests/test_llm_settings.py::test_a_speculative_config_is_frozen"],
+    ),
+    Mutant(
+        "TI1",
+        "trtllm_bole/llm.py",
+        "    if isinstance(t, bool):",
+        "    if False:",
+        ["tests/test_llm.py::test_booleans_are_refused_as_token_ids"],
+    ),
+    Mutant(
+        "PT1",
+        "trtllm_bole/serving/engine.py",
+        "min(request.context_len, len(request.prompt_ids))",
+        "len(request.prompt_ids)",
+        ["tests/serving/test_serving_metrics.py"],
+    ),
+    Mutant(
+        "LA1",
+        "triton_server/launch.py",
+        '            check_model_parameters(template_values(args, Path("/unused")))',
+        "            pass",
+        ["tests/server/test_triton_server.py::test_launch_refuses_bad_model_settings_before_starting"],
+    ),
+    Mutant(
+        "LA2",
+        "triton_server/launch.py",
+        "        if len(flags) > 1:",
+        "        if False:",
+        ["tests/server/test_triton_server.py::test_launch_refuses_one_port_for_two_servers"],
+    ),
+    Mutant(
+        "LA3",
+        "triton_server/launch.py",
+        "    except (OSError, http.client.HTTPException):",
+        "    except OSError:",
+        ["tests/server/test_triton_server.py::test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics"],
     ),
 ]
