@@ -258,6 +258,15 @@ def test_bytes_are_refused_rather_than_read_as_token_ids(llm):
                 call(prompt)
 
 
+def test_a_stop_string_holding_a_special_token_is_refused(llm):
+    """Decoding skips special tokens, so ``stop=["<|endoftext|>"]`` could never match: it was taken and
+    the request ran to max_tokens. Its id is what stops."""
+    for call in (llm.generate, lambda p, s: next(llm.generate_stream(p, s))):
+        with pytest.raises(ValueError, match=r"stop strings \['x<\|endoftext\|>'\] hold a special token"):
+            call("def f", SamplingParams(stop=["x<|endoftext|>"]))
+    assert llm.tokenizer.special_texts == {"<|endoftext|>"}
+
+
 def test_booleans_are_refused_as_token_ids(llm):
     """``True`` is an int to ``operator.index``: ``[True, 5]`` was served as the ids 1, 5 (and a numpy
     bool array's ``tolist`` gives such a list), where the executor and SamplingParams refuse booleans."""

@@ -137,6 +137,7 @@ class LLM:
             budget=budget,
             eos_token_ids=eos_token_ids(path, hf_config, generation_config),
             decode_text=self.tokenizer.decode if self.tokenizer else None,
+            special_texts=self.tokenizer.special_texts if self.tokenizer else (),
             cuda_graphs=cuda_graphs,
             max_prefill_tokens=max_prefill_tokens,
         )

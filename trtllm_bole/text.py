@@ -36,6 +36,11 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids))
 
+    @functools.cached_property
+    def special_texts(self) -> frozenset[str]:
+        """The special tokens' texts (``<|endoftext|>``), which :meth:`decode` skips: no text holds them."""
+        return frozenset(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
+
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     """``text`` up to the first occurrence of any stop string (all of it when none occurs)."""

@@ -2429,4 +2429,11 @@ MUTANTS = [
         "    except OSError:",
         ["tests/server/test_triton_server.py::test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics"],
     ),
+    Mutant(
+        "SS1",
+        "trtllm_bole/spec/executor.py",
+        "        if unmet := [stop for stop in params.stop if any(t in stop for t in self.special_texts)]:",
+        "        if unmet := []:",
+        ["tests/test_llm.py::test_a_stop_string_holding_a_special_token_is_refused"],
+    ),
 ]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +161,7 @@ class Executor:
         budget: BudgetTable | None = None,
         eos_token_ids: Sequence[int] = (),
         decode_text: Callable[[list[int]], str] | None = None,
+        special_texts: Collection[str] = (),
         cuda_graphs: bool = True,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
     ) -> None:
@@ -176,6 +177,7 @@ class Executor:
         self.budget = budget
         self.eos_token_ids = frozenset(eos_token_ids)  # end a request unless it ignores EOS
         self.decode_text = decode_text
+        self.special_texts = frozenset(special_texts)  # texts decode_text skips: no stop string can hold one
         tree_tokens = bole.max_depth + 1 if bole.speculates else 1
         request_blocks = -(-kv_tokens(max_seq_len, tree_tokens) // block_size)
         if num_blocks is None:
@@ -238,6 +240,11 @@ class Executor:
         params = params.model_copy(deep=True)
         if params.stop and self.decode_text is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        if unmet := [stop for stop in params.stop if any(t in stop for t in self.special_texts)]:
+            raise ValueError(
+                f"stop strings {unmet[:3]} hold a special token, which decoded text never does (it is "
+                "skipped): pass its id in stop_token_ids"
+            )
         vocab = self.model.config.vocab_size
         if outside := [t for t in params.stop_token_ids if not 0 <= t < vocab]:
             raise ValueError(
