@@ -102,7 +102,8 @@ class BoleConfig(BaseModel):
     - ``tree-serial``: an MTP tree verified node by node with a full GDN state snapshot per node and
       a copy of the accepted one (SGLang's tree scheme);
     - ``bole``: the same tree, verified in closed form, committed from factors, and pruned to the
-      calibrated batch-shared budget (BOLE.md §2–§5).
+      calibrated batch-shared budget where there is a table (``budget_table``, or an engine built with
+      ``--calibrate``; BOLE.md §2–§5).
     """
 
     # Frozen: an executor sizes its KV headroom, coins and graphs from it once (a changed one is a new one).
@@ -119,8 +120,12 @@ class BoleConfig(BaseModel):
         "one tile of the GPU verify's explicit-inverse path (65 send every request to the blocked kernel, "
         "which is already 1.2-1.3x slower at 64 nodes on the H200).",
     )
-    epsilon: float = Field(
-        0.2, ge=0.0, description="Budget slack: verify may cost up to (1 + epsilon) x a decode step."
+    epsilon: float | None = Field(
+        None,
+        ge=0.0,
+        description="Budget slack: verify may cost up to (1 + epsilon) x a decode step. None: the budget "
+        "table's own (calibrated at build_engine.py --epsilon, 0.2 by default); another is re-derived from "
+        "the table's timings.",
     )
     budget_table: Path | None = Field(
         None,

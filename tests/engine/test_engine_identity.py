@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from trtllm_bole import LLM, BoleConfig
+from trtllm_bole import LLM, BoleConfig, SamplingParams
 from trtllm_bole.engine import BuildSettings, build_engine, load_engine
 from trtllm_bole.engine import build as build_mod
 from trtllm_bole.engine import format as fmt
@@ -96,15 +96,21 @@ def test_unserved_batch_buckets_are_refused_before_the_model_loads(tmp_path, mon
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_engine_serves_at_the_epsilon_it_was_calibrated_for(tmp_path):
-    """The build's --epsilon is the engine's: BoleConfig's default 0.2 re-derived every budget at 0.2."""
+def test_a_budget_table_serves_at_the_epsilon_it_was_calibrated_for(tmp_path):
+    """A table's own epsilon unless one is asked: BoleConfig's default 0.2 once re-derived an engine's
+    budgets at 0.2, and until 2026-12-04 still those of any table named by ``budget_table`` (a review:
+    a table calibrated at 0.5 served 16 nodes instead of its 24)."""
     calibration = CalibrationSettings(
         epsilon=0.5, capacities=(2, 4), batch_buckets=(1,), kv_buckets=(8,),
         timing=TimingSettings(warmup=0, repeats=1),
     )  # fmt: skip
     path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", SMALL, device="cpu", calibration=calibration)
-    assert LLM(path).executor.bole.epsilon == 0.5
-    assert LLM(path, speculative_config=BoleConfig(top_k=2)).executor.bole.epsilon == 0.5
+    own = LLM(path).executor
+    assert own.budget.epsilon == 0.5 and own.bole.epsilon is None  # None: the table's own
+    assert LLM(path, speculative_config=BoleConfig(top_k=2)).executor.bole.epsilon is None
     assert LLM(path, speculative_config=BoleConfig(epsilon=0.1)).executor.bole.epsilon == 0.1
-    uncalibrated, _ = build_engine(DEFAULT_MODEL, tmp_path / "plain", SMALL, device="cpu", progress=False)
-    assert LLM(uncalibrated).executor.bole.epsilon == BoleConfig().epsilon
+    with pytest.warns(UserWarning, match="a budget calibrated for trees of depth 3"):  # the default's is 9
+        named = LLM(DEFAULT_MODEL, speculative_config=BoleConfig(budget_table=path / fmt.BUDGET)).executor
+    assert named.bole.epsilon is None and named.budget.epsilon == 0.5
+    requests = [named.submit([1, 2, 3], SamplingParams(max_tokens=2))]
+    assert named._budget(requests) == named.budget.lookup(1, 0) == own._budget(requests)

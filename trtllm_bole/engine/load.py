@@ -72,8 +72,7 @@ class Engine:
         self, dtype: str, max_batch_size: int | None, max_seq_len: int | None, bole: BoleConfig | None
     ) -> tuple[int, int, BoleConfig]:
         """LLM arguments resolved against the build: omitted ones (and the draft depth and size that
-        ``bole`` leaves unset, and the epsilon of the engine's budget where ``bole`` names neither an
-        epsilon nor another table) take the engine's values, larger ones (or another dtype) are refused."""
+        ``bole`` leaves unset) take the engine's values, larger ones (or another dtype) are refused."""
         b = self.build
         if dtype not in ("auto", b["dtype"]):
             raise ValueError(
@@ -82,9 +81,6 @@ class Engine:
             )
         given = bole.model_dump(include=bole.model_fields_set) if bole else {}
         engine = {"max_depth": b["max_draft_depth"], "max_nodes": b["max_draft_nodes"]}
-        budget = self.config.get("budget")
-        if budget is not None and given.get("budget_table") is None:  # the build's --epsilon, not 0.2
-            engine["epsilon"] = budget["settings"]["epsilon"]
         bole = BoleConfig(**{**engine, **given})
         asked = {
             "max_batch_size": b["max_batch_size"] if max_batch_size is None else max_batch_size,
