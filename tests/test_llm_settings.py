@@ -34,6 +34,18 @@ def test_a_speculative_config_is_frozen():
     assert (config.max_depth, deeper.max_depth, deeper.max_nodes) == (4, 8, 8)
 
 
+def test_a_budget_table_that_cannot_serve_the_epsilon_asked_is_refused_at_once(tmp_path):
+    """A table without the timings to re-derive its budgets at another epsilon loaded, and then every
+    step failed (a review); it is refused as the LLM is made, saying why."""
+    from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
+
+    path = tmp_path / "budget.json"
+    BudgetTable(0.2, [8], 9, "cpu", [BudgetEntry(64, 10**6, 8, 1.0, [1.0])]).save(path)
+    assert LLM(speculative_config=BoleConfig(budget_table=path)).executor.budget.lookup(4, 100) == 8
+    with pytest.raises(ValueError, match=r"cannot re-derive a budget at epsilon 0\.3"):
+        LLM(speculative_config=BoleConfig(budget_table=path, epsilon=0.3))
+
+
 def test_a_chain_may_be_deeper_than_the_tree_node_limit():
     """``max_nodes`` bounds trees; a chain drafts ``max_depth`` tokens whatever it says."""
     chain = BoleConfig(mode="chain", max_depth=8, max_nodes=4)

@@ -345,11 +345,14 @@ def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
 def _find_budget(config: BoleConfig, engine: Engine | None, device: torch.device) -> BudgetTable | None:
     """The table ``config`` names, else the one the engine's config lists (built with ``--calibrate``).
     A table calibrated for another tree depth or device still loads (exactness does not depend on
-    it) but warns: its budgets were measured for other costs."""
+    it) but warns: its budgets were measured for other costs. One that cannot give a budget at the
+    ``epsilon`` asked (no timings to re-derive it from) is refused here, not at the first step."""
     path = config.budget_table or (engine.budget_path if engine is not None else None)
     if path is None:
         return None
     table = BudgetTable.load(path)
+    for entry in table.entries:
+        table.lookup(entry.batch_max, entry.kv_max, epsilon=config.epsilon)
     depth, here = config.max_depth + 1, device_name(device)
     if config.mode == "bole" and (table.max_depth, table.device) != (depth, here):
         warnings.warn(
