@@ -2143,13 +2143,6 @@ MUTANTS = [
         ["tests/spec/test_executor.py::test_a_request_keeps_the_params_it_was_submitted_with"],
     ),
     Mutant(
-        "EP1",
-        "trtllm_bole/engine/load.py",
-        'if budget is not None and given.get("budget_table") is None:',
-        "if False:",
-        ["tests/engine/test_engine_identity.py"],
-    ),
-    Mutant(
         "CL1",
         "trtllm_bole/config.py",
         "    if not loc:",
@@ -2435,5 +2428,23 @@ MUTANTS = [
         "        if unmet := [stop for stop in params.stop if any(t in stop for t in self.special_texts)]:",
         "        if unmet := []:",
         ["tests/test_llm.py::test_a_stop_string_holding_a_special_token_is_refused"],
+    ),
+    Mutant(
+        "EB1",
+        "trtllm_bole/config.py",
+        "    epsilon: float | None = Field(\n        None,",
+        "    epsilon: float | None = Field(\n        0.2,",
+        [
+            "tests/engine/test_engine_identity.py::test_a_budget_table_serves_at_the_epsilon_it_was_calibrated_for"
+        ],
+    ),
+    Mutant(
+        "EB2",
+        "trtllm_bole/llm.py",
+        "        table.lookup(entry.batch_max, entry.kv_max, epsilon=config.epsilon)",
+        "        pass",
+        [
+            "tests/test_llm_settings.py::test_a_budget_table_that_cannot_serve_the_epsilon_asked_is_refused_at_once"
+        ],
     ),
 ]

@@ -41,11 +41,12 @@ def select_nodes(
     """Boolean keep-mask: the best nodes by ρ, at most ``per_request`` per request and ``total``
     over the whole batch (the batch-shared budget), always including the ``floor`` nodes.
 
-    The floor (BOLE.md §5's fairness floor: every live request keeps its root children, in §1's
-    sense the nodes without a parent, which in our trees is each request's pending token: a request
-    always advances by at least the one token plain decoding gives) is kept first and counts towards
-    both limits; the rest of the capacity goes to the highest ρ across
-    the batch. With ``log_rho`` non-increasing along paths the result is prefix-connected.
+    The floor (the drafter's: each request's pending token, so that a request always advances by
+    at least the one token plain decoding gives) is kept first and counts towards both limits; the
+    rest of the capacity goes to the highest ρ across the batch, ties to the earlier node (so to the
+    earlier request). BOLE.md §5's fairness floor also keeps each request's first draft level, so
+    that no request falls back to plain decoding under a tight budget; this one does not (README,
+    Limitations). With ``log_rho`` non-increasing along paths the result is prefix-connected.
     """
     n = log_rho.numel()
     device = log_rho.device
