@@ -390,10 +390,10 @@ def test_calibrated_engine_ships_its_budget_and_llm_uses_it(tmp_path, monkeypatc
         llm = LLM(path)
     shipped = BudgetTable.load(load_engine(path).budget_path)
     assert llm.executor.budget is not None and llm.executor.budget.entries == shipped.entries
-    looked_up, lookup = [], BudgetTable.lookup
-    monkeypatch.setattr(BudgetTable, "lookup", lambda *a, **kw: looked_up.append(a) or lookup(*a, **kw))
     with pytest.warns(UserWarning, match=r"trees of depth 3 on cpu, used for depth 2 on cpu"):
         LLM(path, speculative_config=BoleConfig(max_depth=1))
+    looked_up, lookup = [], BudgetTable.lookup  # from here: the steps' lookups (an LLM checks its table too)
+    monkeypatch.setattr(BudgetTable, "lookup", lambda *a, **kw: looked_up.append(a) or lookup(*a, **kw))
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 4 or out.outputs[0].finish_reason == "stop"
     assert looked_up and all(table is llm.executor.budget and batch == 1 for table, batch, _ in looked_up)
