@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import operator
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -27,7 +26,7 @@ from trtllm_bole.models.config import eos_token_ids, load_config, load_json, rea
 from trtllm_bole.models.loader import load_model, missing_mtp
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
-from trtllm_bole.spec.executor import Executor, no_mtp_error
+from trtllm_bole.spec.executor import Executor, no_mtp_error, token_id
 from trtllm_bole.spec.scheduler import MAX_PREFILL_TOKENS, MIN_SEQ_LEN, Request, SpecStats, check_limits
 from trtllm_bole.text import TextDelta, Tokenizer, cut_at_stop
 
@@ -274,7 +273,7 @@ class LLM:
                 f"a prompt is a string or token ids, got bytes {short_repr(prompt)}: decode it first"
             )
         try:
-            return [_token_id(t) for t in prompt]
+            return [token_id(t) for t in prompt]
         except TypeError:
             raise ValueError(
                 f"a prompt is a string or a sequence of integer token ids, got {short_repr(prompt)}"
@@ -376,14 +375,6 @@ def _check_settings(
     check_limits(max_batch_size=(max_batch_size, 1), max_seq_len=(max_seq_len, MIN_SEQ_LEN),
                  kv_cache_tokens=(kv_cache_tokens, 1), block_size=(block_size, 1),
                  max_prefill_tokens=(max_prefill_tokens, 1))  # fmt: skip
-
-
-def _token_id(t: object) -> int:
-    """An integer of any integer type (numpy's, a 0-d tensor's), as the executor takes them; not a
-    boolean, which ``operator.index`` reads as 0 or 1 (the executor and the server refuse them too)."""
-    if isinstance(t, bool):
-        raise TypeError(f"a token id is an integer, got {t!r}")
-    return operator.index(t)
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

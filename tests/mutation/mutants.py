@@ -2389,10 +2389,10 @@ MUTANTS = [
     ),
     Mutant(
         "TI1",
-        "trtllm_bole/llm.py",
+        "trtllm_bole/spec/executor.py",
         "    if isinstance(t, bool):",
         "    if False:",
-        ["tests/test_llm.py::test_booleans_are_refused_as_token_ids"],
+        ["tests/test_llm.py::test_booleans_are_refused_as_token_ids", "tests/spec/test_executor.py"],
     ),
     Mutant(
         "PT1",

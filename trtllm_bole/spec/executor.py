@@ -130,12 +130,18 @@ class QueuedOutcome:
         )
 
 
-def _is_token_id(t: Any, vocab: int) -> bool:
-    """An integer (of any integer type: numpy's, a 0-d tensor's) in ``[0, vocab)``; 1.0 and True are not."""
+def token_id(t: Any) -> int:
+    """``t`` as a token id: an integer of any integer type (numpy's, a 0-d tensor's). 1.0 and booleans
+    (which ``operator.index`` reads as 0 or 1) raise TypeError."""
     if isinstance(t, bool):
-        return False
+        raise TypeError(f"a token id is an integer, got {t!r}")
+    return operator.index(t)
+
+
+def _is_token_id(t: Any, vocab: int) -> bool:
+    """:func:`token_id` in ``[0, vocab)``."""
     try:
-        return 0 <= operator.index(t) < vocab
+        return 0 <= token_id(t) < vocab
     except TypeError:
         return False
 
@@ -251,7 +257,7 @@ class Executor:
                 f"stop_token_ids {outside[:5]} are outside the vocabulary [0, {vocab}): never met"
             )
         bad = [t for t in prompt_ids if not _is_token_id(t, vocab)]
-        ids = list(prompt_ids) if bad else [operator.index(t) for t in prompt_ids]
+        ids = list(prompt_ids) if bad else [token_id(t) for t in prompt_ids]
         request = Request(self._next_id, ids, params)
         self._next_id += 1
         if bad:
