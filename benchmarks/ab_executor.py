@@ -334,7 +334,7 @@ def _draft_before(mtp_head, pending, last_hidden, slots, block_tables, mtp_conte
     requests = torch.arange(b, device=device)
     pool = drafter.CandidatePool(pending.long(), torch.full((b,), -1, dtype=torch.long, device=device),
                                  requests, torch.ones(b, dtype=torch.long, device=device),
-                                 torch.zeros(b, device=device))  # fmt: skip
+                                 torch.zeros(b, device=device), root_children=top_k)  # fmt: skip
     frontier, frontier_hidden, mtp_nodes, past = requests, last_hidden, requests.new_empty(0), None
     for level in range(depth):
         grown = torch.cat([mtp_nodes.view(b, -1), frontier.view(b, -1)], dim=1).flatten()

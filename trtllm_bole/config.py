@@ -103,7 +103,7 @@ class BoleConfig(BaseModel):
       a copy of the accepted one (SGLang's tree scheme);
     - ``bole``: the same tree, verified in closed form, committed from factors, and pruned to the
       calibrated batch-shared budget where there is a table (``budget_table``, or an engine built with
-      ``--calibrate``; BOLE.md §2–§5).
+      ``--calibrate``), above a floor of each request's pending token and its children (BOLE.md §2–§5).
     """
 
     # Frozen: an executor sizes its KV headroom, coins and graphs from it once (a changed one is a new one).

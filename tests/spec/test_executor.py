@@ -274,18 +274,22 @@ def test_the_default_cache_serves_a_full_batch_of_full_length_requests(config):
     assert len(spec.scheduler.running) == 2
 
 
-def test_budget_caps_tree_tokens_per_step(config):
-    spec = Executor(random_model(config, seed=3), BoleConfig(max_depth=4, max_nodes=10), max_batch_size=3,
-                    budget=table(6))  # fmt: skip
+@pytest.mark.parametrize("budget", [6, 14])
+def test_budget_caps_tree_tokens_per_step(config, budget):
+    """The running requests share the budget's tree tokens (each request's pool holds far more: the budget,
+    not the drafts, is what binds), but every request keeps its pending token and its 2 children (the
+    fairness floor), which 6 does not cover."""
+    bole = BoleConfig(max_depth=4, max_nodes=10, top_k=2)
+    spec = Executor(random_model(config, seed=3), bole, max_batch_size=3, budget=table(budget))
     requests = [spec.submit(p, SamplingParams(max_tokens=8)) for p in PROMPTS[:3]]
     spec.step()  # prefill
     while spec.has_unfinished:
-        running = len(spec.scheduler.running)
-        before = sum(r.stats.drafted for r in requests)
+        running = [r in spec.scheduler.running for r in requests]
+        drafted = [r.stats.drafted for r in requests]
         spec.step()
-        # The running requests share 6 tree tokens: one pending token each, the rest drafts (each
-        # request's pool holds far more than that: the budget, not the drafts, is what binds).
-        assert sum(r.stats.drafted for r in requests) - before == 6 - running
+        step = [r.stats.drafted - before for r, before in zip(requests, drafted, strict=True)]
+        assert sum(step) == max(budget, 3 * sum(running)) - sum(running)
+        assert all(n >= 2 for n, ran in zip(step, running, strict=True) if ran) and any(running)
 
 
 def exact_pair_distribution(model, prompt, params) -> dict[tuple[int, int], float]:

@@ -3,7 +3,7 @@ import torch
 
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
-from trtllm_bole.spec.draft_graphs import SelectGraphs
+from trtllm_bole.spec.draft_graphs import SelectGraphs, _placeholder_pool
 from trtllm_bole.spec.drafter import CandidatePool, _best_per_request, select_tree, selection_size
 from trtllm_bole.spec.tree_select import children_log_rho, compact_forest, rank_order, select_nodes
 from trtllm_bole.testing import TINY_MTP_CONFIG, topk_parents
@@ -86,11 +86,13 @@ def test_compact_forest_with_a_known_count_matches():
         compact_forest(PARENTS, REQUEST, 2, keep, num_kept=4)
 
 
-def _draft_like_pool(num_requests: int, nodes: int, gen: torch.Generator) -> CandidatePool:
-    """Every request a top-4 tree of ``nodes`` nodes (as drafting makes them: as many per request),
+def _draft_like_pool(
+    num_requests: int, nodes: int, gen: torch.Generator, *, top_k: int = 4, depth: int = 8
+) -> CandidatePool:
+    """Every request a top-``top_k`` tree of ``nodes`` nodes (as drafting makes them: as many per request),
     log ρ falling along paths, interleaved across requests level by level like a draft's pool."""
     tree = TreeBatch.build(
-        torch.tensor(topk_parents(nodes, 4, 8) * num_requests),
+        torch.tensor(topk_parents(nodes, top_k, depth) * num_requests),
         torch.arange(num_requests + 1) * nodes,
     )
     drop = -torch.rand(tree.num_nodes, generator=gen)
@@ -99,15 +101,15 @@ def _draft_like_pool(num_requests: int, nodes: int, gen: torch.Generator) -> Can
     position = torch.empty_like(order)
     position[order] = torch.arange(order.numel())
     parents = torch.where(tree.global_parents >= 0, position[tree.global_parents.clamp(min=0)], -1)
-    pool = CandidatePool(
+    root_children = int((tree.depth == 2).sum()) // num_requests
+    return CandidatePool(
         torch.randint(100, (tree.num_nodes,), generator=gen)[order], parents[order], tree.request[order],
-        tree.depth[order], log_rho[order], int(tree.max_depth),
+        tree.depth[order], log_rho[order], int(tree.max_depth), root_children,
     )  # fmt: skip
-    return pool
 
 
 @pytest.mark.parametrize("total", [None, 2, 5, 17, 60, 500])
-@pytest.mark.parametrize("per_request", [4, 16, 100])
+@pytest.mark.parametrize("per_request", [2, 4, 16, 100])
 def test_select_tree_on_the_device_equals_the_checked_host_build(total, per_request, gen):
     """No sync, host-known sizes: the same nodes and forest as counting the kept nodes on the device,
     checking the selection and building the forest on the host (the paths padded to the pool's depth)."""
@@ -120,7 +122,7 @@ def test_select_tree_on_the_device_equals_the_checked_host_build(total, per_requ
     parents = torch.where(parents >= 0, position[parents.clamp(min=0)], -1)
     request, depth = pool.request[grouped], pool.depth[grouped]
     keep = select_nodes(
-        pool.log_rho[grouped], depth, request, 3, per_request=per_request + 1, total=total, floor=depth == 1
+        pool.log_rho[grouped], depth, request, 3, per_request=per_request + 1, total=total, floor=depth <= 2
     )
     local, cu_seqlens, kept = compact_forest(parents, request, 3, keep)  # counted and checked
     built = TreeBatch.build(local, cu_seqlens)
@@ -135,21 +137,81 @@ def test_select_tree_on_the_device_equals_the_checked_host_build(total, per_requ
 
 
 def test_selection_size_counts_what_select_tree_keeps(gen):
-    """Every request keeps its pending token; ``total`` caps the rest. Keeping ``total`` equal to the count
-    selects the same nodes as the ``total`` that gave it (the selection graphs' key)."""
+    """Every request keeps its floor (its pending token and up to ``per_request`` of its children);
+    ``total`` caps the rest. Keeping ``total`` equal to the count selects the same nodes as the ``total``
+    that gave it (the selection graphs' key)."""
     pool = _draft_like_pool(3, 20, gen)
-    for per_request in (4, 16, 100):
-        for total in (None, 1, 2, 5, 17, 60, 500):
-            num_kept, max_nodes = selection_size(60, 3, per_request, total)
+    assert pool.root_children == 4
+    for per_request in (1, 2, 4, 16, 100):
+        for total in (None, 1, 2, 5, 14, 15, 16, 17, 60, 500):
+            num_kept, max_nodes = selection_size(60, 3, per_request, total, root_children=4)
             _, tree, index = select_tree(pool, 3, per_request=per_request, total=total)
             depth, request = pool.depth, pool.request
             keep = select_nodes(pool.log_rho, depth, request, 3, per_request=per_request + 1, total=total,
-                                floor=depth == 1)  # fmt: skip
+                                floor=depth <= 2)  # fmt: skip
             assert int(keep.sum()) == num_kept  # counted on the device, not by selection_size
             sizes = tree.cu_seqlens.diff()
             assert tree.num_nodes == num_kept and tree.max_nodes == max_nodes >= int(sizes.max())
             again = select_tree(pool, 3, per_request=per_request, total=num_kept)[2]
             assert torch.equal(index, again), (per_request, total)
+
+
+def test_the_fairness_floor_keeps_every_requests_first_draft_level(gen):
+    """BOLE.md §5: under a budget smaller than the batch's best nodes, each request still verifies its
+    pending token and its children; the budget left over goes to the highest ρ across the batch."""
+    pool = _draft_like_pool(2, 20, gen)
+    pool.log_rho[pool.request == 1] *= 100  # request 1's drafts all far less likely than request 0's
+    for total, drafted in ((5, [4, 4]), (10, [4, 4]), (14, [8, 4]), (100, [19, 19])):
+        _, tree, index = select_tree(pool, 2, per_request=63, total=total)
+        assert (tree.cu_seqlens.diff() - 1).tolist() == drafted, total
+        assert bool((pool.depth[index] <= 2).sum() == 10)  # both pending tokens and all their children
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_floor_and_the_budget_on_random_pools(seed):
+    """Any batch, tree shape, cap and budget: the selection is a valid forest of the predicted size, every
+    request keeps its pending token and its best children up to the cap, and no node left out (with its
+    parent kept and room in its request) is likelier than a kept node outside the floor."""
+    gen = torch.Generator().manual_seed(seed)
+    draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=gen))  # noqa: E731
+    num_requests, top_k, depth = draw(1, 5), draw(1, 5), draw(2, 6)
+    pool = _draft_like_pool(num_requests, draw(depth, 30), gen, top_k=top_k, depth=depth)
+    per_request, total = draw(1, pool.tokens.numel() // num_requests + 2), draw(1, pool.tokens.numel() + 3)
+    num_kept, max_nodes = selection_size(
+        pool.tokens.numel(), num_requests, per_request, total, root_children=pool.root_children
+    )
+    _, tree, index = select_tree(pool, num_requests, per_request=per_request, total=total)
+    TreeBatch.build(tree.parents, tree.cu_seqlens)  # a valid forest (every kept parent kept)
+    sizes = tree.cu_seqlens.diff()
+    assert tree.num_nodes == num_kept and int(sizes.max()) <= max_nodes <= per_request + 1
+    keep = torch.zeros(pool.tokens.numel(), dtype=torch.bool)
+    keep[index] = True
+    order = rank_order(pool.log_rho, pool.depth).tolist()
+    in_floor = torch.zeros_like(keep)
+    for r in range(num_requests):  # the pending token and its children, best first, up to the cap
+        in_floor[[i for i in order if pool.request[i] == r and pool.depth[i] <= 2][: per_request + 1]] = True
+    assert bool(keep[in_floor].all())
+    room = sizes[pool.request] < per_request + 1
+    parent_kept = (pool.parents < 0) | keep[pool.parents.clamp(min=0)]
+    left_out = ~keep & room & parent_kept
+    chosen = keep & ~in_floor
+    if bool(left_out.any()) and bool(chosen.any()):
+        assert float(pool.log_rho[left_out].max()) <= float(pool.log_rho[chosen].min())
+
+
+@pytest.mark.parametrize(("requests", "per_request", "root_children", "cap"), [(1, 1, 0, 4), (3, 5, 4, 2),
+                         (3, 37, 4, 63), (2, 37, 4, 10), (4, 9, 8, 3)])  # fmt: skip
+def test_the_capture_placeholder_keeps_what_the_host_counts(requests, per_request, root_children, cap):
+    """A selection graph is captured on a placeholder pool after two eager runs that use the host's count
+    of the nodes kept: at every count a budget gives, the placeholder keeps exactly that many."""
+    size = requests * per_request
+    for total in (None, 1, requests * (1 + root_children), size // 2 + 1, size):
+        num_kept, _ = selection_size(size, requests, cap, total, root_children=root_children)
+        pool = _placeholder_pool(requests, per_request, 3, root_children, torch.device("cpu"))
+        keep = select_nodes(pool.log_rho, pool.depth, pool.request, requests, per_request=cap + 1,
+                            total=num_kept, floor=pool.depth <= 2)  # fmt: skip
+        assert int(keep.sum()) == num_kept, total
+        compact_forest(pool.parents, pool.request, requests, keep)  # prefix-closed
 
 
 @pytest.mark.gpu
@@ -158,17 +220,17 @@ def test_selection_graphs_replay_select_tree_for_any_pool_values(gen):
     traffic on a placeholder pool; its replays select what the eager selection does, pool after pool."""
     mtp = random_model(load_config(TINY_MTP_CONFIG), seed=0, device="cuda").mtp  # the graphs hold it weakly
     graphs = SelectGraphs.of(mtp)
-    assert graphs.capture([(3, 60, 8, 16)]) == [(3, 60, 8, 16, 51)]
+    assert graphs.capture([(3, 60, 8, 4, 16)]) == [(3, 60, 8, 4, 16, 51)]
     for round_, total in enumerate((None, 17, 500, 2, 17)):
         pool = _draft_like_pool(3, 20, gen)
         pool = CandidatePool(*(t.cuda() for t in (pool.tokens, pool.parents, pool.request, pool.depth,
-                                                   pool.log_rho)), 8)  # fmt: skip
+                                                   pool.log_rho)), 8, 4)  # fmt: skip
         want = select_tree(pool, 3, per_request=16, total=total)
         got = graphs(pool, 3, per_request=16, total=total)
         assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), round_
         for name in ("parents", "cu_seqlens", "depth", "request", "global_parents", "paths", "dfs_order"):
             assert torch.equal(getattr(got[1], name), getattr(want[1], name)), (round_, name)
-    assert graphs.captured == [(3, 60, 8, 16, 3), (3, 60, 8, 16, 17), (3, 60, 8, 16, 51)]
+    assert graphs.captured == [(3, 60, 8, 4, 16, 15), (3, 60, 8, 4, 16, 17), (3, 60, 8, 4, 16, 51)]
 
 
 def test_beam_keeps_the_best_of_each_request_grouped_and_best_first():

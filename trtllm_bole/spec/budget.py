@@ -7,7 +7,8 @@ and the plain decode latency ``T_dec(c)``; keep
     B_ver(c) = max { N : T_ver(N | c) <= (1 + ε) T_dec(c) }
 
 in a :class:`BudgetTable` shipped with the engine. Online, the executor looks up ``B_ver`` for the
-live batch and keeps that many tree tokens across the batch (see ``tree_select.select_nodes``).
+live batch and keeps that many tree tokens across the batch, or more where the fairness floor (each
+request's pending token and its children) needs more (``drafter.select_tree``).
 """
 
 from __future__ import annotations

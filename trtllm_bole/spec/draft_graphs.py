@@ -132,9 +132,9 @@ _POOL_FIELDS = ("tokens", "parents", "request", "depth", "log_rho")
 
 class SelectGraphs(CacheGraphs[MTPHead]):
     """:func:`select_tree` of ``mtp``'s drafts replayed from one CUDA graph per ``(requests, pool size, pool
-    depth, per-request cap, nodes kept)``: at most ``max_graphs`` of them (later shapes run eagerly).
-    Kept per MTP head (:meth:`of`), so the executors that follow one another share them, and dropped
-    with its draft graphs when its cache is reallocated (selection itself reads no cache)."""
+    depth, root children, per-request cap, nodes kept)``: at most ``max_graphs`` of them (later shapes
+    run eagerly). Kept per MTP head (:meth:`of`), so the executors that follow one another share them, and
+    dropped with its draft graphs when its cache is reallocated (selection itself reads no cache)."""
 
     def __init__(self, mtp: MTPHead, *, max_graphs: int = 256) -> None:
         super().__init__(mtp)
@@ -146,8 +146,9 @@ class SelectGraphs(CacheGraphs[MTPHead]):
         """``select_tree(pool, num_requests, per_request=..., total=...)``; the outputs are the graph's:
         read them before the next call."""
         self._follow_cache()
-        num_kept, _ = selection_size(pool.tokens.numel(), num_requests, per_request, total)
-        key = (num_requests, pool.tokens.numel(), pool.max_depth, per_request, num_kept)
+        size, root_children = pool.tokens.numel(), pool.root_children
+        num_kept, _ = selection_size(size, num_requests, per_request, total, root_children=root_children)
+        key = (num_requests, size, pool.max_depth, root_children, per_request, num_kept)
         captured = self._graphs.get(key)
         if captured is None and len(self._graphs) >= self.max_graphs:
             return select_tree(pool, num_requests, per_request=per_request, total=total)
@@ -157,20 +158,25 @@ class SelectGraphs(CacheGraphs[MTPHead]):
         graph.replay()
         return outputs
 
-    def capture(self, shapes: Iterable[tuple[int, int, int, int]]) -> list[tuple]:
+    def capture(self, shapes: Iterable[tuple[int, int, int, int, int]]) -> list[tuple]:
         """Capture now, so that traffic meets none, the selections of full trees (no ``total``) from pools
-        of these ``(requests, pool size, pool depth, per-request cap)``; returns the keys captured by
-        this call."""
+        of these ``(requests, pool size, pool depth, root children, per-request cap)``; returns the keys
+        captured by this call."""
         self._follow_cache()
-        keys = [(*shape, selection_size(shape[1], shape[0], shape[3], None)[0]) for shape in shapes]
+        keys = [
+            (b, size, depth, children, cap, selection_size(size, b, cap, None, root_children=children)[0])
+            for b, size, depth, children, cap in shapes
+        ]
         new = [key for key in keys if key not in self._graphs]
         for key in new:
             self._capture_select(key)
         return new
 
-    def _capture_select(self, key: tuple[int, int, int, int, int]) -> tuple:
-        num_requests, size, max_depth, per_request, num_kept = key
-        static = _placeholder_pool(num_requests, size // num_requests, max_depth, self.owner.fc.device)
+    def _capture_select(self, key: tuple[int, int, int, int, int, int]) -> tuple:
+        num_requests, size, max_depth, root_children, per_request, num_kept = key
+        static = _placeholder_pool(
+            num_requests, size // num_requests, max_depth, root_children, self.owner.fc.device
+        )
         graph, outputs = self._capture(
             lambda: select_tree(static, num_requests, per_request=per_request, total=num_kept)
         )
@@ -179,16 +185,18 @@ class SelectGraphs(CacheGraphs[MTPHead]):
 
 
 def _placeholder_pool(
-    num_requests: int, per_request: int, max_depth: int, device: torch.device
+    num_requests: int, per_request: int, max_depth: int, root_children: int, device: torch.device
 ) -> CandidatePool:
-    """A valid pool of these sizes to capture a selection on (a capture records kernels, not values):
-    each request's pending token and its children."""
+    """A valid pool of these sizes to capture a selection on (a capture records kernels, not values, but
+    runs them first, and the host's count of the nodes kept must hold): each request's pending token,
+    its ``root_children`` children, and the rest as children of the first of them."""
     n = num_requests * per_request
     request = torch.arange(num_requests, device=device).repeat_interleave(per_request)
-    first = torch.arange(n, device=device) % per_request == 0
-    parents = torch.where(first, -1, request * per_request)
+    column = torch.arange(n, device=device) % per_request
+    parents = torch.where(column == 0, -1, request * per_request + (column > root_children).long())
+    depth = 1 + (column > 0).long() + (column > root_children).long()
     zeros = torch.zeros(n, dtype=torch.long, device=device)
-    return CandidatePool(zeros, parents, request, 2 - first.long(), zeros.float(), max_depth)
+    return CandidatePool(zeros, parents, request, depth, zeros.float(), max_depth, root_children)
 
 
 __all__ = ["DraftGraphs", "SelectGraphs"]

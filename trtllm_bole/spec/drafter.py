@@ -32,7 +32,8 @@ class CandidatePool:
     """Draft candidates of a batch in creation order (node 0 of each request first).
 
     ``parents`` are pool indices (-1 for node 0); a node's parent always precedes it. ``max_depth``
-    (host): the deepest level added so far.
+    (host): the deepest level added so far; ``root_children`` (host): each request's nodes at depth 2,
+    the children of its pending token (the fairness floor's drafts, :func:`select_tree`).
     """
 
     tokens: torch.Tensor  # int64 [M]
@@ -41,6 +42,7 @@ class CandidatePool:
     depth: torch.Tensor  # int64 [M], 1 = the pending token
     log_rho: torch.Tensor  # float32 [M]
     max_depth: int = 1
+    root_children: int = 0
 
     def extend(
         self,
@@ -137,6 +139,7 @@ def draft(
         requests,
         torch.ones(b, dtype=torch.long, device=device),
         torch.zeros(b, device=device),
+        root_children=top_k if depth > 0 else 0,
     )
     frontier = requests  # pool indices, grouped by request; their MTP rows run next
     frontier_hidden, past = last_hidden, None
@@ -192,22 +195,28 @@ def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, num_requests: in
     return rank_order(pool.log_rho[grid], pool.depth[grid])[:, :beam]
 
 
-def selection_size(pool_size: int, num_requests: int, per_request: int, total: int | None) -> tuple[int, int]:
-    """How many nodes :func:`select_tree` keeps from a pool of ``pool_size`` (as many per request), and
-    the most one request keeps. Keeping ``total`` equal to the first selects the same nodes as any
-    ``total`` that gives it."""
+def selection_size(
+    pool_size: int, num_requests: int, per_request: int, total: int | None, *, root_children: int
+) -> tuple[int, int]:
+    """How many nodes :func:`select_tree` keeps from a pool of ``pool_size`` (as many per request, each
+    with ``root_children`` nodes at depth 2), and the most one request keeps. Keeping ``total`` equal to
+    the first selects the same nodes as any ``total`` that gives it."""
     per_pool = min(per_request + 1, pool_size // num_requests)
+    floor = min(1 + root_children, per_pool)  # the pending token and its best children
     num_kept = num_requests * per_pool
     if total is not None:
-        num_kept = max(num_requests, min(num_kept, total))
-    return num_kept, min(per_pool, num_kept - num_requests + 1)  # the others keep their pending tokens
+        num_kept = max(num_requests * floor, min(num_kept, total))
+    return num_kept, min(per_pool, num_kept - (num_requests - 1) * floor)  # the others keep their floors
 
 
 def select_tree(
     pool: CandidatePool, num_requests: int, *, per_request: int, total: int | None = None
 ) -> tuple[torch.Tensor, TreeBatch, torch.Tensor]:
     """The verification forest: each request's pending token plus its best ``per_request`` drafts,
-    and at most ``total`` nodes over the batch (the budget; pending tokens always stay).
+    and at most ``total`` nodes over the batch (the budget) beyond the fairness floor (BOLE.md §5):
+    every request keeps its pending token and its children (the first draft level; the best
+    ``per_request`` of them where fewer fit), whatever the budget, so that none falls back to plain
+    decoding for a step.
 
     Queues no device sync: every request drafted as many nodes, so how many survive is known on the
     host, and the forest is derived on the device with the host's bounds for its largest request and
@@ -216,16 +225,17 @@ def select_tree(
 
     Returns the tokens ``[N]``, the forest, and the pool index of each node (for ρ and depth).
     """
-    num_kept, max_nodes = selection_size(pool.tokens.numel(), num_requests, per_request, total)
+    num_kept, max_nodes = selection_size(
+        pool.tokens.numel(), num_requests, per_request, total, root_children=pool.root_children
+    )
     grouped = torch.sort(pool.request, stable=True).indices  # parents still precede children
     request, depth, log_rho = pool.request[grouped], pool.depth[grouped], pool.log_rho[grouped]
     position = torch.empty_like(grouped)
     position[grouped] = torch.arange(grouped.numel(), device=grouped.device)
     parents = pool.parents[grouped]
     parents = torch.where(parents >= 0, position[parents.clamp(min=0)], -1)
-    floor = depth == 1
     keep = select_nodes(
-        log_rho, depth, request, num_requests, per_request=per_request + 1, total=total, floor=floor
+        log_rho, depth, request, num_requests, per_request=per_request + 1, total=total, floor=depth <= 2
     )
     local_parents, cu_seqlens, kept = compact_forest(
         parents, request, num_requests, keep, num_kept=num_kept, check=False

@@ -488,8 +488,9 @@ class Executor:
         if self.draft_graphs is not None:
             new += [b for kind in kinds for b in self.draft_graphs.capture(sizes, kind)]
         if self.select_graphs is not None:
-            pool, depth = pool_size(self.bole.branching, self.bole.max_depth), self.bole.max_depth + 1
-            shapes = [(b, b * pool, depth, self.bole.draft_tokens) for b in sizes]
+            branching, depth = self.bole.branching, self.bole.max_depth
+            pool = pool_size(branching, depth)
+            shapes = [(b, b * pool, depth + 1, branching, self.bole.draft_tokens) for b in sizes]
             new += self.select_graphs.capture(shapes)
         if self.step_graphs is not None:
             per_request = self.bole.draft_tokens + 1

@@ -39,14 +39,14 @@ def select_nodes(
     floor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean keep-mask: the best nodes by ρ, at most ``per_request`` per request and ``total``
-    over the whole batch (the batch-shared budget), always including the ``floor`` nodes.
+    over the whole batch (the batch-shared budget), always including the ``floor`` nodes that fit
+    the per-request cap.
 
-    The floor (the drafter's: each request's pending token, so that a request always advances by
-    at least the one token plain decoding gives) is kept first and counts towards both limits; the
-    rest of the capacity goes to the highest ρ across the batch, ties to the earlier node (so to the
-    earlier request). BOLE.md §5's fairness floor also keeps each request's first draft level, so
-    that no request falls back to plain decoding under a tight budget; this one does not (README,
-    Limitations). With ``log_rho`` non-increasing along paths the result is prefix-connected.
+    The floor (the drafter's: each request's pending token and its children, BOLE.md §5's fairness
+    floor) is kept first, each request's best first, and counts towards both limits; ``total`` does
+    not cut it. The rest of the capacity goes to the highest ρ across the batch, ties to the earlier
+    node (so to the earlier request). With ``log_rho`` non-increasing along paths and every floor
+    node's parent in the floor, the result is prefix-connected.
     """
     n = log_rho.numel()
     device = log_rho.device
@@ -63,7 +63,7 @@ def select_nodes(
     within = (
         torch.ones(n, dtype=torch.bool, device=device)
         if per_request is None
-        else (rank_in_request < per_request) | floor[order]
+        else rank_in_request < per_request
     )
     position = torch.cumsum(within.long(), 0) - 1  # position among per-request survivors
     kept_sorted = within & ((position < total) | floor[order]) if total is not None else within
