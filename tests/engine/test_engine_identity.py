@@ -72,7 +72,7 @@ def test_calibration_covers_every_tree_token_of_a_full_batch(tmp_path, monkeypat
     real = build_mod.calibrate_model
 
     def spy(model, settings, **kwargs):
-        seen.append(settings)
+        seen.append((settings, kwargs["per_request"]))
         return real(model, settings, **kwargs)
 
     monkeypatch.setattr(build_mod, "calibrate_model", spy)
@@ -80,8 +80,9 @@ def test_calibration_covers_every_tree_token_of_a_full_batch(tmp_path, monkeypat
         capacities=(2, 4, 8), batch_buckets=(1,), kv_buckets=(8,), timing=TimingSettings(warmup=0, repeats=1)
     )
     build_engine(DEFAULT_MODEL, tmp_path / "e", SMALL, device="cpu", calibration=calibration, progress=False)
-    assert seen[0].capacities == (2, 4)  # 1 request x (3 drafts + the pending token)
-    assert seen[0].timing.depth == 3  # the engine's trees (2 drafts + the pending token), not the default 9
+    settings, per_request = seen[0]
+    assert settings.capacities == (2, 4) and per_request == 4  # 1 request x (3 drafts + the pending token)
+    assert settings.timing.depth == 3  # the engine's trees (2 drafts + the pending token), not the default 9
 
 
 def test_unserved_batch_buckets_are_refused_before_the_model_loads(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 import pytest
 
-from trtllm_bole.spec.budget import BudgetEntry, BudgetTable, budget_from_timings, calibrate
+from trtllm_bole.spec.budget import BudgetEntry, BudgetTable, budget_from_timings, calibrate, timed_capacities
 
 
 def test_budget_is_largest_capacity_within_epsilon():
@@ -77,6 +77,36 @@ def test_calibrate_builds_lookup_table(tmp_path):
     path = tmp_path / "budget.json"
     table.save(path)
     assert BudgetTable.load(path).lookup(2, 10) == 128
+
+
+def test_a_bucket_is_timed_up_to_the_first_capacity_that_holds_its_largest_step():
+    caps = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    assert timed_capacities(caps, 1, 64) == [8, 16, 32, 48, 64]
+    assert timed_capacities(caps, 2, 64) == [8, 16, 32, 48, 64, 96, 128]
+    assert timed_capacities(caps, 2, 40) == [8, 16, 32, 48, 64, 96]  # 80 tokens: 96 covers them
+    assert timed_capacities(caps, 16, 64) == timed_capacities(caps, 16, None) == list(caps[1:])
+    assert timed_capacities([64, 8, 16], 1, 10) == timed_capacities([8, 16, 64], 1, 10)  # sorted first
+    assert timed_capacities(sorted(caps), 1, 10) == [8, 16]
+
+
+def test_calibration_skips_steps_no_batch_can_take_and_keeps_the_budgets_it_can_use():
+    """A step of b requests verifies at most b x per_request tokens: capacities past the first that holds
+    them are not timed, and every budget a step can meet (capped at that reach) is the one that timing
+    everything gives, at the table's epsilon and at another."""
+    time_verify, time_decode = roofline_timers()
+    timed = []
+    kwargs = dict(device="fake", max_depth=8, epsilon=0.0, capacities=[512, 8, 32, 64, 128, 256],
+                  batch_buckets=[1, 2, 4], kv_buckets=[256], progress=False)  # fmt: skip
+    full = calibrate(time_verify, time_decode, **kwargs)
+    table = calibrate(lambda b, kv, n: timed.append((b, n)) or time_verify(b, kv, n), time_decode,
+                      per_request=20, **kwargs)  # fmt: skip
+    assert timed == [(1, 8), (1, 32), (2, 8), (2, 32), (2, 64), (4, 8), (4, 32), (4, 64), (4, 128)]
+    assert table.capacities == [8, 32, 64, 128, 256, 512]
+    for batch in (1, 2, 3, 4):
+        for epsilon in (None, 0.0, 0.5, 1.0, 3.0):
+            reach = batch * 20
+            got, want = table.lookup(batch, 100, epsilon), full.lookup(batch, 100, epsilon)
+            assert min(got, reach) == min(want, reach), (batch, epsilon)
 
 
 def test_another_epsilon_needs_the_timings_to_derive_it():

@@ -310,7 +310,10 @@ def _stage(
         "tensorrt": None,
     }
     if calibration is not None:
-        table = calibrate_model(model, calibration, max_depth=settings.tree_depth, progress=progress)
+        table = calibrate_model(
+            model, calibration, max_depth=settings.tree_depth, per_request=settings.max_draft_nodes + 1,
+            progress=progress,
+        )  # fmt: skip
         table.save(staging / fmt.BUDGET)
         config["budget"] = {
             "file": fmt.BUDGET,

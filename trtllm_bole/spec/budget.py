@@ -143,6 +143,17 @@ class BudgetTable:
             raise ValueError(f"{path}: not a valid budget table ({exc})") from exc
 
 
+def timed_capacities(capacities: Sequence[int], batch: int, per_request: int | None) -> list[int]:
+    """The capacities (sorted) a bucket of ``batch`` requests is timed at: from ``batch`` (every request
+    verifies its pending token) up to the first that holds ``batch`` trees of ``per_request`` tokens, the
+    largest a step of theirs can verify (a larger budget keeps the same trees: timing it is wasted)."""
+    usable = sorted(n for n in capacities if n >= batch)
+    if per_request is None:
+        return usable
+    reach = batch * per_request
+    return [n for n in usable if n < reach] + [n for n in usable if n >= reach][:1]
+
+
 def calibrate(
     time_verify: Callable[[int, int, int], float],
     time_decode: Callable[[int, int], float],
@@ -153,23 +164,27 @@ def calibrate(
     capacities: Sequence[int] = DEFAULT_CAPACITIES,
     batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
     kv_buckets: Sequence[int] = DEFAULT_KV_BUCKETS,
+    per_request: int | None = None,
     progress: bool = True,
 ) -> BudgetTable:
     """Measure every bucket with the given timers (seconds per step) and build the table.
 
     ``time_verify(batch, kv_len, capacity)``: a full-model verify step of ``capacity`` tree tokens
     spread over ``batch`` requests with ``kv_len`` committed tokens each; ``time_decode(batch,
-    kv_len)``: one plain decode step. Capacities below the batch size are skipped (every request
-    needs its pending token).
+    kv_len)``: one plain decode step. A bucket is timed at :func:`timed_capacities` (``per_request``:
+    the most tree tokens one request verifies, if the engine bounds it).
     """
     check_buckets(capacities, batch_buckets)
     start = time.perf_counter()
-    table = BudgetTable(epsilon, list(capacities), max_depth, device)
+    capacities = sorted(
+        capacities
+    )  # an entry's timings are a prefix of the table's capacities from its batch
+    table = BudgetTable(epsilon, capacities, max_depth, device)
     buckets = [(b, kv) for b in batch_buckets for kv in kv_buckets]
     for batch, kv_len in tqdm(
         buckets, desc="calibrating verification budget", unit="bucket", disable=not progress
     ):
-        usable = [n for n in capacities if n >= batch]
+        usable = timed_capacities(capacities, batch, per_request)
         t_dec = time_decode(batch, kv_len)
         t_ver = [time_verify(batch, kv_len, n) for n in usable]
         table.entries.append(

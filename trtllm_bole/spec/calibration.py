@@ -225,9 +225,15 @@ def device_name(device: torch.device) -> str:
 
 
 def calibrate_model(
-    model: Qwen35Model, settings: CalibrationSettings, *, max_depth: int, progress: bool = True
+    model: Qwen35Model,
+    settings: CalibrationSettings,
+    *,
+    max_depth: int,
+    per_request: int | None = None,
+    progress: bool = True,
 ) -> BudgetTable:
-    """The budget table of ``model`` on its device (BOLE.md §5); ``gpu_seconds`` is what it cost."""
+    """The budget table of ``model`` on its device (BOLE.md §5); ``gpu_seconds`` is what it cost.
+    ``per_request``: the most tree tokens a request verifies (no larger step is timed)."""
     s = settings
     timer = StepTimer(
         model, max_batch=max(s.batch_buckets), max_kv_len=max(s.kv_buckets),
@@ -242,5 +248,6 @@ def calibrate_model(
         capacities=s.capacities,
         batch_buckets=s.batch_buckets,
         kv_buckets=s.kv_buckets,
+        per_request=per_request,
         progress=progress,
     )
