@@ -2482,4 +2482,25 @@ MUTANTS = [
             "tests/test_llm_settings.py::test_a_budget_table_that_cannot_serve_the_epsilon_asked_is_refused_at_once"
         ],
     ),
+    Mutant(
+        "TC1",
+        "trtllm_bole/spec/budget.py",
+        "[n for n in usable if n >= reach][:1]",
+        "[n for n in usable if n >= reach][:0]",
+        ["tests/spec/test_budget.py"],
+    ),
+    Mutant(
+        "TC2",
+        "trtllm_bole/spec/budget.py",
+        "capacities = sorted(capacities)  # an entry's",
+        "capacities = list(capacities)  # an entry's",
+        ["tests/spec/test_budget.py"],
+    ),
+    Mutant(
+        "TC3",
+        "trtllm_bole/engine/build.py",
+        "per_request=settings.max_draft_nodes + 1,",
+        "per_request=None,",
+        ["tests/engine/test_engine_identity.py::test_calibration_covers_every_tree_token_of_a_full_batch"],
+    ),
 ]
