@@ -2492,8 +2492,8 @@ MUTANTS = [
     Mutant(
         "TC2",
         "trtllm_bole/spec/budget.py",
-        "capacities = sorted(capacities)  # an entry's",
-        "capacities = list(capacities)  # an entry's",
+        "    capacities = sorted(capacities)\n",
+        "    capacities = list(capacities)\n",
         ["tests/spec/test_budget.py"],
     ),
     Mutant(

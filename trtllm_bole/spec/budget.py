@@ -176,9 +176,8 @@ def calibrate(
     """
     check_buckets(capacities, batch_buckets)
     start = time.perf_counter()
-    capacities = sorted(
-        capacities
-    )  # an entry's timings are a prefix of the table's capacities from its batch
+    # Sorted: an entry's timings are a prefix of the table's capacities from its batch on.
+    capacities = sorted(capacities)
     table = BudgetTable(epsilon, capacities, max_depth, device)
     buckets = [(b, kv) for b in batch_buckets for kv in kv_buckets]
     for batch, kv_len in tqdm(
