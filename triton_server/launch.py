@@ -450,8 +450,12 @@ def check_model_parameters(values: dict[str, str]) -> None:
 
 
 def template_values(args: argparse.Namespace, drain_file: Path) -> dict[str, str]:
+    """What the launcher fills the repository's templates with: the model's parameters and its drain file."""
+    return {"drain_file": str(drain_file), **model_parameters(args)}
+
+
+def model_parameters(args: argparse.Namespace) -> dict[str, str]:
     return {
-        "drain_file": str(drain_file),
         # Triton's own batch bound: each request carries one prompt, so any value >= 1 serves.
         "triton_max_batch_size": str(args.max_batch_size or 64),
         "instance_kind": args.instance_kind,
@@ -488,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         check_ports_free({flag: port for flag, port in ports.items() if port > 0})
         if args.model_repository is None:  # one served as it is holds its own parameters
-            check_model_parameters(template_values(args, Path("/unused")))
+            check_model_parameters(model_parameters(args))
     root = triton_root()
     server_dir = prepare_server_env(args.server_env or default_server_env_dir(), root)
     if args.prepare_only:

@@ -2439,7 +2439,7 @@ MUTANTS = [
     Mutant(
         "LA1",
         "triton_server/launch.py",
-        '            check_model_parameters(template_values(args, Path("/unused")))',
+        "            check_model_parameters(model_parameters(args))",
         "            pass",
         ["tests/server/test_triton_server.py::test_launch_refuses_bad_model_settings_before_starting"],
     ),

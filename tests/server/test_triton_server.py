@@ -544,7 +544,7 @@ def test_client_refuses_values_its_tensors_cannot_hold_by_name(args, words, caps
 def served(tmp_path: Path, drain_file: str) -> Path:
     import launch
 
-    values = launch.template_values(launch.parse_args([]), Path("/unused")) | {"drain_file": drain_file}
+    values = launch.model_parameters(launch.parse_args([])) | {"drain_file": drain_file}
     return launch.make_repository(tmp_path / "repository", values)
 
 
