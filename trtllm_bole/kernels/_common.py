@@ -20,10 +20,10 @@ prefill path instead."""
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def tiles_head_dims(dk: int, dv: int) -> bool:
-    """Whether the GDN kernels can tile key and value head dims ``dk``, ``dv``: multiples of 16, the
-    tensor cores' tile side (the verify, commit and prefill kernels, their plugins, a model on CUDA)."""
-    return dk % 16 == 0 and dv % 16 == 0
+def tiles_head_dims(*dims: int) -> bool:
+    """Whether the GDN kernels can tile these head dims (key and value): multiples of 16, the tensor
+    cores' tile side (the verify, commit and prefill kernels, their plugins, a model on CUDA)."""
+    return all(d % 16 == 0 for d in dims)
 
 
 @dataclass(frozen=True, slots=True)

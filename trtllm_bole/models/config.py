@@ -101,7 +101,11 @@ class Qwen35Config:
         dk, dv = self.linear_key_head_dim, self.linear_value_head_dim
         if self.gdn_layer_ids and not tiles_head_dims(dk, dv):
             dims = {"linear_key_head_dim": dk, "linear_value_head_dim": dv}
-            odd = [f"{self.text_scope}{name} = {value}" for name, value in dims.items() if value % 16]
+            odd = [
+                f"{self.text_scope}{name} = {value}"
+                for name, value in dims.items()
+                if not tiles_head_dims(value)
+            ]
             raise ValueError(
                 f"{self.source}: {' and '.join(odd)}: the GDN kernels on CUDA take head dims in multiples of "
                 "16 (tensor-core tile sides); run this model on the CPU"
