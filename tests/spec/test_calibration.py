@@ -51,17 +51,28 @@ def test_steps_beyond_the_sizing_are_refused(timer):
 
 def test_settings_fit_an_engine():
     """Every batch and KV length the engine serves has a measured bucket that covers it (KV lengths
-    257-1,023 fell back to the bucket of 256, and an engine of 64 positions was timed at 4,096)."""
+    257-1,023 fell back to the bucket of 256, and an engine of 64 positions was timed at 4,096), and its
+    largest step is timed (an engine of 100 tokens was timed up to 96: its budget never reached 100)."""
     fitted = CalibrationSettings().fitted(max_batch=4, max_seq_len=1024, max_tokens=100)
     assert fitted.batch_buckets == (1, 2, 4)
     assert fitted.kv_buckets == (256, 1023)
-    assert fitted.capacities == (8, 16, 32, 48, 64, 96)
+    assert fitted.capacities == (8, 16, 32, 48, 64, 96, 100)
+    assert CalibrationSettings().fitted(max_batch=8, max_seq_len=1024, max_tokens=512).capacities == (
+        8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512,
+    )  # fmt: skip
     assert CalibrationSettings().fitted(max_batch=12, max_seq_len=4097, max_tokens=100).batch_buckets == (
         1, 2, 4, 8, 12,
     )  # fmt: skip
     assert CalibrationSettings().fitted(12, 4097, 100).kv_buckets == (256, 1024, 4096)
     assert CalibrationSettings(kv_buckets=(4096,)).fitted(1, 64, 8).kv_buckets == (63,)
-    assert CalibrationSettings(capacities=(64,)).fitted(1, 64, 8).capacities == (64,)  # keeps one
+    assert CalibrationSettings(capacities=(64,)).fitted(1, 64, 8).capacities == (8,)  # not a 64-node tree
+
+
+def test_repeated_buckets_are_refused():
+    """A table with two entries of one bucket is refused at every load: refused before it is built."""
+    for name in ("capacities", "batch_buckets", "kv_buckets"):
+        with pytest.raises(ValueError, match=f"calibration {name} must not repeat a value, got \\(8, 8\\)"):
+            CalibrationSettings(**{name: (8, 8)})
 
 
 @pytest.mark.gpu

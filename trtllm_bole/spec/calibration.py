@@ -198,21 +198,23 @@ class CalibrationSettings:
             values = getattr(self, name)
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"calibration {name} must be positive integers, got {values!r}")
+            if len(set(values)) != len(values):  # a table with two entries of one bucket never loads
+                raise ValueError(f"calibration {name} must not repeat a value, got {values!r}")
 
     def fitted(self, max_batch: int, max_seq_len: int, max_tokens: int) -> CalibrationSettings:
-        """What an engine can meet: capacities up to ``max_tokens`` (at least the smallest), and batch and
-        KV buckets up to ``max_batch`` and ``max_seq_len - 1``, with the limit itself as the last bucket
-        where a bucket reaches past it, so that every batch and KV length the engine serves has a measured
-        bucket that covers it (a bucket of 1,024 in an engine of 1,024 positions: 1,023)."""
+        """What an engine can meet: capacities up to ``max_tokens`` (a full batch of full trees), and batch
+        and KV buckets up to ``max_batch`` and ``max_seq_len - 1``, each with the limit itself last where
+        a value reaches past it, so that the engine's largest step is timed (capacities of 8, 16, 32 and
+        64 in an engine of 41 tokens: 8, 16, 32, 41), and every batch and KV length it serves has a
+        measured bucket that covers it (a bucket of 1,024 in an engine of 1,024 positions: 1,023)."""
 
-        def capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
-            below = tuple(v for v in sorted(buckets) if v < limit)
-            return (*below, limit) if max(buckets) >= limit else below
+        def capped(values: tuple[int, ...], limit: int) -> tuple[int, ...]:
+            below = tuple(v for v in sorted(values) if v < limit)
+            return (*below, limit) if max(values) >= limit else below
 
-        capacities = tuple(v for v in sorted(self.capacities) if v <= max_tokens) or (min(self.capacities),)
         return CalibrationSettings(
             self.epsilon,
-            capacities,
+            capped(self.capacities, max_tokens),
             capped(self.batch_buckets, max_batch),
             capped(self.kv_buckets, max_seq_len - 1),
             self.timing,
