@@ -8,8 +8,8 @@ The engine directory holds the weights converted to the runtime layout and dtype
 compiled for the present GPU (PTX + cubin; none when built on CPU), ``config.json`` (model, build and
 Bole settings, versions, device, SHA-256 of every file; versioned schema), the calibrated
 verification budget with ``--calibrate`` (BOLE.md §5) and a TensorRT plan with ``--tensorrt``.
-Rebuilding with the same inputs is a no-op; a different engine at ``--output`` is replaced only with
-``--force``; an interrupted build leaves nothing behind.
+Rebuilding with the same inputs is a no-op; the engine at ``--output`` is replaced (or rebuilt) only
+with ``--force``; an interrupted build leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -144,7 +144,12 @@ def parser() -> argparse.ArgumentParser:
         help="also build a TensorRT plan (bole.plan) with the bole:: plugins; needs the full "
         "`tensorrt` package (see plugins/README.md)",
     )
-    p.add_argument("--force", action="store_true", help="replace a different engine already at --output")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the engine already at --output: a different one, or the same one rebuilt "
+        "(to recalibrate it, say)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p  # fmt: skip
 
@@ -165,11 +170,8 @@ def _calibration(cli: argparse.ArgumentParser, args: argparse.Namespace) -> Cali
             capacities=args.calibration_capacities,
             batch_buckets=args.calibration_batches,
             kv_buckets=args.calibration_kv_lens,
-            timing=TimingSettings(
-                warmup=args.calibration_warmup,
-                repeats=args.calibration_repeats,
-                depth=args.max_draft_depth + 1,
-            ),
+            # The timed trees' depth is the engine's: build_engine sets it from the checked settings.
+            timing=TimingSettings(warmup=args.calibration_warmup, repeats=args.calibration_repeats),
         )
     except ValueError as e:
         cli.error(str(e))

@@ -37,17 +37,18 @@ def test_generate_help_shows_defaults_but_not_unset_ones():
 def test_bad_generate_settings_end_in_one_error_line():
     """A value out of range is the user's to fix: one line naming its flag (not the settings' field: top_k
     is --branching in one and --top-k in the other), exit code 2, before any loading."""
-    cases = {  # flag: (value, what the error line says)
-        "--depth": ("20", "error: --depth: "),
-        "--max-tokens": ("0", "error: --max-tokens: "),
-        "--branching": ("0", "error: --branching: "),
-        "--top-k": ("-3", "error: --top-k: "),
-        "--model": ("/nonexistent", "is not a directory"),
-        "--max-nodes": ("3", "error: max_nodes (3) must be at least max_depth (8)"),  # a check of two fields
-    }
-    for flag, (value, words) in cases.items():
+    cases = [  # (flags, what the error line says)
+        (["--depth", "20"], "error: --depth: "),
+        (["--max-tokens", "0"], "error: --max-tokens: "),
+        (["--branching", "0"], "error: --branching: "),
+        (["--top-k", "-3"], "error: --top-k: "),
+        (["--model", "/nonexistent"], "is not a directory"),
+        (["--max-nodes", "0"], "error: --max-nodes: "),  # not a second line for the depth it defaults
+        (["--max-nodes", "3", "--depth", "5"], "error: max_nodes (3) must be at least max_depth (5)"),  # both
+    ]
+    for flags, words in cases:
         done = subprocess.run(
-            [sys.executable, "-m", "trtllm_bole", "generate", flag, value], capture_output=True, text=True
+            [sys.executable, "-m", "trtllm_bole", "generate", *flags], capture_output=True, text=True
         )
         assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
         assert words in done.stderr, done.stderr

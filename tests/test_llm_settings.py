@@ -54,3 +54,12 @@ def test_a_chain_may_be_deeper_than_the_tree_node_limit():
         BoleConfig(mode="bole", max_depth=8, max_nodes=4)
     assert BoleConfig(mode="bole", max_depth=8, max_nodes=8).draft_tokens == 8
     assert BoleConfig(mode="ar").draft_tokens == 0
+
+
+def test_an_unset_depth_fits_the_node_limit_and_stays_unset():
+    """``max_nodes`` below the default depth brings the depth down with it (it failed, "must be at least
+    max_depth (8)"); the depth stays unset, so an engine's own replaces it; a chain keeps its 8."""
+    small = BoleConfig(max_nodes=3)
+    assert small.max_depth == 3 and small.model_fields_set == {"max_nodes"}
+    assert BoleConfig().max_depth == BoleConfig(max_nodes=20).max_depth == 8
+    assert BoleConfig(mode="chain", max_nodes=3).max_depth == 8

@@ -69,9 +69,15 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
     ids = llm.encode(prompt)  # a text prompt needs the model's tokenizer: say so before anything streams
     scheduler, positions = llm.executor.scheduler, llm.model.config.max_position_embeddings
     if len(ids) > scheduler.prompt_limit:
+        if (
+            llm.engine is not None and args.max_seq_len is None
+        ):  # the engine's limit: only a rebuild raises it
+            limit, remedy = "the engine's max_seq_len", "rebuild the engine with a larger --max-seq-len"
+        else:
+            limit, remedy = "--max-seq-len", "raise it"
         raise ValueError(
-            f"the prompt holds {len(ids)} tokens, and --max-seq-len {scheduler.max_seq_len} allows prompts "
-            f"of at most {scheduler.prompt_limit}: raise it (the model has {positions} positions)"
+            f"the prompt holds {len(ids)} tokens, and {limit} {scheduler.max_seq_len} allows prompts of at "
+            f"most {scheduler.prompt_limit}: {remedy} (the model has {positions} positions)"
         )
     return llm, prompt, params
 
@@ -118,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         help="plain decoding, a drafted chain, or a drafted tree verified node by node or in closed form",
     )  # fmt: skip
     gen.add_argument("--branching", type=int, default=None, help="draft tree top-k (unset: 4)")
-    gen.add_argument("--depth", type=int, default=None, help="draft tree depth (unset: the engine's, else 8)")
+    gen.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="draft tree depth (unset: the engine's, else 8 or --max-nodes if fewer)",
+    )
     gen.add_argument(
         "--max-nodes", type=int, default=None,
         help="draft tokens per step (unset: the engine's, else 63; +1 pending: 64)",

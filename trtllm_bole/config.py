@@ -91,6 +91,14 @@ class SamplingParams(BaseModel):
         return p
 
 
+DEFAULT_MAX_DEPTH = 8
+
+
+def _default_depth(mode: str | None, max_nodes: int | None) -> int:
+    """A chain's depth is its size; a tree's default depth fits its ``max_nodes``."""
+    return DEFAULT_MAX_DEPTH if mode == "chain" or max_nodes is None else min(DEFAULT_MAX_DEPTH, max_nodes)
+
+
 class BoleConfig(BaseModel):
     """The speculative decoding scheme (``speculative_config`` of :class:`trtllm_bole.LLM`).
 
@@ -111,7 +119,6 @@ class BoleConfig(BaseModel):
 
     mode: Mode = Field("bole", description="Decoding scheme: ar, chain, tree-serial or bole.")
     top_k: int = Field(4, ge=1, le=16, description="Children expanded per draft node (and beam width).")
-    max_depth: int = Field(8, ge=1, le=15, description="Draft tokens on the longest path of a tree.")
     max_nodes: int = Field(
         63,
         ge=1,
@@ -119,6 +126,15 @@ class BoleConfig(BaseModel):
         description="Draft tokens per request and step, at most. 63 + the pending token = 64 tree tokens, "
         "one tile of the GPU verify's explicit-inverse path (65 send every request to the blocked kernel, "
         "which is already 1.2-1.3x slower at 64 nodes on the H200).",
+    )
+    # After max_nodes, whose value its default reads. Left unset it is not in model_fields_set, so an
+    # engine's own depth replaces it (BoleConfig(max_nodes=3) for an engine of depth 2 is depth 2).
+    max_depth: int = Field(
+        default_factory=lambda given: _default_depth(given.get("mode"), given.get("max_nodes")),
+        ge=1,
+        le=15,
+        description=f"Draft tokens on the longest path of a tree (default {DEFAULT_MAX_DEPTH}, or max_nodes "
+        "where that is fewer).",
     )
     epsilon: float | None = Field(
         None,
@@ -165,7 +181,9 @@ def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> 
     """A validation error on one line: each failure's field (``names`` renames the first part), the
     reason, and the input it got, shortened."""
     names = names or {}
-    return "; ".join(_failure(e, names) for e in error.errors())
+    # A default read from a field that failed is not computed: pydantic says so, a consequence only.
+    failures = [e for e in error.errors() if e["type"] != "default_factory_not_called"]
+    return "; ".join(_failure(e, names) for e in failures)
 
 
 def _failure(error: Mapping, names: Mapping[str, str]) -> str:

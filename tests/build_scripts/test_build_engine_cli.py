@@ -65,6 +65,8 @@ def test_user_mistakes_get_one_line_errors(tmp_path):
         (["--calibrate", "--epsilon", "nan"], 2, "epsilon must be a number >= 0, got nan"),
         (["--calibrate", "--epsilon", "-1"], 2, "epsilon must be a number >= 0, got -1.0"),
         (["--device", "tpu"], 2, "device must be 'cpu', 'cuda' or 'cuda:N'"),
+        (["--calibrate", "--calibration-batches", "1,1"], 2, "batch_buckets must not repeat a value"),
+        (["--calibrate", "--max-draft-depth", "-5"], 1, "max_draft_depth must be a positive integer, got -5"),
         (["--output", str(tmp_path / "file" / "engine")], 1, "error: "),
     ]
     for args, code, words in cases:

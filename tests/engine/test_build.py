@@ -305,6 +305,10 @@ def test_truncated_or_missing_files(engine, tmp_path):
     (path / "config.json").unlink()  # read as a checkpoint, it was named a checkpoint without one
     with pytest.raises(ValueError, match=r"an engine directory \(it has weights/\) without its config\.json"):
         LLM(path)
+    with pytest.raises(ValueError, match=r"never overwrites .*: delete it, then rebuild it"):  # not "rebuild"
+        LLM(path)  # alone, which the build refused: "a non-empty directory that is not a trtllm_bole engine"
+    with pytest.raises(ValueError, match=r"is a non-empty directory that is not a trtllm_bole engine"):
+        build_engine(DEFAULT_MODEL, path, device="cpu", force=True, progress=False)
 
 
 def test_edited_config_is_caught(engine, tmp_path):
@@ -364,6 +368,8 @@ def test_draft_settings_left_unset_take_the_engines(tmp_path):
     assert (chain.mode, chain.max_depth, chain.max_nodes, chain.top_k) == ("chain", 2, 3, 4)
     narrow = LLM(path, speculative_config=BoleConfig(top_k=2)).speculative_config
     assert (narrow.mode, narrow.max_depth, narrow.max_nodes, narrow.top_k) == ("bole", 2, 3, 2)
+    few = LLM(path, speculative_config=BoleConfig(max_nodes=3)).speculative_config  # was "at least (8)"
+    assert (few.max_depth, few.max_nodes) == (2, 3)
     with pytest.raises(ValueError, match=r"max_draft_nodes 4 exceeds the engine's 3"):
         LLM(path, speculative_config=BoleConfig(max_depth=2, max_nodes=4))
     cli = subprocess.run(
@@ -373,6 +379,22 @@ def test_draft_settings_left_unset_take_the_engines(tmp_path):
     )  # fmt: skip
     assert cli.returncode == 0, cli.stderr
     assert "[chain] finish" in cli.stderr
+
+
+def test_a_prompt_past_the_engines_context_says_to_rebuild_it(tmp_path):
+    """The engine's max_seq_len bounds the prompt, not a --max-seq-len the user did not pass (it said to raise
+    that, which the engine then refused)."""
+    settings = BuildSettings(max_batch_size=1, max_seq_len=64, max_draft_depth=2, max_draft_nodes=3)
+    path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", settings, device="cpu", progress=False)
+    command = [sys.executable, "-m", "trtllm_bole", "generate", "--model", str(path)]
+    cli = subprocess.run(
+        [*command, "--prompt-ids", "5," * 69 + "5"], capture_output=True, text=True, timeout=300
+    )
+    assert cli.returncode == 2 and "Traceback" not in cli.stderr, cli.stderr  # one error line after the bars
+    assert (
+        "and the engine's max_seq_len 64 allows prompts of at most 62: rebuild the engine with a larger "
+        in cli.stderr
+    )
 
 
 def test_calibrated_engine_ships_its_budget_and_llm_uses_it(tmp_path, monkeypatch):

@@ -29,6 +29,33 @@ def test_an_engine_is_identified_by_the_gpu_it_was_built_for():
     assert len(ids) == 3
 
 
+def test_a_calibrated_engine_is_identified_by_its_gpu_too():
+    """A budget is its GPU's own: an H100's and an H200's (both sm_90) were one engine, so the second
+    build kept the first's budget; an uncalibrated engine is the same on any GPU of the arch."""
+    env = {"trtllm_bole": "1", "torch": "2", "triton": "3", "arch": "sm_90"}
+    on = [{**env, "device_name": name} for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")]
+    calibrated = {build_mod._build_id({}, SMALL, CalibrationSettings(), False, e) for e in on}
+    assert len(calibrated) == 2 and len({build_mod._build_id({}, SMALL, None, False, e) for e in on}) == 1
+
+
+def test_force_rebuilds_even_the_same_engine(tmp_path):
+    """``--force`` replaces the engine at the output, the same one too (to recalibrate it)."""
+    path, built = build_engine(DEFAULT_MODEL, tmp_path / "e", SMALL, device="cpu", progress=False)
+    assert built and not build_engine(DEFAULT_MODEL, path, SMALL, device="cpu", progress=False)[1]
+    assert build_engine(DEFAULT_MODEL, path, SMALL, device="cpu", force=True, progress=False)[1]
+    assert load_engine(path).build["max_batch_size"] == 1 and not list(tmp_path.glob(".e.*"))
+
+
+def test_the_current_folder_is_refused_as_an_output_before_anything_is_built(tmp_path, monkeypatch):
+    """An output of "." failed after the whole build (and its calibration), as the swap renamed "."."""
+    (tmp_path / "inner").mkdir()
+    monkeypatch.chdir(tmp_path / "inner")
+    for output in (".", "..", tmp_path):
+        with pytest.raises(ValueError, match=r"holds the current folder.*--output \./engine"):
+            build_engine(DEFAULT_MODEL, output, SMALL, device="cpu", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inner"] and not any((tmp_path / "inner").iterdir())
+
+
 def test_an_edited_tokenizer_rebuilds(tmp_path):
     checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
     path, _ = build_engine(checkpoint, tmp_path / "e", SMALL, device="cpu", progress=False)

@@ -118,7 +118,13 @@ def build_engine(
     """Build (or keep) the engine at ``output``; returns ``(path, built)`` with ``built`` False when an
     identical engine was already there. ``device``: where kernels are compiled and calibration runs
     (default: ``cuda`` when available, else ``cpu``). ``calibration``: measure the budget table."""
-    checkpoint, output = Path(checkpoint), Path(output)
+    checkpoint, output = Path(checkpoint), Path(output).resolve()
+    here = Path.cwd()
+    if output == here or output in here.parents:  # "." failed after the whole build (a swap of ".")
+        raise ValueError(
+            f"output {output} holds the current folder, which a build replaces as a whole: name a folder "
+            "inside it (--output ./engine, say)"
+        )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device)
     settings = (settings or BuildSettings()).validated(device)
@@ -189,12 +195,15 @@ def _build_id(
     tensorrt: str | bool,
     env: dict,
 ) -> str:
+    names = ["trtllm_bole", "torch", "triton", "arch"]
+    if calibration is not None:  # a budget is its GPU's own: another GPU of the arch, another engine
+        names.append("device_name")
     key = {
         "sources": sources,
         "settings": asdict(settings),
         "calibration": None if calibration is None else asdict(calibration),
         "tensorrt": tensorrt,
-        "env": {k: env[k] for k in ("trtllm_bole", "torch", "triton", "arch")},
+        "env": {k: env[k] for k in names},
         "schema": fmt.SCHEMA_VERSION,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
@@ -230,15 +239,13 @@ def _keep_existing(output: Path, build_id: str, force: bool, progress: bool) -> 
             f"output {output} is a non-empty directory that is not a trtllm_bole engine; it is never "
             f"overwritten: choose another --output or empty it"
         )
-    if existing.get("build_id") == build_id:
+    if existing.get("build_id") == build_id and not force:  # forced: rebuilt (a new calibration, say)
         from trtllm_bole.engine.load import load_engine
 
         try:
             load_engine(output, check_device=False, progress=progress)
         except ValueError as e:
-            if not force:
-                raise ValueError(f"{e} (the same build is asked again: pass --force to rebuild it)") from None
-            return False
+            raise ValueError(f"{e} (the same build is asked again: pass --force to rebuild it)") from None
         log.info("%s: an identical engine is already there; nothing to do", output)
         return True
     if not force:

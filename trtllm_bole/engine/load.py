@@ -33,7 +33,9 @@ def is_engine_dir(path: str | Path) -> bool:
     config = Path(path) / fmt.CONFIG
     if not config.exists() and (Path(path) / fmt.WEIGHTS_DIR).is_dir():
         raise ValueError(
-            f"{path}: an engine directory (it has {fmt.WEIGHTS_DIR}/) without its {fmt.CONFIG}; {_REBUILD}"
+            f"{path}: an engine directory (it has {fmt.WEIGHTS_DIR}/) without its {fmt.CONFIG}, which a "
+            "build never overwrites (it is not a complete engine): delete it, then rebuild it with "
+            "`python build_scripts/build_engine.py`"
         )
     try:
         return json.loads(config.read_text()).get("format") == fmt.FORMAT
