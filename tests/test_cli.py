@@ -126,3 +126,16 @@ def test_generate_into_a_closed_pipe_stops_quietly():
         text=True,
     )
     assert len(done.stdout) == 10 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+def test_ctrl_c_while_the_model_loads_is_a_quiet_exit(monkeypatch, capsys):
+    """Ctrl-C while an engine is hashed or a model loads was a KeyboardInterrupt traceback (only streaming
+    caught it)."""
+    import trtllm_bole.__main__ as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_setup", interrupted)
+    assert cli.main(["generate"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"

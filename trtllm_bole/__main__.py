@@ -18,13 +18,13 @@ DEFAULT_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""
 def _generate(args: argparse.Namespace) -> int:
     """Bad settings end in one ``error:`` line (exit 2) before any weight is loaded where they can."""
     try:
-        llm, prompt, params = _setup(args)
-    except ValueError as e:  # a pydantic ValidationError is one too
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    try:
+        try:
+            llm, prompt, params = _setup(args)
+        except ValueError as e:  # a pydantic ValidationError is one too
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+            return 2
         return _stream(args, llm, prompt, params)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # while loading or streaming
         print("\ninterrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (| head): stop quietly, as Unix tools do

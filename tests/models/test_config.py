@@ -22,6 +22,18 @@ def test_allocate_cache_never_keeps_a_cache_smaller_than_asked():
         assert model.cache is cache
 
 
+def test_a_cache_too_large_to_allocate_is_a_clear_error():
+    """It was torch's RuntimeError from deep in a model's load ("you tried to allocate 393216000000 bytes"
+    for max_batch_size 1,000,000); it says what the cache holds, its size and which settings lower it."""
+    model = random_model(load_config(TINY_CONFIG), seed=1)
+    words = (
+        r"the cache \(10000000000 state slots, 8 KV blocks of 4 tokens\) needs [0-9.]+ GiB, which cpu could"
+    )
+    with pytest.raises(ValueError, match=words + " not allocate: lower max_batch_size"):
+        model.allocate_cache(10**10, 8, 4)
+    assert model.cache is None
+
+
 OPTIONAL = (
     "full_attention_interval", "layer_types", "rope_parameters", "rope_theta", "partial_rotary_factor",
     "rms_norm_eps", "tie_word_embeddings", "max_position_embeddings", "linear_conv_kernel_dim",

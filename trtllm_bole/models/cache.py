@@ -12,6 +12,7 @@ Ownership: the executor owns slot and block allocation and advances ``context_le
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -197,19 +198,26 @@ class ModelCache:
         c = config
         gdn = (c.num_gdn_layers, num_slots)
         kv = (num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-
-        def zeros(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dt, device=device)
-
-        return cls(
-            gdn_state=zeros(*gdn, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
-                            dt=torch.float32),
-            conv_state=zeros(*gdn, c.conv_dim, c.linear_conv_kernel_dim - 1),
-            k_cache=zeros(c.num_attn_layers, *kv),
-            v_cache=zeros(c.num_attn_layers, *kv),
-            mtp_k_cache=zeros(1, *kv) if mtp else None,
-            mtp_v_cache=zeros(1, *kv) if mtp else None,
-        )  # fmt: skip
+        shapes = {
+            "gdn_state": ((*gdn, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim),
+                          torch.float32),
+            "conv_state": ((*gdn, c.conv_dim, c.linear_conv_kernel_dim - 1), dtype),
+            "k_cache": ((c.num_attn_layers, *kv), dtype),
+            "v_cache": ((c.num_attn_layers, *kv), dtype),
+            **({"mtp_k_cache": ((1, *kv), dtype), "mtp_v_cache": ((1, *kv), dtype)} if mtp else {}),
+        }  # fmt: skip
+        try:
+            tensors = {
+                name: torch.zeros(shape, dtype=dt, device=device) for name, (shape, dt) in shapes.items()
+            }
+        except RuntimeError as e:  # torch.OutOfMemoryError on CUDA, "can't allocate memory" on the CPU
+            size = sum(math.prod(shape) * dt.itemsize for shape, dt in shapes.values())
+            raise ValueError(
+                f"the cache ({num_slots} state slots, {num_blocks} KV blocks of {block_size} tokens) needs "
+                f"{size / 2**30:.1f} GiB, which {device} could not allocate: lower max_batch_size, "
+                "max_seq_len or kv_cache_tokens"
+            ) from e
+        return cls(**{"mtp_k_cache": None, "mtp_v_cache": None, **tensors})
 
     def zero_(self) -> None:
         """Every pool and cache back to zeros, in place (the addresses stay)."""
