@@ -100,13 +100,15 @@ class LLM:
         if not path.is_dir():
             raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
         self.model_dir = path
-        self.engine = load_engine(path, device=device) if is_engine_dir(path) else None
-        if self.engine is not None:  # built by build_scripts/build_engine.py: validated above
+        # Built by build_scripts/build_engine.py: its config validated now, its files once the settings fit.
+        self.engine = load_engine(path, device=device, check_files=False) if is_engine_dir(path) else None
+        if self.engine is not None:
             max_batch_size, max_seq_len, self.speculative_config = self.engine.runtime_settings(
                 dtype, max_batch_size, max_seq_len, speculative_config
             )
             if self.speculative_config.speculates and not self.engine.config["model"]["has_mtp"]:
                 raise no_mtp_error(self.speculative_config.mode, "the engine was built without one")
+            self.engine.check_files()
             self.model = self.engine.load_model(device=device, mtp=self.speculative_config.speculates)
             hf_config, generation_config = self.engine.hf_config, self.engine.generation_config
         else:

@@ -349,16 +349,22 @@ def test_other_gpu_arch_or_triton_version():
         check_device_compat(cpu_build, h200)
 
 
-def test_runtime_requests_beyond_the_build_are_refused(engine):
+def test_runtime_requests_beyond_the_build_are_refused(engine, monkeypatch):
+    """Before any file is hashed (a minute at 27B); an engine that serves them is hashed once."""
+    from trtllm_bole.engine import load as load_mod
+
     path, _ = engine
+    hashed, check = [], load_mod._check_files
+    monkeypatch.setattr(load_mod, "_check_files", lambda *a: hashed.append(a[0]) or check(*a))
     with pytest.raises(ValueError, match=r"max_batch_size 16 exceeds the engine's 8"):
         LLM(path, max_batch_size=16)
     with pytest.raises(ValueError, match=r"max_draft_depth 12 exceeds"):
         LLM(path, speculative_config=BoleConfig(max_depth=12))
     with pytest.raises(ValueError, match=r"float32 weights, dtype 'bfloat16' was asked; leave the dtype at"):
         LLM(path, dtype="bfloat16")
+    assert hashed == []
     llm = LLM(path, max_batch_size=2, speculative_config=BoleConfig(mode="ar"))
-    assert llm.executor.max_batch_size == 2 and llm.model.mtp is None
+    assert llm.executor.max_batch_size == 2 and llm.model.mtp is None and hashed == [path]
 
 
 def test_draft_settings_left_unset_take_the_engines(tmp_path):

@@ -53,6 +53,11 @@ class Engine:
     def build(self) -> dict[str, Any]:
         return self.config["build"]
 
+    def check_files(self, progress: bool = True) -> None:
+        """Every file hashed against the build's record (a minute at 27B): no file edited, missing or
+        added since the build."""
+        _check_files(self.path, self.config, progress)
+
     @property
     def dtype(self) -> torch.dtype:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.build["dtype"]]
@@ -134,10 +139,16 @@ class Engine:
 
 
 def load_engine(
-    path: str | Path, *, device: str = "cpu", check_device: bool = True, progress: bool = True
+    path: str | Path,
+    *,
+    device: str = "cpu",
+    check_device: bool = True,
+    check_files: bool = True,
+    progress: bool = True,
 ) -> Engine:
     """Validate the engine at ``path`` for use on ``device`` and return it (weights not loaded yet;
-    every file hashed against the build's record, under a progress bar)."""
+    every file hashed against the build's record, under a progress bar, unless ``check_files`` is False:
+    then the caller calls :meth:`Engine.check_files` before it reads them)."""
     path = Path(path)
     config_path = path / fmt.CONFIG
     if not config_path.is_file():
@@ -165,7 +176,8 @@ def load_engine(
             f"{path}: built by trtllm_bole {built['trtllm_bole']}, this is trtllm_bole {env['trtllm_bole']}; "
             f"{_REBUILD}"
         )
-    _check_files(path, config, progress)
+    if check_files:
+        _check_files(path, config, progress)
     if check_device and str(device).startswith("cuda"):
         check_device_compat(config, fmt.environment(device), path)
     try:
