@@ -28,6 +28,11 @@ if TYPE_CHECKING:  # for the annotation (parser() loads torch anyway: BuildSetti
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def default_output(checkpoint: Path, arch: str) -> Path:
+    """``engines/<checkpoint name>-<arch>`` in the repository (``--checkpoint .`` has a name too)."""
+    return ROOT / "engines" / f"{checkpoint.resolve().name}-{arch}"
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         cli.error(str(e))
     checkpoint = args.checkpoint or DEFAULT_MODEL
-    output = args.output or ROOT / "engines" / f"{checkpoint.name}-{environment(device)['arch']}"
+    output = args.output or default_output(checkpoint, environment(device)["arch"])
     plan_builder = None
     if args.tensorrt:
         sys.path.insert(0, str(ROOT))

@@ -73,3 +73,13 @@ def test_user_mistakes_get_one_line_errors(tmp_path):
         done = subprocess.run([sys.executable, str(SCRIPT), *args, "--quiet"], capture_output=True, text=True)
         assert done.returncode == code and words in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr, (args, done.stderr)
+
+
+def test_the_default_output_is_named_after_the_checkpoint_even_given_as_dot(tmp_path, monkeypatch):
+    """``--checkpoint .`` made ``engines/-cpu``."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from build_engine import default_output
+
+    (tmp_path / "Qwen3.5-9B").mkdir()
+    monkeypatch.chdir(tmp_path / "Qwen3.5-9B")
+    assert default_output(Path("."), "sm_90") == ROOT / "engines" / "Qwen3.5-9B-sm_90"
