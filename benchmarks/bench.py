@@ -35,9 +35,11 @@ from pathlib import Path
 
 import torch
 import triton
+from pydantic import ValidationError
 from tqdm import tqdm
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
+from trtllm_bole.config import one_line, short_repr
 from trtllm_bole.kernels.compiles import recording_compiles
 from trtllm_bole.spec.executor import Executor
 
@@ -51,7 +53,9 @@ def load_dataset(path: Path, llm: LLM) -> list[tuple[list[int], int]]:
     config = llm.model.config
     context = config.max_position_embeddings - 1  # prompt + output at the longest max_seq_len
     try:
-        lines = path.read_text().splitlines()
+        # "\n" only (read_text reads "\r\n" as "\n"): splitlines() also splits at U+2028, U+2029 and U+0085,
+        # which JSON strings may hold unescaped.
+        lines = path.read_text().split("\n")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"dataset {path} cannot be read: {e}") from None
     out = []
@@ -68,8 +72,11 @@ def load_dataset(path: Path, llm: LLM) -> list[tuple[list[int], int]]:
         n = row.get("output_tokens")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{where}: output_tokens must be an integer of 1 or more, got {n!r}")
+        prompt = row["input_ids"] if "input_ids" in row else row["prompt"]
+        if "input_ids" in row and not isinstance(prompt, list):  # a string would be tokenized as text
+            raise ValueError(f"{where}: input_ids must be a list of token ids, got {short_repr(prompt)}")
         try:
-            ids = llm.encode(row["input_ids"] if "input_ids" in row else row["prompt"])
+            ids = llm.encode(prompt)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         if not ids:
@@ -114,8 +121,10 @@ def profiling_parser(doc: str, *, modes: str, batch_sizes: str) -> argparse.Argu
 def open_profiling_run(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> tuple[LLM, list[tuple[list[int], int]]]:
-    """The engine and the dataset of a :func:`profiling_parser` command line (a dataset it cannot serve
-    ends in the parser's error, naming the line)."""
+    """The engine and the dataset of a :func:`profiling_parser` command line (bad modes or batch sizes, an
+    --out that is no directory or a dataset it cannot serve end in the parser's error, before any run)."""
+    check_runs(parser, args.modes, args.batch_sizes)
+    check_out(parser, args.out)
     llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype)
     try:
         return llm, load_dataset(args.dataset, llm)
@@ -358,17 +367,51 @@ def check_against_ar(llm: LLM, dataset, result: dict, outputs, reference: list[l
 MODES = ("ar", "chain", "tree-serial", "bole")
 
 
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], list[int]]:
-    """The modes and batch sizes of the command line, or its error (before the model loads)."""
-    modes = args.modes.split(",")
-    if not set(modes) <= set(MODES) or len(set(modes)) < len(modes):
-        parser.error(f"--modes {args.modes}: each of {', '.join(MODES)} at most once, comma-separated")
-    sizes = args.batch_sizes.split(",")
-    if not all(b.isdigit() and int(b) > 0 for b in sizes):
-        parser.error(f"--batch-sizes {args.batch_sizes}: comma-separated integers of 1 or more")
+SPECULATION_FLAGS = {"max_depth": "--depth", "top_k": "--branching", "max_nodes": "--max-nodes"}
+
+
+def check_runs(parser: argparse.ArgumentParser, modes: str, batch_sizes: str) -> tuple[list[str], list[int]]:
+    """The modes and batch sizes of a command line, or its error. Each at most once: a second run of a
+    batch size took the first one's ``ar`` run as its reference."""
+    listed = modes.split(",")
+    if not set(listed) <= set(MODES) or len(set(listed)) < len(listed):
+        parser.error(f"--modes {modes}: each of {', '.join(MODES)} at most once, comma-separated")
+    sizes = batch_sizes.split(",")
+    if not all(b.isdecimal() and int(b) > 0 for b in sizes) or len({int(b) for b in sizes}) < len(sizes):
+        parser.error(f"--batch-sizes {batch_sizes}: comma-separated integers of 1 or more, each at most once")
+    return listed, [int(b) for b in sizes]
+
+
+def check_out(parser: argparse.ArgumentParser, out: Path) -> None:
+    """The results' directory, created before any run: an --out that cannot be one failed after every
+    timed run, the results lost."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--out {out}: not a directory that can be created ({e.strerror})")
+
+
+def check_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[str], list[int], dict]:
+    """The modes, batch sizes and speculation of the command line, or its error (before the model loads);
+    and the output directory, created."""
+    modes, batches = check_runs(parser, args.modes, args.batch_sizes)
     if args.repeats < 1 or args.warmup < 0:
         parser.error(f"--repeats {args.repeats} (1 or more), --warmup {args.warmup} (0 or more)")
-    return modes, [1] if args.kind == "latency" else [int(b) for b in sizes]
+    bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
+    try:
+        for mode in ["ar", *modes]:  # the executors' configs: ar always runs
+            BoleConfig(mode=mode, **bole_args)
+    except ValidationError as e:
+        parser.error(
+            f"--depth {args.depth}, --branching {args.branching}, --max-nodes {args.max_nodes}: "
+            f"{one_line(e, SPECULATION_FLAGS)}"
+        )
+    if args.tag is not None and "/" in args.tag:
+        parser.error(f"--tag {args.tag}: a file name stem, without '/'")
+    check_out(parser, args.out)
+    return modes, [1] if args.kind == "latency" else batches, bole_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,11 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default=None, help="file name stem (default: bench_<kind>_<device>)")
     args = parser.parse_args(argv)
 
-    modes, batches = check_args(parser, args)
+    modes, batches, bole_args = check_args(parser, args)
     llm = LLM(
         args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype, max_batch_size=1
     )
-    bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
     try:
         dataset = load_dataset(args.dataset, llm)
         check_engine(llm, args.dtype, batches, bole_args, dataset)
@@ -486,7 +528,6 @@ def main(argv: list[str] | None = None) -> int:
         "near_tie_logits": NEAR_TIE_LOGITS,
         "runs": runs,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out / f'{tag}.json'}")
     plot(runs, modes, args.out / f"{tag}.png", device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import queue
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -169,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout", type=float, default=600.0, help="seconds to wait for each response (default: 600)"
     )
     args = p.parse_args(argv)
+    # queue.get's range, checked before the request goes out: a negative, infinite or too long timeout
+    # raised a traceback there, nan waited forever.
+    if not 0 < args.timeout <= threading.TIMEOUT_MAX:
+        p.error(f"--timeout takes seconds above 0, at most {threading.TIMEOUT_MAX:g}, got {args.timeout:g}")
 
     ids = None
     if args.ids is not None:

@@ -212,15 +212,22 @@ def test_a_bad_dataset_line_is_named_before_any_run(tmp_path, embedded):
 
     context = embedded.model.config.max_position_embeddings - 1
     ok = json.dumps({"input_ids": [5, 7], "output_tokens": 3})
+    text = "x = 1\u2028y = 2\u2029\u0085"  # line separators JSON strings hold unescaped: not line ends
+    separated = json.dumps({"prompt": text, "output_tokens": 2}, ensure_ascii=False)
     for lines, message in (
         ([], "holds no requests"),
         ([ok, "{bad json"], "line 2: not JSON"),
+        ([separated, "{bad json"], "line 2: not JSON"),
         ([ok, "[1, 2]"], "line 2: expected an object"),
         ([json.dumps({"input_ids": [5]})], "line 1: output_tokens must be an integer of 1 or more, got None"),
         ([json.dumps({"input_ids": [5], "output_tokens": 0})], "got 0"),
         ([json.dumps({"input_ids": [5], "output_tokens": 2.7})], "got 2.7"),
         ([json.dumps({"input_ids": [], "output_tokens": 2})], "line 1: empty prompt"),
         ([json.dumps({"prompt": "", "output_tokens": 2})], "line 1: empty prompt"),
+        (
+            [json.dumps({"input_ids": "5 7", "output_tokens": 2})],
+            "line 1: input_ids must be a list of token ids, got '5 7'",
+        ),
         ([json.dumps({"input_ids": [5, 10**9], "output_tokens": 2})], "outside the vocabulary"),
         ([json.dumps({"input_ids": [5] * context, "output_tokens": 1})], "exceed the model's context"),
     ):
@@ -231,6 +238,8 @@ def test_a_bad_dataset_line_is_named_before_any_run(tmp_path, embedded):
     data.write_text(ok + "\n\n" + json.dumps({"prompt": "def f(x):", "output_tokens": 2}) + "\n")
     (a, b) = bench.load_dataset(data, embedded)
     assert a == ([5, 7], 3) and b[0] == embedded.encode("def f(x):") and b[1] == 2
+    data.write_bytes(f"{separated}\r\n{ok}\r\n".encode())
+    assert bench.load_dataset(data, embedded) == [(embedded.encode(text), 2), ([5, 7], 3)]
 
 
 def test_a_request_at_the_context_limit_is_served_whole(monkeypatch, embedded):
@@ -269,6 +278,65 @@ def test_bench_refuses_a_bad_dataset_or_command_line_with_a_message(tmp_path):
             done.returncode == 2 and "line 1: output_tokens" in done.stderr and "Traceback" not in done.stderr
         )
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.txt"))
+
+
+def no_model(*args, **kwargs):
+    raise AssertionError("the model loaded")
+
+
+def test_bench_refuses_a_bad_command_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """A tree the executors refuse (a pydantic traceback after the model's load and warm-up), a batch size
+    listed twice (its second speed-up taken against the first's ar run), or results that cannot be written
+    (lost after every timed run): each flag named, before the model loads."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench
+
+    monkeypatch.setattr(bench, "LLM", no_model)
+    data, file = tiny_dataset(tmp_path), tmp_path / "file"
+    file.write_text("")
+    for extra, message in (
+        (["--depth", "16"], "--depth: Input should be less than or equal to 15 (got 16)"),
+        (["--branching", "0"], "--branching: Input should be greater than or equal to 1 (got 0)"),
+        (["--max-nodes", "4"], "--max-nodes 4: max_nodes (4) must be at least max_depth (8)"),
+        (["--batch-sizes", "8,8"], "--batch-sizes 8,8: comma-separated integers of 1 or more, each at most"),
+        (["--batch-sizes", "1,01"], "each at most once"),
+        (["--modes", "ar,bole,ar"], "--modes ar,bole,ar: each of ar, chain, tree-serial, bole at most once"),
+        (["--tag", "a/b"], "--tag a/b: a file name stem, without '/'"),
+        (["--out", str(file)], f"--out {file}: not a directory that can be created"),
+        (["--out", str(file / "results")], f"--out {file / 'results'}: not a directory that can be created"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(["throughput", "--dataset", str(data), "--out", str(tmp_path / "out"), *extra])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    out = tmp_path / "new" / "results"
+    chain = ["--modes", "chain", "--max-nodes", "4"]  # fewer nodes than the depth: only a tree needs more
+    with pytest.raises(AssertionError, match="the model loaded"):
+        bench.main(["latency", "--dataset", str(data), *chain, "--out", str(out)])
+    assert out.is_dir()
+
+
+def test_profiling_tools_refuse_bad_runs_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """As bench.py refuses them: a bad one was a traceback once the model had loaded, or a run repeated."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench
+    import profile_host
+    import profile_step
+
+    monkeypatch.setattr(bench, "LLM", no_model)
+    data, file = tiny_dataset(tmp_path), tmp_path / "file"
+    file.write_text("")
+    for tool in (profile_step, profile_host):
+        for extra, message in (
+            (["--modes", "ar,medusa"], "--modes ar,medusa: each of ar, chain, tree-serial, bole at most"),
+            (["--modes", "bole,bole"], "--modes bole,bole: each of"),
+            (["--batch-sizes", "1,x"], "--batch-sizes 1,x: comma-separated integers of 1 or more"),
+            (["--batch-sizes", "2,2"], "--batch-sizes 2,2: comma-separated integers of 1 or more, each at"),
+            (["--out", str(file)], f"--out {file}: not a directory that can be created"),
+        ):
+            with pytest.raises(SystemExit) as exit_info:
+                tool.main(["--dataset", str(data), "--out", str(tmp_path), *extra])
+            assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_prepare_dataset_refuses_requests_of_no_tokens(tmp_path):

@@ -541,6 +541,17 @@ def test_client_refuses_values_its_tensors_cannot_hold_by_name(args, words, caps
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("timeout", ["0", "-1", "inf", "nan", "1e10"])
+def test_client_refuses_a_timeout_its_wait_cannot_take(timeout, capsys):
+    """Before the request goes out: the wait for a response raised a traceback for these, or (nan) never
+    ended."""
+    from client import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--timeout", timeout])
+    assert exit_info.value.code == 2 and "--timeout takes seconds above 0, at most" in capsys.readouterr().err
+
+
 def served(tmp_path: Path, drain_file: str) -> Path:
     import launch
 
