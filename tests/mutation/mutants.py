@@ -1554,8 +1554,8 @@ MUTANTS = [
     Mutant(
         "U3",
         "trtllm_bole/config.py",
-        "max_depth: int = Field(8, ge=1, le=15,",
-        "max_depth: int = Field(8, ge=1, le=16,",
+        "        ge=1,\n        le=15,\n        description=f\"Draft tokens on the longest path",
+        "        ge=1,\n        le=16,\n        description=f\"Draft tokens on the longest path",
         [
             "tests/test_llm.py",
             "tests/serving/test_serving_protocol.py",
@@ -1842,8 +1842,8 @@ MUTANTS = [
     Mutant(
         "G1",
         "trtllm_bole/engine/build.py",
-        '"env": {k: env[k] for k in ("trtllm_bole", "torch", "triton", "arch")},',
-        '"env": {k: env[k] for k in ("trtllm_bole", "torch", "triton")},',
+        'names = ["trtllm_bole", "torch", "triton", "arch"]',
+        'names = ["trtllm_bole", "torch", "triton"]',
         ["tests/engine/test_engine_identity.py", "tests/engine/test_build.py", "tests/test_llm.py"],
     ),
     Mutant(
@@ -2292,8 +2292,8 @@ MUTANTS = [
     Mutant(
         "B5",
         "trtllm_bole/spec/calibration.py",
-        "            return (*below, limit) if max(buckets) >= limit else below",
-        "            return below or (min(buckets),)",
+        "            return (*below, limit) if max(values) >= limit else below",
+        "            return below or (min(values),)",
         ["tests/spec/test_calibration.py::test_settings_fit_an_engine"],
     ),
     Mutant(
@@ -2481,6 +2481,107 @@ MUTANTS = [
         [
             "tests/test_llm_settings.py::test_a_budget_table_that_cannot_serve_the_epsilon_asked_is_refused_at_once"
         ],
+    ),
+    Mutant(
+        "CF1",
+        "trtllm_bole/spec/calibration.py",
+        "            capped(self.capacities, max_tokens),\n",
+        "            tuple(v for v in sorted(self.capacities) if v <= max_tokens) or (min(self.capacities),),\n",
+        ["tests/spec/test_calibration.py"],
+    ),
+    Mutant(
+        "CF2",
+        "trtllm_bole/spec/calibration.py",
+        "if len(set(values)) != len(values):",
+        "if False:",
+        ["tests/spec/test_calibration.py"],
+    ),
+    Mutant(
+        "DD1",
+        "trtllm_bole/config.py",
+        "else min(DEFAULT_MAX_DEPTH, max_nodes)",
+        "else DEFAULT_MAX_DEPTH",
+        [
+            "tests/test_llm_settings.py",
+            "tests/engine/test_build.py::test_draft_settings_left_unset_take_the_engines",
+        ],
+    ),
+    Mutant(
+        "OL1",
+        "trtllm_bole/config.py",
+        'if e["type"] != "default_factory_not_called"]',
+        "]",
+        ["tests/test_cli.py::test_bad_generate_settings_end_in_one_error_line"],
+    ),
+    Mutant(
+        "EF1",
+        "trtllm_bole/engine/build.py",
+        'if existing.get("build_id") == build_id and not force:',
+        'if existing.get("build_id") == build_id:',
+        ["tests/engine/test_engine_identity.py"],
+    ),
+    Mutant(
+        "EF2",
+        "trtllm_bole/engine/build.py",
+        '        names.append("device_name")',
+        "        pass",
+        ["tests/engine/test_engine_identity.py"],
+    ),
+    Mutant(
+        "EF3",
+        "trtllm_bole/engine/build.py",
+        "if output == here or output in here.parents:",
+        "if False:",
+        ["tests/engine/test_engine_identity.py"],
+    ),
+    Mutant(
+        "EF4",
+        "trtllm_bole/llm.py",
+        "            self.engine.check_files()\n",
+        "",
+        ["tests/engine/test_build.py::test_runtime_requests_beyond_the_build_are_refused"],
+    ),
+    Mutant(
+        "AL1",
+        "trtllm_bole/models/cache.py",
+        "except RuntimeError as e:  # torch.OutOfMemoryError",
+        "except TypeError as e:  # torch.OutOfMemoryError",
+        ["tests/models/test_config.py"],
+    ),
+    Mutant(
+        "CG1",
+        "trtllm_bole/__main__.py",
+        "    except KeyboardInterrupt:  # while loading or streaming",
+        "    except ZeroDivisionError:  # while loading or streaming",
+        ["tests/test_cli.py"],
+    ),
+    Mutant(
+        "BH1",
+        "benchmarks/bench.py",
+        '        lines = path.read_text().split("\\n")',
+        "        lines = path.read_text().splitlines()",
+        ["tests/benchmarks/test_bench.py::test_a_bad_dataset_line_is_named_before_any_run"],
+    ),
+    Mutant(
+        "BH2",
+        "benchmarks/bench.py",
+        'if "input_ids" in row and not isinstance(prompt, list):',
+        "if False:",
+        ["tests/benchmarks/test_bench.py::test_a_bad_dataset_line_is_named_before_any_run"],
+    ),
+    Mutant(
+        "BH3",
+        "benchmarks/bench.py",
+        "or len({int(b) for b in sizes}) < len(sizes):",
+        ":",
+        ["tests/benchmarks/test_bench.py::test_bench_refuses_a_bad_command_line_before_the_model_loads"],
+    ),
+    Mutant(
+        "CT5",
+        "triton_server/client.py",
+        "if not 0 < args.timeout <= threading.TIMEOUT_MAX:",
+        "if not 0 < args.timeout:",
+        ["tests/server/test_triton_server.py::test_client_refuses_a_timeout_its_wait_cannot_take"],
     ),
     Mutant(
         "TC1",
