@@ -1554,8 +1554,8 @@ MUTANTS = [
     Mutant(
         "U3",
         "trtllm_bole/config.py",
-        "        ge=1,\n        le=15,\n        description=f\"Draft tokens on the longest path",
-        "        ge=1,\n        le=16,\n        description=f\"Draft tokens on the longest path",
+        '        ge=1,\n        le=15,\n        description=f"Draft tokens on the longest path',
+        '        ge=1,\n        le=16,\n        description=f"Draft tokens on the longest path',
         [
             "tests/test_llm.py",
             "tests/serving/test_serving_protocol.py",
