@@ -51,7 +51,7 @@ def test_bad_generate_settings_end_in_one_error_line():
             [sys.executable, "-m", "trtllm_bole", "generate", *flags], capture_output=True, text=True
         )
         assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1
-        assert words in done.stderr, done.stderr
+        assert words in done.stderr and "default factory" not in done.stderr, done.stderr  # pydantic's echo
 
 
 def test_cuda_without_a_gpu_is_refused_by_name():
