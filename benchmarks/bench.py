@@ -228,12 +228,16 @@ def max_seq_len_for(dataset, llm: LLM) -> int:
     return min(max(len(p) + n for p, n in dataset) + 32, limit)
 
 
-def check_engine(llm: LLM, dtype: str, batches: list[int], bole_args: dict, dataset) -> None:
+def check_engine(
+    llm: LLM, dtype: str, batches: list[int], modes: list[str], bole_args: dict, dataset
+) -> None:
     """An engine serves what it was built for, here as through :class:`LLM`: a larger batch, longer
-    requests or deeper or larger trees raise the engine's ValueError, which names the build flag."""
+    requests or deeper or larger trees raise the engine's ValueError, which names the build flag. Each
+    mode's own config (a chain's --max-nodes is no tree's: it was checked as bole's)."""
     if llm.engine is not None:
         longest = max(len(p) + n for p, n in dataset) + 1  # + 1: a prompt leaves room for its first token
-        llm.engine.runtime_settings(dtype, max(batches), longest, BoleConfig(**bole_args))
+        for mode in modes:
+            llm.engine.runtime_settings(dtype, max(batches), longest, BoleConfig(mode=mode, **bole_args))
 
 
 def executor_for(llm: LLM, mode: str, bole_args: dict, max_batch: int, max_seq_len: int) -> Executor:
@@ -447,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         dataset = load_dataset(args.dataset, llm)
-        check_engine(llm, args.dtype, batches, bole_args, dataset)
+        check_engine(llm, args.dtype, batches, ["ar", *modes], bole_args, dataset)
     except ValueError as e:
         parser.error(str(e))
     # Prompts of every prefill chunk shape first: the per-(batch, mode) warm-ups serve only the dataset's

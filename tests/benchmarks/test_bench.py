@@ -414,12 +414,21 @@ def test_an_engine_is_benchmarked_within_its_build(tmp_path):
     llm = LLM(path, max_batch_size=1)
     small = {"max_depth": 2, "top_k": 2, "max_nodes": 3}
     dataset = [([5, 7, 9] * 10, 16)]  # 46 tokens: within 64, not with the bench's 32 tokens of room
-    bench.check_engine(llm, "auto", [1, 2], small, dataset)
+    bench.check_engine(llm, "auto", [1, 2], ["ar", "bole"], small, dataset)
     assert bench.max_seq_len_for(dataset, llm) == 64
-    for batches, bole_args, data, words in (
-        ([4], small, dataset, "max_batch_size 4 exceeds the engine's 2; ask for less or rebuild with"),
-        ([1], {**small, "max_depth": 3}, dataset, "max_draft_depth 3 exceeds the engine's 2"),
-        ([1], small, [([5] * 60, 8)], "max_seq_len 69 exceeds the engine's 64"),
+    # A chain's max_nodes is no tree's (it was checked as bole's: "max_nodes (1) must be at least ...").
+    bench.check_engine(llm, "auto", [1], ["ar", "chain"], {**small, "max_nodes": 1}, dataset)
+    for batches, modes, bole_args, data, words in (
+        (
+            [4],
+            ["ar"],
+            small,
+            dataset,
+            "max_batch_size 4 exceeds the engine's 2; ask for less or rebuild with",
+        ),
+        ([1], ["bole"], {**small, "max_depth": 3}, dataset, "max_draft_depth 3 exceeds the engine's 2"),
+        ([1], ["chain"], {**small, "max_depth": 3}, dataset, "max_draft_depth 3 exceeds the engine's 2"),
+        ([1], ["ar"], small, [([5] * 60, 8)], "max_seq_len 69 exceeds the engine's 64"),
     ):
         with pytest.raises(ValueError, match=words):
-            bench.check_engine(llm, "auto", batches, bole_args, data)
+            bench.check_engine(llm, "auto", batches, modes, bole_args, data)
