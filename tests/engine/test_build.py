@@ -77,8 +77,10 @@ def test_rebuild_with_the_same_inputs_is_a_no_op(engine):
 def test_a_different_engine_is_replaced_only_with_force(engine, tmp_path):
     path = copy_of(engine, tmp_path)
     other = BuildSettings(max_batch_size=2)
-    with pytest.raises(ValueError, match=r"different engine.*--force"):
-        build_engine(DEFAULT_MODEL, path, other, device="cpu", progress=False)
+    with pytest.raises(
+        ValueError, match=r"different engine \(settings\.max_batch_size: 8 -> 2\); pass --force"
+    ):
+        build_engine(DEFAULT_MODEL, path, other, device="cpu", progress=False)  # what changed, not all of it
     assert load_engine(path).build["max_batch_size"] == 8
     _, built = build_engine(DEFAULT_MODEL, path, other, device="cpu", force=True, progress=False)
     assert built and load_engine(path).build["max_batch_size"] == 2

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from trtllm_bole.config import BoleConfig, check_device
+from trtllm_bole.config import BoleConfig, check_device, short_repr
 from trtllm_bole.engine import format as fmt
 from trtllm_bole.engine.load import is_engine_dir
 from trtllm_bole.models.checkpoint import write_safetensors
@@ -154,8 +154,9 @@ def build_engine(
         check_buckets(calibration.capacities, calibration.batch_buckets)  # before the model loads
     # TensorRT's version when a plan is built (a new TensorRT rebuilds); False keeps earlier engines' ids.
     tensorrt = _tensorrt_version() if plan_builder is not None else False
-    build_id = _build_id(sources, settings, calibration, tensorrt, env)
-    if _keep_existing(output, build_id, force, progress):
+    identity = _build_key(sources, settings, calibration, tensorrt, env)
+    build_id = _hash(identity)
+    if _keep_existing(output, identity, force, progress):
         return output, False
 
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +173,8 @@ def build_engine(
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
     try:
         config = _stage(checkpoint, staging, model_config, settings, device, calibration, env, progress)
-        config.update(build_id=build_id, source={"checkpoint": str(checkpoint.resolve()), "files": sources})
+        config.update(build_id=build_id, identity=identity)  # what the id hashes: a rebuild says what changed
+        config.update(source={"checkpoint": str(checkpoint.resolve()), "files": sources})
         if plan_builder is not None:
             try:
                 config["tensorrt"] = plan_builder(staging, config)
@@ -195,6 +197,18 @@ def _build_id(
     tensorrt: str | bool,
     env: dict,
 ) -> str:
+    return _hash(_build_key(sources, settings, calibration, tensorrt, env))
+
+
+def _build_key(
+    sources: dict,
+    settings: BuildSettings,
+    calibration: CalibrationSettings | None,
+    tensorrt: str | bool,
+    env: dict,
+) -> dict[str, Any]:
+    """What makes an engine: its inputs' hashes, settings, calibration, TensorRT, environment (as JSON
+    reads it back: lists, not tuples)."""
     names = ["trtllm_bole", "torch", "triton", "arch"]
     if calibration is not None:  # a budget is its GPU's own: another GPU of the arch, another engine
         names.append("device_name")
@@ -206,7 +220,19 @@ def _build_id(
         "env": {k: env[k] for k in names},
         "schema": fmt.SCHEMA_VERSION,
     }
+    return json.loads(json.dumps(key))
+
+
+def _hash(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _differences(old: object, new: object, path: str = "") -> list[str]:
+    """Where two build keys differ: each differing leaf's dotted path with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(old.keys() | new.keys())
+        return [d for k in keys for d in _differences(old.get(k), new.get(k), f"{path}.{k}".lstrip("."))]
+    return [] if old == new else [f"{path}: {short_repr(old)} -> {short_repr(new)}"]
 
 
 def _tensorrt_version() -> str:
@@ -221,8 +247,10 @@ def _tensorrt_version() -> str:
     return "unknown"
 
 
-def _keep_existing(output: Path, build_id: str, force: bool, progress: bool) -> bool:
-    """True when ``output`` already holds this very engine; raises when it must not be replaced."""
+def _keep_existing(output: Path, identity: dict[str, Any], force: bool, progress: bool) -> bool:
+    """True when ``output`` already holds this very engine (of this build key); raises when it must not be
+    replaced."""
+    build_id = _hash(identity)
     if not output.exists():
         return False
     if not output.is_dir():
@@ -249,11 +277,12 @@ def _keep_existing(output: Path, build_id: str, force: bool, progress: bool) -> 
         log.info("%s: an identical engine is already there; nothing to do", output)
         return True
     if not force:
-        raise ValueError(
-            f"output {output} holds a different engine (built from "
-            f"{existing.get('source', {}).get('checkpoint')} with {existing.get('build')}); pass --force to "
-            f"replace it"
-        )
+        changed = _differences(existing.get("identity"), identity) if "identity" in existing else []
+        if changed:  # engines built before 2026-12-05 do not record their identity
+            what = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
+        else:
+            what = f"built from {existing.get('source', {}).get('checkpoint')} with {existing.get('build')}"
+        raise ValueError(f"output {output} holds a different engine ({what}); pass --force to replace it")
     return False
 
 
