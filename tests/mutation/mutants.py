@@ -2584,6 +2584,20 @@ MUTANTS = [
         ["tests/server/test_triton_server.py::test_client_refuses_a_timeout_its_wait_cannot_take"],
     ),
     Mutant(
+        "ID1",
+        "trtllm_bole/engine/build.py",
+        'return [] if old == new else [f"{path}: {short_repr(old)} -> {short_repr(new)}"]',
+        "return []",
+        ["tests/engine/test_build.py::test_a_different_engine_is_replaced_only_with_force"],
+    ),
+    Mutant(
+        "BH5",
+        "benchmarks/bench.py",
+        "longest, BoleConfig(mode=mode, **bole_args))",
+        "longest, BoleConfig(**bole_args))",
+        ["tests/benchmarks/test_bench.py::test_an_engine_is_benchmarked_within_its_build"],
+    ),
+    Mutant(
         "TC1",
         "trtllm_bole/spec/budget.py",
         "[n for n in usable if n >= reach][:1]",
