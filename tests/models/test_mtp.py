@@ -53,8 +53,11 @@ def test_the_embedded_mtp_head_predicts_next_next_tokens_as_trained():
     mtp_loss = F.cross_entropy(mtp_logits[0, :-1], ids[0, 2:]).item()
     agree = (mtp_logits[0, :-1].argmax(-1) == logits[0, 1:-1].argmax(-1)).float().mean().item()
     print(f"target loss {target_loss:.3f}, MTP loss {mtp_loss:.3f}, MTP top-1 = target's {agree:.2f}")
-    assert mtp_loss < 1.5 * target_loss + 0.5, (mtp_loss, target_loss)
-    assert agree > 0.5
+    # Measured on the embedded checkpoint: MTP loss 1.779, agreement 0.77. Swapped pre-fc norms give 1.832
+    # and 0.73 (a review, 2026-12-05; a bound of 1.5 x the target's loss + 0.5 let them through), a
+    # swapped fc input 9.04: the bounds sit between.
+    assert mtp_loss < 1.80, (mtp_loss, target_loss)
+    assert agree > 0.75
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

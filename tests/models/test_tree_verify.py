@@ -347,6 +347,8 @@ def test_training_forward_is_differentiable(tiny_config):
 
 
 def test_bfloat16_serving_runs_and_tracks_float32(tiny_config):
+    """Prefill, a tree's verify and commit, the MTP's verify, then a decoding step that reads what the
+    commit wrote (nothing read the committed state: a bf16 commit writing noise passed)."""
     config = tiny_config()
     runs = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -362,12 +364,17 @@ def test_bfloat16_serving_runs_and_tracks_float32(tiny_config):
         logits, hidden, pending = model.verify(
             ids, StepContext(ctx.slots, tables, torch.tensor([9, 6]), tree)
         )
-        model.commit(pending, torch.tensor([4, 2]))
+        leaf = torch.tensor([4, 2])
+        model.commit(pending, leaf)
         _, mtp_logits, _ = model.mtp.verify(
             hidden, ids, StepContext(ctx.slots, tables, torch.tensor([9, 6]), tree)
         )
-        assert logits.dtype == mtp_logits.dtype == dtype
-        runs[dtype] = (logits.float(), mtp_logits.float())
+        committed = torch.tensor([9, 6]) + tree.depth[leaf + tree.cu_seqlens[:-1]]  # the leaves' paths
+        after, _, _ = model.verify(
+            torch.tensor([5, 7]), StepContext.single_tokens(ctx.slots, tables, committed)
+        )
+        assert logits.dtype == mtp_logits.dtype == after.dtype == dtype
+        runs[dtype] = (logits.float(), mtp_logits.float(), after.float())
     for ours, truth in zip(runs[torch.bfloat16], runs[torch.float32], strict=True):
         assert (ours - truth).abs().mean() <= 0.05 * truth.std()
 

@@ -2598,6 +2598,20 @@ MUTANTS = [
         ["tests/benchmarks/test_bench.py::test_an_engine_is_benchmarked_within_its_build"],
     ),
     Mutant(
+        "TM1",
+        "trtllm_bole/spec/executor.py",
+        "return Sampling(s.temperature, s.top_k, s.top_p, coins), s.kind",
+        "return Sampling(s.temperature.clamp(max=1.0) * 0 + (s.temperature > 0).float(), s.top_k, s.top_p, coins), s.kind",
+        ["tests/spec/test_executor.py::test_sampling_keeps_the_target_distribution"],
+    ),
+    Mutant(
+        "MT8",  # MT2 again, for the trained head's test alone (its bounds once let the swap through)
+        "trtllm_bole/models/mtp.py",
+        "embedded = ops.rms_norm(embedded, self.pre_fc_norm_embedding, self.eps)\n        hidden = ops.rms_norm(hidden, self.pre_fc_norm_hidden, self.eps)",
+        "embedded = ops.rms_norm(embedded, self.pre_fc_norm_hidden, self.eps)\n        hidden = ops.rms_norm(hidden, self.pre_fc_norm_embedding, self.eps)",
+        ["tests/models/test_mtp.py::test_the_embedded_mtp_head_predicts_next_next_tokens_as_trained"],
+    ),
+    Mutant(
         "TC1",
         "trtllm_bole/spec/budget.py",
         "[n for n in usable if n >= reach][:1]",

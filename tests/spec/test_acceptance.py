@@ -186,7 +186,7 @@ def exact_first_token_distribution(p: torch.Tensor, candidates: list[int]) -> to
 @pytest.mark.parametrize("candidates", [[], [0], [2, 0], [3, 1, 2]])
 def test_first_emitted_token_follows_target_for_any_candidates(candidates):
     p = torch.tensor([0.1, 0.4, 0.2, 0.3])
-    # Closed form: the emitted token is distributed exactly as p, whatever the candidates are.
+    # The oracle's own check (no project code): the walk's closed form emits p whatever the candidates.
     assert torch.allclose(exact_first_token_distribution(p, candidates), p, atol=1e-6)
     # And the implementation draws from it: 4000 requests of one tree, chi-square, false alarm ~1e-4.
     draws = 4000
