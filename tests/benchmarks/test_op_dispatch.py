@@ -15,6 +15,7 @@ def test_writes_the_split_of_every_op(tmp_path):
     points = json.loads((tmp_path / "op_dispatch_cpu.json").read_text())["points"]
     assert sorted(points) == ["gdn_tree_verify", "rms_norm", "tree_conv1d"]
     for p in points.values():
+        assert all(0 < p[f"{k}_us"] < float("inf") for k in ("public_op", "operator", "implementation"))
         assert p["validation_us"] == p["public_op_us"] - p["operator_us"]
         assert p["dispatch_us"] == p["operator_us"] - p["implementation_us"]
 

@@ -134,10 +134,15 @@ def test_every_operator_is_sampled(case):
         for name in dir(torch.ops.bole)
         if isinstance(getattr(torch.ops.bole, name), torch._ops.OpOverloadPacket)
     }
-    assert {op.name().split("::")[1] for op, _, _ in _samples(*case)} == defined
+    samples = _samples(*case)
+    assert {op.name().split("::")[1] for op, _, _ in samples} == defined
+    assert len(samples) == SAMPLED  # a sample past test_opcheck's range would never be checked
 
 
-@pytest.mark.parametrize("index", range(16))
+SAMPLED = 16  # test_opcheck's cases, one a sample: test_every_operator_is_sampled keeps it current
+
+
+@pytest.mark.parametrize("index", range(SAMPLED))
 def test_opcheck(case, index):
     """Schema (mutated arguments declared, nothing else written), fake against real outputs, and the
     operator under AOT dispatch (what torch.compile runs)."""

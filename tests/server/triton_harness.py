@@ -1,6 +1,7 @@
 """A real tritonserver for tests: started through triton_server/launch.py on free loopback ports and
 stopped (and checked gone) by :func:`stop_server`; ``conftest.py`` attaches its log to failing tests."""
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -70,16 +71,24 @@ class Server:
             return False
 
 
+def free_ports(count: int) -> list[int]:
+    """Distinct ports free now: each held until all are drawn (drawn one at a time, three in a row repeated
+    a port about once in 5,000, and the launcher refused the pair)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def start_server(workdir: Path, args: list[str], timeout: float = 120.0) -> Server:
     # The stub's NumPy-1 environment is made once, outside the timed start.
     subprocess.run([sys.executable, str(LAUNCH), "--prepare-only"], check=True, timeout=600)
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     log = workdir / "server.log"
     command = [sys.executable, str(LAUNCH), "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                "--metrics-port", str(metrics_port), "--workdir", str(workdir), *args]  # fmt: skip
