@@ -20,10 +20,28 @@ def llm():
     return LLM(max_batch_size=4, max_seq_len=48)
 
 
-def test_warm_up_serves_each_batch_size_and_leaves_generation_unchanged(llm):
+def test_warm_up_serves_each_batch_size_and_leaves_generation_unchanged(llm, monkeypatch):
+    """Its return value echoes the sizes asked for (a warm-up that served nothing passed): each size is
+    one generate call of that many prompts, all running at once."""
     params = SamplingParams(max_tokens=12)
     fresh = LLM(max_batch_size=4, max_seq_len=48).generate(["def f(x):"], params, use_tqdm=False)
-    assert llm.warm_up([1, 2, 4], use_tqdm=False) == [1, 2, 4]
+    real_generate, scheduler = llm.generate, llm.executor.scheduler
+    real_admit, served = scheduler.admit, []  # per generate call: its prompts, the most run at once
+
+    def generate(prompts, *args, **kwargs):
+        served.append([len(prompts), 0])
+        return real_generate(prompts, *args, **kwargs)
+
+    def admit(max_batch):
+        admitted = real_admit(max_batch)
+        served[-1][1] = max(served[-1][1], len(scheduler.running))
+        return admitted
+
+    with monkeypatch.context() as patch:
+        patch.setattr(llm, "generate", generate)
+        patch.setattr(scheduler, "admit", admit)
+        assert llm.warm_up([1, 2, 4], use_tqdm=False) == [1, 2, 4]
+    assert served == [[1, 1], [2, 2], [4, 4]]
     assert not llm.executor.has_unfinished
     after = llm.generate(["def f(x):"], params, use_tqdm=False)
     assert after[0].outputs[0].token_ids == fresh[0].outputs[0].token_ids
@@ -295,12 +313,58 @@ def test_every_end_token_of_the_checkpoint_is_read(tmp_path):
         LLM(checkpoint)
 
 
-def test_a_stream_read_while_another_thread_generates_finishes_once_with_every_token(llm):
+class OwnedLock:
+    """A lock that tells which thread holds it."""
+
+    def __init__(self, lock) -> None:
+        self.lock, self.owner = lock, None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self.lock.acquire(blocking, timeout):
+            return False
+        self.owner = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        self.owner = None
+        self.lock.release()
+
+    def locked(self) -> bool:
+        return self.lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def test_a_stream_read_while_another_thread_generates_finishes_once_with_every_token(llm, monkeypatch):
     """A yield is one view of its request: ``finished`` only on the last, with every token before it
-    (another thread's step between reading the tokens and building the output once broke this)."""
+    (another thread's step between reading the tokens and building the output once broke this). A busy
+    thread alone never stepped into that gap (this passed with the bug put back), so as each stream's
+    first output is built, another thread steps its request to the end: in the gap if the stream does
+    not hold the lock then, else once it lets go."""
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     alone = llm.generate(["def f(x):"], params, use_tqdm=False)[0].outputs[0].token_ids
     stop = threading.Event()
+    monkeypatch.setattr(llm, "_lock", OwnedLock(llm._lock))
+    real_output, steppers, stepped = llm._output, [], set()
+
+    def step_to_the_end(request) -> None:
+        while not request.finished:
+            llm._step()
+
+    def output_while_another_steps(request, prompt, delta=None):
+        if delta is not None and not request.finished and request.request_id not in stepped:
+            stepped.add(request.request_id)
+            steppers.append(threading.Thread(target=step_to_the_end, args=(request,), daemon=True))
+            steppers[-1].start()
+            if llm._lock.owner != threading.get_ident():  # nothing keeps the step out of the gap
+                steppers[-1].join(60)
+        return real_output(request, prompt, delta)
+
+    monkeypatch.setattr(llm, "_output", output_while_another_steps)
 
     def busy() -> None:
         while not stop.is_set():
@@ -315,7 +379,9 @@ def test_a_stream_read_while_another_thread_generates_finishes_once_with_every_t
             assert outs[-1].finished and not any(o.finished for o in outs[:-1])
     finally:
         stop.set()
-        other.join(60)
+        for thread in [other, *steppers]:
+            thread.join(60)
+    assert len(stepped) == 5
     assert settled(llm)
 
 
