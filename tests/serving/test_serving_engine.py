@@ -115,6 +115,9 @@ def test_requests_share_steps():
 
 
 def test_cancel_frees_the_slot_at_once(engine):
+    """A cancelled request's slot is free for the next step: a burst that needs every slot, arriving
+    together, runs all in the first step (each request's first update sees the full batch; only that
+    each ended with "length" was checked, and an admission of one request a step passed)."""
     long, cancel = Collector(), threading.Event()
     engine.submit(
         PROMPTS[0], SamplingParams(max_tokens=100, ignore_eos=True), long, is_cancelled=cancel.is_set
@@ -125,11 +128,21 @@ def test_cancel_frees_the_slot_at_once(engine):
     assert final.finish_reason == "abort" and final.error is None
     assert len(long.ids) < 100
     assert settled(engine)
-    # A burst that needs every slot is admitted in one step.
-    burst = [Collector() for _ in range(4)]
-    for p, c in zip(PROMPTS[:4], burst, strict=True):
-        engine.submit(p, SamplingParams(max_tokens=8, ignore_eos=True), c)
+    burst, first_batch = [Collector() for _ in range(4)], []
+
+    def record(collector):
+        def on_update(update):
+            if not collector.updates:  # engine thread: safe to look
+                first_batch.append(len(engine.executor.scheduler.running))
+            collector(update)
+
+        return on_update
+
+    with engine._cv:  # the engine thread takes the whole burst from its inbox at once
+        for p, c in zip(PROMPTS[:4], burst, strict=True):
+            engine.submit(p, SamplingParams(max_tokens=8, ignore_eos=True), record(c))
     assert all(c.final.finish_reason == "length" for c in burst)
+    assert first_batch == [4] * 4
 
 
 def test_a_reply_that_fails_ends_its_request_with_a_final_error(engine):

@@ -170,15 +170,38 @@ def test_a_burst_into_an_idle_engine_weighs_kv_blocks_too():
 
 
 def test_samples_cover_every_stat_under_its_family():
+    """Every sample carries the stat its family and label name, against a table written from the metrics'
+    meaning (not from FAMILIES), each stat a distinct value: labels swapped within a family (kv ``max``
+    and ``tokens_per``, ``verify_steps`` and ``prefill_forwards``, ``stop`` and ``abort``) passed before."""
     families = {f.name: f for f in FAMILIES}
     assert len(families) == len(FAMILIES) and {f.kind for f in FAMILIES} == {GAUGE, COUNTER}
-    stats = EngineStats(**{f.name: i + 1 for i, f in enumerate(dataclasses.fields(EngineStats))})
-    values = samples(stats)
-    published = {field for f in FAMILIES for field in f.samples.values()}
-    assert published - {"kv_blocks_free"} == {f.name for f in dataclasses.fields(EngineStats)}
-    assert values["bole_kv_cache_block_metrics", "free"] == stats.kv_blocks_max - stats.kv_blocks_used
-    assert values["bole_spec_decode_metrics", "draft_tokens"] == stats.draft_tokens
-    assert values["bole_finished_requests", "error"] == stats.finished_error
+    stats = EngineStats(**{f.name: 100 + i for i, f in enumerate(dataclasses.fields(EngineStats))})
+    expected = {
+        ("bole_engine_status", "serving"): stats.serving,
+        ("bole_request_metrics", "active"): stats.active,
+        ("bole_request_metrics", "waiting"): stats.waiting,
+        ("bole_request_metrics", "max"): stats.max_batch_size,
+        ("bole_kv_cache_block_metrics", "used"): stats.kv_blocks_used,
+        ("bole_kv_cache_block_metrics", "free"): stats.kv_blocks_max - stats.kv_blocks_used,
+        ("bole_kv_cache_block_metrics", "max"): stats.kv_blocks_max,
+        ("bole_kv_cache_block_metrics", "tokens_per"): stats.kv_tokens_per_block,
+        ("bole_iteration_metrics", "steps"): stats.iterations,
+        ("bole_finished_requests", "length"): stats.finished_length,
+        ("bole_finished_requests", "stop"): stats.finished_stop,
+        ("bole_finished_requests", "abort"): stats.finished_abort,
+        ("bole_finished_requests", "error"): stats.finished_error,
+        ("bole_rejected_requests", "queue_full"): stats.rejected_queue_full,
+        ("bole_rejected_requests", "shut_down"): stats.rejected_shut_down,
+        ("bole_token_metrics", "prompt"): stats.prompt_tokens,
+        ("bole_token_metrics", "generated"): stats.generated_tokens,
+        ("bole_spec_decode_metrics", "draft_tokens"): stats.draft_tokens,
+        ("bole_spec_decode_metrics", "accepted_draft_tokens"): stats.accepted_draft_tokens,
+        ("bole_spec_decode_metrics", "verify_steps"): stats.verify_steps,
+        ("bole_spec_decode_metrics", "prefill_forwards"): stats.prefill_forwards,
+    }
+    assert len(set(expected.values())) == len(expected)  # distinct: a swapped label shows
+    assert set(expected.values()) >= set(dataclasses.astuple(stats))  # every stat published
+    assert samples(stats) == expected
 
 
 def test_updates_set_gauges_and_grow_counters_by_their_growth():

@@ -57,7 +57,9 @@ def test_ids_prompt_trimmed_by_input_lengths_and_parameters_as_fallback():
     assert parse_request(ids, {"input_lengths": 2}).prompt == [5, 6]  # a scalar: a parameter too
     assert parsed.params.temperature == 1.0 and parsed.stream
     assert parse_request({"text_input": text("x")}).params == SamplingParams()
-    assert parse_request({"text_input": text("x")}, {"triton_enable_empty_final_response": True}).params
+    triton_own = {"triton_enable_empty_final_response": True}  # Triton's own: accepted, and ignored
+    assert parse_request({"text_input": text("x")}, triton_own) == parse_request({"text_input": text("x")})
+    assert parse_request({"text_input": text("x")}, triton_own).params == SamplingParams()
 
 
 def test_the_smallest_temperature_arrives_as_the_client_wrote_it():
@@ -236,7 +238,8 @@ def test_a_text_prompt_that_cannot_fit_is_refused_before_tokenizing():
 
 
 def test_max_token_bytes_bounds_the_real_tokenizers_token_count():
-    """The bound behind that refusal: no text takes fewer than bytes / max_token_bytes tokens."""
+    """The bound behind that refusal: no text takes fewer than bytes / max_token_bytes tokens, and the
+    bound is the longest vocabulary entry's bytes, no looser (any too-large bound passed before)."""
     import random
 
     from trtllm_bole.llm import DEFAULT_MODEL
@@ -245,6 +248,7 @@ def test_max_token_bytes_bounds_the_real_tokenizers_token_count():
     tokenizer = Tokenizer.find(DEFAULT_MODEL)
     vocab = tokenizer._tok.get_vocab(with_added_tokens=True)
     longest = max(vocab, key=lambda entry: len(entry.encode()))
+    assert tokenizer.max_token_bytes == len(longest.encode())
     rng = random.Random(0)
     texts = [tokenizer.decode([vocab[longest]]) * 50, " " * 5000, "\n" * 3000, "x" * 4000]
     texts += ["".join(rng.choice("ab \n\t{}éあ") for _ in range(2000)) for _ in range(5)]
