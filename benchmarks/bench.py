@@ -41,6 +41,7 @@ from tqdm import tqdm
 from trtllm_bole import LLM, BoleConfig, SamplingParams
 from trtllm_bole.config import one_line, short_repr
 from trtllm_bole.kernels.compiles import recording_compiles
+from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
 
 HERE = Path(__file__).resolve().parent
@@ -266,7 +267,8 @@ def run(
     executor = executor_for(llm, mode, bole_args, max_batch, max_seq_len or max_seq_len_for(dataset, llm))
     graphs = [g for g in executor.graph_sets if g is not None]
     captured_before = sum(g.captures for g in graphs)
-    sync = torch.cuda.synchronize if llm.model.device.type == "cuda" else (lambda: None)
+    model_device = llm.model.device  # cuda:1 syncs GPU 1, not the current device
+    sync = (lambda: torch.cuda.synchronize(model_device)) if model_device.type == "cuda" else (lambda: None)
     submitted, first, events = {}, {}, {}
     start = time.perf_counter()
     pending = list(dataset)
@@ -507,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             r["speedup_vs_ar"] = None
             r["error"] = "greedy output differs from ar beyond near-ties: no speed-up reported"
 
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    device = device_name(llm.model.device)  # the GPU asked for (cuda:1 named GPU 0), or "cpu"
     tag = args.tag or f"bench_{args.kind}_{device_tag(device)}"
     result = {
         "kind": args.kind,

@@ -109,3 +109,13 @@ def test_gpu_steps_replay_the_executors_graphs():
     assert timer.decode(2, 32) > 0
     assert trees.captured == [("bole", 2, 12, 6), ("serial", 1, 3, 3)]
     assert decodes.captured == [("bole", 2, 2, 1)]
+
+
+def test_device_name_names_the_gpu_asked_for(monkeypatch):
+    """bench.py named the current GPU (GPU 0) for a run on cuda:1; both it and the budget use this."""
+    from trtllm_bole.spec.calibration import device_name
+
+    monkeypatch.setattr(
+        torch.cuda, "get_device_name", lambda device=None: f"GPU {torch.device(device).index}"
+    )
+    assert device_name(torch.device("cuda:1")) == "GPU 1" and device_name(torch.device("cpu")) == "cpu"
