@@ -304,6 +304,11 @@ def test_truncated_or_missing_files(engine, tmp_path):
     file.unlink()
     with pytest.raises(ValueError, match=r"missing"):
         load_engine(path)
+    (path / "config.json").write_text('{"format": "trtllm_bole-eng')  # truncated: it read as a checkpoint's
+    with pytest.raises(
+        ValueError, match=r"an engine directory \(it has weights/\) whose config\.json is not JSON"
+    ):
+        LLM(path)
     (path / "config.json").unlink()  # read as a checkpoint, it was named a checkpoint without one
     with pytest.raises(ValueError, match=r"an engine directory \(it has weights/\) without its config\.json"):
         LLM(path)

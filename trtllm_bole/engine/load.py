@@ -30,16 +30,21 @@ def is_engine_dir(path: str | Path) -> bool:
     """A directory whose ``config.json`` declares the engine format (cheap: no validation). An engine's
     ``weights/`` beside no ``config.json`` is refused here: read as a checkpoint, it would be named a
     checkpoint that lacks one."""
-    config = Path(path) / fmt.CONFIG
-    if not config.exists() and (Path(path) / fmt.WEIGHTS_DIR).is_dir():
-        raise ValueError(
-            f"{path}: an engine directory (it has {fmt.WEIGHTS_DIR}/) without its {fmt.CONFIG}, which a "
-            "build never overwrites (it is not a complete engine): delete it, then rebuild it with "
-            "`python build_scripts/build_engine.py`"
+    config, has_weights = Path(path) / fmt.CONFIG, (Path(path) / fmt.WEIGHTS_DIR).is_dir()
+
+    def broken(what: str) -> ValueError:
+        return ValueError(
+            f"{path}: an engine directory (it has {fmt.WEIGHTS_DIR}/) {what}, which a build never overwrites "
+            "(not a complete engine): delete it, then rebuild it with `python build_scripts/build_engine.py`"
         )
+
+    if not config.exists() and has_weights:
+        raise broken(f"without its {fmt.CONFIG}")
     try:
         return json.loads(config.read_text()).get("format") == fmt.FORMAT
-    except (OSError, json.JSONDecodeError, AttributeError):
+    except (OSError, json.JSONDecodeError, AttributeError) as e:
+        if has_weights and isinstance(e, json.JSONDecodeError):  # read as a checkpoint's, it misled
+            raise broken(f"whose {fmt.CONFIG} is not JSON ({e})") from None
         return False
 
 
