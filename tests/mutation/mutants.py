@@ -2208,8 +2208,15 @@ MUTANTS = [
     Mutant(
         "ED1",
         "trtllm_bole/engine/load.py",
-        "    if not config.exists() and (Path(path) / fmt.WEIGHTS_DIR).is_dir():",
+        "    if not config.exists() and has_weights:",
         "    if False:",
+        ["tests/engine/test_build.py::test_truncated_or_missing_files"],
+    ),
+    Mutant(
+        "ED2",
+        "trtllm_bole/engine/load.py",
+        "if has_weights and isinstance(e, json.JSONDecodeError):",
+        "if False:",
         ["tests/engine/test_build.py::test_truncated_or_missing_files"],
     ),
     Mutant(
