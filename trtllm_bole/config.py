@@ -95,7 +95,8 @@ DEFAULT_MAX_DEPTH = 8
 
 
 def _default_depth(mode: str | None, max_nodes: int | None) -> int:
-    """A chain's depth is its size; a tree's default depth fits its ``max_nodes``."""
+    """The default ``max_depth``: a chain's is 8 (``max_nodes`` bounds trees, not chains); a tree's fits its
+    ``max_nodes``, so that ``BoleConfig(max_nodes=3)`` is valid."""
     return DEFAULT_MAX_DEPTH if mode == "chain" or max_nodes is None else min(DEFAULT_MAX_DEPTH, max_nodes)
 
 
