@@ -29,6 +29,10 @@ TINY_CONFIG = {
     "full_attention_interval": 2,
 }
 
+# GDN head dims the CUDA kernels tile (their smallest tensor-core tiles): a tiny config on CUDA takes these
+# (the model refuses the tiny config's 8 and 4 there, Qwen35Config.check_cuda_tiles).
+CUDA_HEADS = {"linear_key_head_dim": 16, "linear_value_head_dim": 16}
+
 # The tiny config with an MTP layer, for executor-level tests. Its smaller vocabulary makes random
 # drafts land often, so acceptance paths are really exercised.
 TINY_MTP_CONFIG = {**TINY_CONFIG, "vocab_size": 16, "mtp_num_hidden_layers": 1}

@@ -10,7 +10,7 @@ import torch
 from trtllm_bole.models import mtp as mtp_module
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.loader import random_model
-from trtllm_bole.testing import chain_parents, forest, random_parents, star_parents, topk_parents
+from trtllm_bole.testing import CUDA_HEADS, chain_parents, forest, random_parents, star_parents, topk_parents
 
 GROWN_ALIKE = mtp_module._grown_alike
 
@@ -453,11 +453,8 @@ def _cuda_draft_inputs(model, seed: int):
     return (pending, hidden, torch.tensor([0, 1, 2], device="cuda"), tables, mtp_lens, greedy)
 
 
-KERNEL_HEADS = {"linear_key_head_dim": 16, "linear_value_head_dim": 16}  # the GDN kernels' smallest tiles
-
-
 def _cuda_model(tiny_config, **overrides):
-    model = random_model(tiny_config(**overrides), seed=1, device="cuda")
+    model = random_model(tiny_config(**{**CUDA_HEADS, **overrides}), seed=1, device="cuda")
     cache = model.allocate_cache(num_slots=3, num_blocks=30, block_size=BLOCK)
     cache.mtp_k_cache.normal_()
     cache.mtp_v_cache.normal_()
@@ -495,7 +492,7 @@ def test_an_unchecked_prefill_never_waits_for_the_device(tiny_config):
 
     def syncs(layers: int) -> int:  # the last layer full attention, the others GDN
         model = _cuda_model(
-            tiny_config, num_hidden_layers=layers, full_attention_interval=layers, **KERNEL_HEADS
+            tiny_config, num_hidden_layers=layers, full_attention_interval=layers, **CUDA_HEADS
         )
         lens = torch.zeros(2, dtype=torch.long, device="cuda")
         ids = torch.randint(model.config.vocab_size, (79,), device="cuda")
@@ -660,7 +657,7 @@ def test_forest_graphs_replay_the_eager_forward(variant, tiny_config):
     wide), for new forests of the captured shape; a reallocated cache is captured again."""
     from trtllm_bole.spec.verify_graphs import MTPGraphs, VerifyGraphs, pad_depth
 
-    model = _cuda_model(tiny_config, **KERNEL_HEADS)
+    model = _cuda_model(tiny_config)
     for t in (model.cache.gdn_state, model.cache.conv_state, model.cache.k_cache, model.cache.v_cache):
         t.normal_()
     kind, owner = (MTPGraphs, model.mtp) if variant == "mtp" else (VerifyGraphs, model)

@@ -17,7 +17,7 @@ from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec import executor as executor_module
 from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
 from trtllm_bole.spec.executor import Executor, QueuedOutcome, _ends_in_stop
-from trtllm_bole.testing import TINY_MTP_CONFIG, forest
+from trtllm_bole.testing import CUDA_HEADS, TINY_MTP_CONFIG, forest
 
 CONFIG = TINY_MTP_CONFIG
 MODES = ["ar", "chain", "tree-serial", "bole"]
@@ -471,7 +471,7 @@ def test_step_outcome_reads_each_accepted_path():
 @pytest.fixture(scope="module")
 def gpu_config():
     """The tiny config with GDN heads the kernels tile (dk, dv multiples of 16)."""
-    return load_config({**CONFIG, "linear_key_head_dim": 16, "linear_value_head_dim": 16})
+    return load_config({**CONFIG, **CUDA_HEADS})
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ from trtllm_bole.models.cache import NO_BLOCK, PREFILL_CHUNK, PrefillBatch, bloc
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec.prefill_graphs import MTPPrefillGraphs, TargetPrefillGraphs, padded_tokens
-from trtllm_bole.testing import TINY_MTP_CONFIG
+from trtllm_bole.testing import CUDA_HEADS, TINY_MTP_CONFIG
 from trtllm_bole.tree import chunk_capacity
 
 SLOTS, BLOCKS, BLOCK_SIZE, WIDTH = 4, 24, 16, 8  # three requests of up to 128 tokens, slot 3 the scratch
@@ -92,7 +92,7 @@ def test_a_replayed_prefill_is_the_eager_prefill_of_its_padded_shape():
     """Bit for bit, twice on one graph (the second replay with other lengths, slots and starts: the
     context is copied in, not captured), target and MTP, against eager launches on the same padded
     context; so the capture's warm-up runs wrote nothing of a live request's either."""
-    config = load_config({**TINY_MTP_CONFIG, "linear_key_head_dim": 16, "linear_value_head_dim": 16})
+    config = load_config({**TINY_MTP_CONFIG, **CUDA_HEADS})
     models = [random_model(config, seed=3, device="cuda") for _ in range(2)]
     for model in models:
         model.allocate_cache(SLOTS, BLOCKS, BLOCK_SIZE)

@@ -6,7 +6,7 @@ from trtllm_bole.models.loader import random_model
 from trtllm_bole.spec.draft_graphs import SelectGraphs, _placeholder_pool
 from trtllm_bole.spec.drafter import CandidatePool, _best_per_request, select_tree, selection_size
 from trtllm_bole.spec.tree_select import children_log_rho, compact_forest, rank_order, select_nodes
-from trtllm_bole.testing import TINY_MTP_CONFIG, topk_parents
+from trtllm_bole.testing import CUDA_HEADS, TINY_MTP_CONFIG, topk_parents
 from trtllm_bole.tree import TreeBatch
 
 
@@ -218,7 +218,8 @@ def test_the_capture_placeholder_keeps_what_the_host_counts(requests, per_reques
 def test_selection_graphs_replay_select_tree_for_any_pool_values(gen):
     """One graph per (requests, pool size, depth, cap, nodes kept), captured on first sight or ahead of
     traffic on a placeholder pool; its replays select what the eager selection does, pool after pool."""
-    mtp = random_model(load_config(TINY_MTP_CONFIG), seed=0, device="cuda").mtp  # the graphs hold it weakly
+    config = load_config({**TINY_MTP_CONFIG, **CUDA_HEADS})  # heads the CUDA kernels tile
+    mtp = random_model(config, seed=0, device="cuda").mtp  # the graphs hold it weakly
     graphs = SelectGraphs.of(mtp)
     assert graphs.capture([(3, 60, 8, 4, 16)]) == [(3, 60, 8, 4, 16, 51)]
     for round_, total in enumerate((None, 17, 500, 2, 17)):
