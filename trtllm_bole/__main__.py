@@ -69,9 +69,8 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
     ids = llm.encode(prompt)  # a text prompt needs the model's tokenizer: say so before anything streams
     scheduler, positions = llm.executor.scheduler, llm.model.config.max_position_embeddings
     if len(ids) > scheduler.prompt_limit:
-        if (
-            llm.engine is not None and args.max_seq_len is None
-        ):  # the engine's limit: only a rebuild raises it
+        # An engine's own limit (no --max-seq-len given): only a rebuild raises it.
+        if llm.engine is not None and args.max_seq_len is None:
             limit, remedy = "the engine's max_seq_len", "rebuild the engine with a larger --max-seq-len"
         else:
             limit, remedy = "--max-seq-len", "raise it"

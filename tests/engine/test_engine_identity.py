@@ -19,13 +19,15 @@ from trtllm_bole.testing import TINY_CONFIG
 SMALL = BuildSettings(max_batch_size=1, max_seq_len=64, max_draft_depth=2, max_draft_nodes=3)
 
 
+def build_id(*key_parts) -> str:
+    """The id a build of these (sources, settings, calibration, TensorRT, environment) gets."""
+    return build_mod._hash(build_mod._build_key(*key_parts))
+
+
 def test_an_engine_is_identified_by_the_gpu_it_was_built_for():
     """A build for another GPU architecture (its kernels compiled for it) is another engine."""
     env = {"trtllm_bole": "1", "torch": "2", "triton": "3", "arch": "sm_90"}
-    ids = {
-        build_mod._build_id({}, SMALL, None, False, {**env, "arch": arch})
-        for arch in ("sm_90", "sm_100", "cpu")
-    }
+    ids = {build_id({}, SMALL, None, False, {**env, "arch": arch}) for arch in ("sm_90", "sm_100", "cpu")}
     assert len(ids) == 3
 
 
@@ -34,8 +36,8 @@ def test_a_calibrated_engine_is_identified_by_its_gpu_too():
     build kept the first's budget; an uncalibrated engine is the same on any GPU of the arch."""
     env = {"trtllm_bole": "1", "torch": "2", "triton": "3", "arch": "sm_90"}
     on = [{**env, "device_name": name} for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")]
-    calibrated = {build_mod._build_id({}, SMALL, CalibrationSettings(), False, e) for e in on}
-    assert len(calibrated) == 2 and len({build_mod._build_id({}, SMALL, None, False, e) for e in on}) == 1
+    calibrated = {build_id({}, SMALL, CalibrationSettings(), False, e) for e in on}
+    assert len(calibrated) == 2 and len({build_id({}, SMALL, None, False, e) for e in on}) == 1
 
 
 def test_force_rebuilds_even_the_same_engine(tmp_path):

@@ -190,16 +190,6 @@ def build_engine(
     return output, True
 
 
-def _build_id(
-    sources: dict,
-    settings: BuildSettings,
-    calibration: CalibrationSettings | None,
-    tensorrt: str | bool,
-    env: dict,
-) -> str:
-    return _hash(_build_key(sources, settings, calibration, tensorrt, env))
-
-
 def _build_key(
     sources: dict,
     settings: BuildSettings,
