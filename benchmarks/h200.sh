@@ -19,7 +19,8 @@
 #   bash benchmarks/h200.sh attention # tree attention: the Triton kernel vs the torch path at 9B/27B heads, and its A/B end to end
 #   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
 #   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
-#   bash benchmarks/h200.sh tests     # the GPU-marked tests, then the tests that take CUDA where there is one (~6.5 min)
+#   bash benchmarks/h200.sh tests     # the GPU-marked tests (~7.5 min on a fresh machine)
+#   bash benchmarks/h200.sh cuda-tests # the tests that take CUDA where there is one (~2.5 min)
 #   bash benchmarks/h200.sh steps     # the step graphs' A/B (selection, greedy verify+accept+commit), then the step profile
 #   bash benchmarks/h200.sh prefill   # a GDN layer's prefill: one launch vs rounds of verify + commit (bench_prefill.py)
 #   bash benchmarks/h200.sh long      # long prompts: the whole prefill's memory and time, the executor's bounded prefill
@@ -119,6 +120,9 @@ ops)
 tests)
     python -m pytest -q -m gpu tests/kernels tests/test_transfer.py tests/spec tests/models tests/test_tree.py \
         -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+    ;;
+cuda-tests)
+    # Apart from `tests`: the two took 590 s of the device tool's 600 in one call on a fresh machine.
     # Not GPU-marked, but on CUDA where there is one: the attention, prefill, KV, forest and norm kernels
     # against their references, the cache, the operators and the LLM API.
     python -m pytest -q tests/kernels/test_tree_attention.py tests/kernels/test_gdn_prefill.py \
