@@ -21,6 +21,7 @@
 #   bash benchmarks/h200.sh ops       # the bole::* operators on CUDA (opcheck, compile, GPU tests), their dispatch cost, its A/B
 #   bash benchmarks/h200.sh tests     # the GPU-marked tests (~7.5 min on a fresh machine)
 #   bash benchmarks/h200.sh cuda-tests # the tests that take CUDA where there is one (~2.5 min)
+#   bash benchmarks/h200.sh second-gpu # on two GPUs (nvidia-h200-x2): the product on cuda:1 (its tests, bench.py, generate)
 #   bash benchmarks/h200.sh steps     # the step graphs' A/B (selection, greedy verify+accept+commit), then the step profile
 #   bash benchmarks/h200.sh prefill   # a GDN layer's prefill: one launch vs rounds of verify + commit (bench_prefill.py)
 #   bash benchmarks/h200.sh long      # long prompts: the whole prefill's memory and time, the executor's bounded prefill
@@ -129,6 +130,17 @@ cuda-tests)
         tests/kernels/test_kv_commit.py tests/kernels/test_forest.py tests/kernels/test_norms.py \
         tests/models/test_cache.py tests/ops tests/test_llm.py -p no:cacheprovider \
         > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+    ;;
+second-gpu)
+    # Triton, CUDA streams, events and graph captures take the thread's current GPU, not their tensors'.
+    python -m pytest -q -rs tests/test_devices.py -p no:cacheprovider > "$OUT/pytest_devices.txt" 2>&1
+    echo "device tests rc=$?"; tail -3 "$OUT/pytest_devices.txt"
+    python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 4 --output-tokens 32
+    timeout 240 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda:1 --dtype float32 \
+        --modes bole --batch-sizes 1,4 --out "$OUT" --tag bench_throughput_second_gpu > "$OUT/bench_log.txt" 2>&1
+    echo "bench rc=$?"; tail -4 "$OUT/bench_log.txt"
+    python -m trtllm_bole generate --device cuda:1 --max-tokens 32 > "$OUT/generate.txt" 2>&1
+    echo "generate rc=$?"; tail -4 "$OUT/generate.txt"
     ;;
 steps)
     timeout 240 python benchmarks/ab_executor.py step-graphs --trials 6 --batches 1,2,4,8,16,32 --out "$OUT" \

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import reprlib
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    import torch
 
 Mode = Literal["ar", "chain", "tree-serial", "bole"]
 MIN_TEMPERATURE = 1e-5  # logits / temperature stays finite in float32 for |logits| < 3e33
@@ -217,3 +221,19 @@ def check_device(device: str) -> None:
             f"device {device!r} asked for, but this torch ({torch.__version__}) sees no CUDA GPU; "
             "use device='cpu' (or install a CUDA build of torch on a GPU machine)"
         )
+    if kind == "cuda" and (torch.device(device).index or 0) >= (count := torch.cuda.device_count()):
+        raise ValueError(
+            f"device {device!r} asked for, but torch sees {count} CUDA GPU{'s' * (count > 1)} (cuda:0"
+            f"{f' to cuda:{count - 1}' if count > 1 else ''}; CUDA_VISIBLE_DEVICES picks which ones)"
+        )
+
+
+def on_device(device: torch.device) -> AbstractContextManager:
+    """``device`` as the calling thread's current CUDA device while the context lasts (nothing on CPU).
+    Triton launches its kernels, and torch makes its streams, events and graph captures, on the current
+    device, not on their tensors': work on another GPU (``cuda:1``, or any GPU from a thread that never
+    chose one, such as a server's) runs there only inside this. The executor's steps and captures and a
+    calibration take it; a model called directly needs it around its calls."""
+    import torch
+
+    return torch.cuda.device(device) if device.type == "cuda" else nullcontext()

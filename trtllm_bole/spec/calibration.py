@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trtllm_bole.config import on_device
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.spec.acceptance import deepest_per_request
@@ -237,19 +238,20 @@ def calibrate_model(
     """The budget table of ``model`` on its device (BOLE.md §5); ``gpu_seconds`` is what it cost.
     ``per_request``: the most tree tokens a request verifies (no larger step is timed)."""
     s = settings
-    timer = StepTimer(
-        model, max_batch=max(s.batch_buckets), max_kv_len=max(s.kv_buckets),
-        max_tokens=max(max(s.capacities), max(s.batch_buckets)), settings=s.timing,
-    )  # fmt: skip
-    return calibrate(
-        lambda b, kv, n: timer.verify(b, kv, n),
-        timer.decode,
-        device=device_name(model.device),
-        max_depth=max_depth,
-        epsilon=s.epsilon,
-        capacities=s.capacities,
-        batch_buckets=s.batch_buckets,
-        kv_buckets=s.kv_buckets,
-        per_request=per_request,
-        progress=progress,
-    )
+    with on_device(model.device):  # the timer's graphs, events and kernels on the model's GPU
+        timer = StepTimer(
+            model, max_batch=max(s.batch_buckets), max_kv_len=max(s.kv_buckets),
+            max_tokens=max(max(s.capacities), max(s.batch_buckets)), settings=s.timing,
+        )  # fmt: skip
+        return calibrate(
+            lambda b, kv, n: timer.verify(b, kv, n),
+            timer.decode,
+            device=device_name(model.device),
+            max_depth=max_depth,
+            epsilon=s.epsilon,
+            capacities=s.capacities,
+            batch_buckets=s.batch_buckets,
+            kv_buckets=s.kv_buckets,
+            per_request=per_request,
+            progress=progress,
+        )

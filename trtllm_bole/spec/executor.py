@@ -24,9 +24,10 @@ takes one more state slot than ``max_batch_size``); ``cuda_graphs=False`` launch
 A step waits for the device once, for the copy of what it accepted; the MTP follow-up is queued behind
 that copy first, so the GPU runs it while the host books the step. The running requests' work (2) is
 queued before the prefill (1), so that the GPU works through it while the host prepares and queues the
-prefill; the step's outcome is read after the prefill. Each phase of a step is a profiler range
-(``bole.prefill``, ``bole.draft``, ``bole.verify``, ...; see ``benchmarks/profile_step.py``), free when
-no profiler runs.
+prefill; the step's outcome is read after the prefill. A step and a capture run with the model's GPU as
+the current device (:func:`~trtllm_bole.config.on_device`), whichever thread calls them. Each phase of
+a step is a profiler range (``bole.prefill``, ``bole.draft``, ``bole.verify``, ...; see
+``benchmarks/profile_step.py``), free when no profiler runs.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from trtllm_bole.config import BoleConfig, SamplingParams
+from trtllm_bole.config import BoleConfig, SamplingParams, on_device
 from trtllm_bole.models.cache import PrefillBatch, StepContext, block_table
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.spec.acceptance import Sampling, accept, draw_coins
@@ -282,6 +283,10 @@ class Executor:
 
     @torch.no_grad()
     def step(self) -> list[StepEvent]:
+        with on_device(self.model.device):
+            return self._step()
+
+    def _step(self) -> list[StepEvent]:
         admitted = self.scheduler.admit(self.max_batch_size)
         if admitted:
             self.cache.reset_slots([r.slot for r in admitted])
@@ -483,7 +488,10 @@ class Executor:
         request with its ``draft_tokens`` drafts and its pending token); returns how many were newly
         captured (none without graphs). ``sampled``: those of sampled batches too, with and without top-k
         or top-p (else captured when first met, so that greedy traffic holds none)."""
-        sizes = list(batch_sizes or range(1, self.max_batch_size + 1))
+        with on_device(self.model.device):
+            return len(self._capture_graphs(list(batch_sizes or range(1, self.max_batch_size + 1)), sampled))
+
+    def _capture_graphs(self, sizes: list[int], sampled: bool) -> list:
         kinds, new = ("greedy", "sampled", "filtered") if sampled else ("greedy",), []
         if self.draft_graphs is not None:
             new += [b for kind in kinds for b in self.draft_graphs.capture(sizes, kind)]
@@ -499,7 +507,7 @@ class Executor:
         if self.mtp_graphs is not None:
             width = self.bole.max_depth + 1
             new += self.mtp_graphs.capture([(b, b * width, width) for b in sizes], "follow")
-        return len(new)
+        return new
 
     @property
     def graph_sets(self) -> tuple:
