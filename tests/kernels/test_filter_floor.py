@@ -170,11 +170,26 @@ def test_settings_as_columns_of_a_table_and_transposed_logits_give_the_contiguou
     assert torch.equal(found, sampling.filter_floor(x, temperature, top_k, top_p))
 
 
+def test_a_top_p_of_zero_or_below_keeps_the_likeliest_token_on_every_device(gen):
+    """A row keeps at least one token: the kernel kept the likeliest where the reference (the CPU's op)
+    kept none (floor +inf, then a softmax over nothing)."""
+    x = rows(gen, 5, 37)
+    t = torch.tensor([0.5, 1.0, 2.0, 1.0, 0.7], device=DEVICE)
+    top_k = torch.tensor([0, 5, 0, 3, 0], device=DEVICE)
+    top_p = torch.tensor([0.0, -0.5, 0.0, 0.0, -1.0], device=DEVICE)
+    likeliest = (x / t[:, None]).amax(-1)
+    assert torch.equal(sampling.filter_floor(x, t, top_k, top_p), likeliest)
+    assert torch.equal(filter_floor(x, t, top_k, top_p), likeliest)
+    assert torch.equal(ops.filter_floor(x, t, top_k, top_p), likeliest)
+
+
 def test_the_op_checks_its_inputs():
     x = torch.zeros(3, 8)
     t, k = torch.ones(3), torch.zeros(3, dtype=torch.long)
     with pytest.raises(ValueError, match="float logits"):
         ops.filter_floor(x.long(), t, k, t)
+    with pytest.raises(ValueError, match=r"float logits \[N, V >= 1\], got torch.float32 \[3, 0\]"):
+        ops.filter_floor(x[:, :0], t, k, t)  # an IndexError on the CPU, a garbage floor on CUDA
     with pytest.raises(ValueError, match="integer top_k and top_p"):
         ops.filter_floor(x, t, k[:2], t)
     with pytest.raises(ValueError, match=r"top_k torch\.float32"):

@@ -195,3 +195,16 @@ def test_unchecked_block_ids_past_the_cache_are_dropped(commit, gen):
     k_before, v_before = k_cache.clone(), v_cache.clone()
     commit(k_cache, v_cache, new_k, new_v, tree, torch.tensor([13, -1, -1], device=DEVICE), tables, lens)
     assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)
+
+
+@pytest.mark.parametrize(
+    "commit", [ops.kv_commit, kv_commit, write_accepted_kv], ids=["op", "kernel", "reference"]
+)
+def test_empty_block_tables_with_nothing_accepted_write_nothing(commit, gen):
+    """Tables of no columns yet: the CPU's path indexed the empty table (an IndexError, checked or not)
+    where the kernel wrote nothing."""
+    tree, k_cache, v_cache, new_k, new_v, _, lens = case(gen)
+    k_before, v_before = k_cache.clone(), v_cache.clone()
+    empty = torch.zeros(3, 0, dtype=torch.long, device=DEVICE)
+    commit(k_cache, v_cache, new_k, new_v, tree, torch.full((3,), -1, device=DEVICE), empty, lens)
+    assert torch.equal(k_cache, k_before) and torch.equal(v_cache, v_before)

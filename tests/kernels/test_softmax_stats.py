@@ -64,6 +64,18 @@ def test_the_floor_compares_the_quotient_rounded_as_torch_rounds_it(gen):
     assert not torch.equal(x * (1 / t[:, None]) >= floor[:, None], x / t[:, None] >= floor[:, None])
 
 
+def test_settings_as_columns_of_a_table_and_transposed_logits_give_the_contiguous_stats(gen):
+    """The launcher called directly with strided arguments (the op makes them contiguous): it read the
+    settings flat, each row taking its neighbours' temperature and floor, and the logits at unit stride."""
+    x = torch.randn(4, 50, generator=gen).to(DEVICE) * 3
+    table = torch.tensor([[0.5, 0.0], [1.0, -1e9], [2.0, 1.0], [4.0, -1e9]], device=DEVICE)
+    temperature, floor = table[:, 0], table[:, 1]
+    assert not (temperature.is_contiguous() or floor.is_contiguous())
+    found = kernel.softmax_stats(x.T.contiguous().T, temperature, floor)
+    for got, want in zip(found, sampling.softmax_stats(x, temperature, floor), strict=True):
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=0)
+
+
 def test_the_operator_validates_and_dispatches(gen):
     x = torch.randn(3, 50, generator=gen).to(DEVICE)
     t, floor = torch.ones(3, device=DEVICE), torch.full((3,), float("-inf"), device=DEVICE)

@@ -123,10 +123,11 @@ def test_a_permuted_query_view_is_written_row_major(gen):
         assert rel_rms(out, float64_reference(q, *rest)) < 1e-5
 
 
-def test_op_dispatches_and_checks_by_name(gen):
+@pytest.mark.parametrize("attend", [ops.tree_attention, tree_attention], ids=["op", "kernel"])
+def test_arguments_are_checked_by_name(attend, gen):
+    """By the op and by the kernel's launcher, with the same checks: unchecked, the launcher read caches
+    laid out ``[block_size, num_blocks, ...]`` (transposed views) as row-major ones (error 1.68)."""
     q, k, v, k_cache, v_cache, tables, lens, tree = case(gen)
-    out = ops.tree_attention(q, k, v, k_cache, v_cache, tables, lens, tree, scale=0.25)
-    assert rel_rms(out, float64_reference(q, k, v, k_cache, v_cache, tables, lens, tree)) < 1e-5
     for bad, match in [
         ({"q": q[:-1]}, r"q must be \[N=42, Hq, d\]"),
         ({"k": k[:, :1].expand(-1, 3, -1)}, r"Hq=4 a multiple of KVH"),
@@ -145,7 +146,16 @@ def test_op_dispatches_and_checks_by_name(gen):
         call = {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache, "block_tables": tables,
                 "context_lens": lens} | bad  # fmt: skip
         with pytest.raises(ValueError, match=match):
-            ops.tree_attention(**call, tree=tree, scale=0.25)
+            attend(**call, tree=tree, scale=0.25)
+    fp8 = [t.to(torch.float8_e4m3fn) for t in (q, k, v, k_cache, v_cache)]
+    with pytest.raises(ValueError, match=r"must share one dtype of"):
+        attend(*fp8, tables, lens, tree, scale=0.25)
+
+
+def test_op_dispatches_and_takes_float64_on_the_cpu_only(gen):
+    q, k, v, k_cache, v_cache, tables, lens, tree = case(gen)
+    out = ops.tree_attention(q, k, v, k_cache, v_cache, tables, lens, tree, scale=0.25)
+    assert rel_rms(out, float64_reference(q, k, v, k_cache, v_cache, tables, lens, tree)) < 1e-5
     if DEVICE == "cuda":  # float64 has the CPU's torch path only
         with pytest.raises(ValueError, match=r"float64 on the CPU's torch path only"):
             ops.tree_attention(
@@ -156,9 +166,6 @@ def test_op_dispatches_and_checks_by_name(gen):
             *(t.double() for t in (q, k, v, k_cache, v_cache)), tables, lens, tree, scale=0.25
         )
         assert out.dtype == torch.float64
-    fp8 = [t.to(torch.float8_e4m3fn) for t in (q, k, v, k_cache, v_cache)]
-    with pytest.raises(ValueError, match=r"must share one dtype of"):
-        ops.tree_attention(*fp8, tables, lens, tree, scale=0.25)
 
 
 @pytest.mark.gpu

@@ -1237,8 +1237,8 @@ MUTANTS = [
     Mutant(
         "N25",
         "trtllm_bole/kernels/norms.py",
-        "weighted = (tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32) * normed).to(dtype).to(tl.float32)",
-        "weighted = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32) * normed",
+        "    if ROUND_WEIGHTED:\n        weighted = weighted.to(dtype).to(tl.float32)\n",
+        "",
         ["tests/kernels/test_norms.py"],
     ),
     Mutant(
@@ -2270,10 +2270,10 @@ MUTANTS = [
     ),
     Mutant(
         "TA9",
-        "trtllm_bole/ops/__init__.py",
+        "trtllm_bole/kernels/_common.py",
         "        or not k.shape[1]\n",
         "",
-        ["tests/kernels/test_tree_attention.py::test_op_dispatches_and_checks_by_name"],
+        ["tests/kernels/test_tree_attention.py::test_arguments_are_checked_by_name"],
     ),
     Mutant(
         "SV19",
@@ -2638,5 +2638,99 @@ MUTANTS = [
         "per_request=settings.max_draft_nodes + 1,",
         "per_request=None,",
         ["tests/engine/test_engine_identity.py::test_calibration_covers_every_tree_token_of_a_full_batch"],
+    ),
+    # From a review of the operators' inputs (2026-12-05): launchers called directly with strided or
+    # mistyped arguments, and the CPU and CUDA paths disagreeing at the edges.
+    Mutant(
+        "OV1",
+        "trtllm_bole/kernels/softmax_stats.py",
+        "    temperature, floor = temperature.contiguous(), floor.contiguous()\n",
+        "",
+        ["tests/kernels/test_softmax_stats.py"],
+    ),
+    Mutant(
+        "OV2",
+        "trtllm_bole/kernels/softmax_stats.py",
+        "    logits = logits if logits.stride(-1) == 1 else logits.contiguous()\n",
+        "",
+        ["tests/kernels/test_softmax_stats.py"],
+    ),
+    Mutant(
+        "OV3",
+        "trtllm_bole/kernels/tree_attention.py",
+        "    check_attention(q, k, v, k_cache, v_cache, block_tables, context_lens, tree)\n    n, hq, d = q.shape",
+        "    n, hq, d = q.shape",
+        ["tests/kernels/test_tree_attention.py"],
+    ),
+    Mutant(
+        "OV4",
+        "trtllm_bole/kernels/gdn_tree_verify.py",
+        "None if raw_gates is None else tuple(t.contiguous() for t in raw_gates),",
+        "raw_gates,",
+        ["tests/kernels/test_gdn_tree_verify.py", "-k", "raw_gates"],
+    ),
+    Mutant(
+        "OV5",
+        "trtllm_bole/kernels/_common.py",
+        "if {factors.u.dtype, factors.log_decay.dtype} != {state.dtype} or",
+        "if {factors.u.dtype} != {state.dtype} or",
+        ["tests/ops/test_validation.py"],
+    ),
+    Mutant(
+        "OV6",
+        "trtllm_bole/reference/sampling.py",
+        "(top_p[:, None] >= 1) | likeliest)",
+        "(top_p[:, None] >= 1))",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "OV7",
+        "trtllm_bole/ops/__init__.py",
+        "if logits.dim() != 2 or not logits.is_floating_point() or not logits.shape[1]:",
+        "if logits.dim() != 2 or not logits.is_floating_point():",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "OV8",
+        "trtllm_bole/reference/kv_cache.py",
+        "    if not block_tables.shape[1]:  # an empty table",
+        "    if False:  # an empty table",
+        ["tests/kernels/test_kv_commit.py"],
+    ),
+    Mutant(
+        "OV9",
+        "trtllm_bole/kernels/norms.py",
+        "ROUND_WEIGHTED=torch.promote_types(weight.dtype, x.dtype) == x.dtype,",
+        "ROUND_WEIGHTED=True,",
+        ["tests/kernels/test_norms.py"],
+    ),
+    Mutant(
+        "DV1",
+        "trtllm_bole/config.py",
+        "(torch.device(device).index or 0) >= (count := torch.cuda.device_count())",
+        "(torch.device(device).index or 0) > (count := torch.cuda.device_count())",
+        ["tests/test_devices.py"],
+    ),
+    # From reviews of the speculative layer and of serving (2026-12-05).
+    Mutant(
+        "SD1",
+        "trtllm_bole/spec/sampling.py",
+        'if device.type == "cpu" and seed >= 2**32:',
+        'if device.type == "cpu" and seed >= 2**64:',
+        ["tests/spec/test_executor.py", "-k", "seed"],
+    ),
+    Mutant(
+        "CA1",
+        "trtllm_bole/spec/executor.py",
+        "if self.model.cache_allocations != self._allocation:",
+        "if self.model.cache_allocations < self._allocation:",
+        ["tests/spec/test_executor.py", "-k", "later_executor"],
+    ),
+    Mutant(
+        "HB1",
+        "triton_server/launch.py",
+        "- float(beat.group(1)) > HEARTBEAT_STALE_S:",
+        "- float(beat.group(1)) > 10 * HEARTBEAT_STALE_S:",
+        ["tests/server/test_triton_server.py::test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics"],
     ),
 ]

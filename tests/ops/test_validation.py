@@ -118,6 +118,19 @@ def test_commit_rejects_mismatched_state_and_leaves(case, undispatched):
             r"factors\.k must be \[7, 2, 8\]",
         ),
         (ops.GDNTreeFactors(tree, x.k, factors.u[:-1], factors.log_decay), r"factors\.u must be \[7, 4, 4\]"),
+        # Ran on the CPU, failed inside the kernel on CUDA (Triton's "Both operands must be same dtype").
+        (
+            ops.GDNTreeFactors(tree, x.k, factors.u.bfloat16(), factors.log_decay),
+            r"in the state's dtype \(torch\.float32\).*got u torch\.bfloat16",
+        ),
+        (
+            ops.GDNTreeFactors(tree, x.k, factors.u, factors.log_decay.double()),
+            r"log_decay torch\.float64",
+        ),
+        (
+            ops.GDNTreeFactors(tree, x.k.long(), factors.u, factors.log_decay),
+            r"k floating point.*k torch\.int64",
+        ),
     ]:
         with pytest.raises(ValueError, match=match):
             ops.gdn_commit(x.state, bad, torch.tensor([0, 0]))

@@ -194,6 +194,12 @@ def check_commit_factors(state: torch.Tensor, factors: GDNTreeFactors) -> None:
             )
     if hv % h:
         raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
+    if {factors.u.dtype, factors.log_decay.dtype} != {state.dtype} or not factors.k.dtype.is_floating_point:
+        raise ValueError(
+            f"factors.u and factors.log_decay must be in the state's dtype ({state.dtype}) and factors.k "
+            f"floating point, got u {factors.u.dtype}, log_decay {factors.log_decay.dtype}, "
+            f"k {factors.k.dtype}"
+        )
 
 
 def check_leaves(accepted_leaf: torch.Tensor, tree: TreeBatch, device: torch.device) -> torch.Tensor:
@@ -242,6 +248,58 @@ def check_kv_shapes(
                 f"{name} must be [L={layers}, N={tree.num_nodes}, KVH={kvh}, d={d}], got {tuple(t.shape)}"
             )
     check_block_tables(block_tables, context_lens, tree.num_requests)
+
+
+ATTENTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""Tree attention's dtypes on CUDA (the CPU's torch path also takes float64)."""
+
+
+def check_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    tree: TreeBatch,
+) -> None:
+    """Tree attention's arguments (:func:`trtllm_bole.ops.tree_attention` says what each is)."""
+    n, hq, d = q.shape if q.dim() == 3 else (None, None, None)
+    if n != tree.num_nodes:
+        raise ValueError(f"q must be [N={tree.num_nodes}, Hq, d] (one row per node), got {tuple(q.shape)}")
+    if (
+        k.dim() != 3
+        or v.shape != k.shape
+        or k.shape[0] != n
+        or k.shape[2] != d
+        or not k.shape[1]
+        or hq % k.shape[1]
+    ):
+        raise ValueError(
+            f"k and v must both be [N={n}, KVH, d={d}] with Hq={hq} a multiple of KVH, got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[2:] != k.shape[1:]:
+        raise ValueError(
+            f"k_cache and v_cache must both be [num_blocks, block_size, KVH={k.shape[1]}, d={d}], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    dtypes = {t.dtype for t in (q, k, v, k_cache, v_cache)}
+    allowed = ATTENTION_DTYPES if q.is_cuda else (*ATTENTION_DTYPES, torch.float64)
+    if len(dtypes) != 1 or q.dtype not in allowed:
+        raise ValueError(
+            f"q, k, v and the caches must share one dtype of {[str(t) for t in allowed]} on {q.device.type} "
+            f"(float64 on the CPU's torch path only), got {sorted(map(str, dtypes))}"
+        )
+    if 0 in k_cache.shape[:2] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(
+            f"the caches must be contiguous with at least one block of at least one row, got "
+            f"{tuple(k_cache.shape)} (a copy of a layer's cache would be made for every call)"
+        )
+    check_block_tables(block_tables, context_lens, tree.num_requests)
+    check_device(tree, q.device, k=k, v=v, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                 context_lens=context_lens)  # fmt: skip
 
 
 def check_block_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, num_requests: int) -> None:

@@ -503,7 +503,8 @@ def checked_call(
         check_inverse_config(cfg, precision)
     call = VerifyCall(
         *(t.contiguous() for t in (q, k, v, g, beta)), state,
-        slot_indices(state_indices, owners, state.device), tree, raw_gates,
+        slot_indices(state_indices, owners, state.device), tree,
+        None if raw_gates is None else tuple(t.contiguous() for t in raw_gates),  # read flat by head
         1.0 if scale is None else float(scale), state_indices is not None, precision,
     )  # fmt: skip
     return call, cfg

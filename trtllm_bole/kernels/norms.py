@@ -163,8 +163,9 @@ def gdn_inputs(
 
 @triton.jit
 def _gated_rms_norm_kernel(x, gate, weight, out, heads, n_cols, stride_x, stride_xh, stride_g, stride_gh,
-                           eps, BLOCK: tl.constexpr):  # fmt: skip
-    """One program per (token, head) row; the products rounded to x's dtype where the reference's are."""
+                           eps, BLOCK: tl.constexpr, ROUND_WEIGHTED: tl.constexpr):  # fmt: skip
+    """One program per (token, head) row; the products rounded to x's dtype where the reference's are
+    (``weight * normed`` only where the weight's dtype is not wider than x's)."""
     row = tl.program_id(0).to(tl.int64)
     token, head = row // heads, row % heads
     dtype = out.dtype.element_ty
@@ -172,7 +173,9 @@ def _gated_rms_norm_kernel(x, gate, weight, out, heads, n_cols, stride_x, stride
     mask = cols < n_cols
     x_row = tl.load(x + token * stride_x + head * stride_xh + cols, mask=mask, other=0.0).to(tl.float32)
     normed = (x_row * tl.rsqrt(tl.sum(x_row * x_row, axis=0) / n_cols + eps)).to(dtype).to(tl.float32)
-    weighted = (tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32) * normed).to(dtype).to(tl.float32)
+    weighted = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32) * normed
+    if ROUND_WEIGHTED:
+        weighted = weighted.to(dtype).to(tl.float32)
     z = tl.load(gate + token * stride_g + head * stride_gh + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out + row * n_cols + cols, (weighted * (z / (1.0 + tl.exp(-z)))).to(dtype), mask=mask)
 
@@ -180,7 +183,8 @@ def _gated_rms_norm_kernel(x, gate, weight, out, heads, n_cols, stride_x, stride
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """:func:`trtllm_bole.reference.norms.gated_rms_norm` of ``x [N, heads, n]`` with ``gate`` of its shape
     (either may be strided along its first two dims: the gate is a split of the layer's projection);
-    ``weight [n]`` in x's dtype. Returns a contiguous tensor of x's shape and dtype."""
+    ``weight [n]`` (in x's dtype, or a wider one: torch's product is then not rounded to x's). Returns a
+    contiguous tensor of x's shape and dtype."""
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if not x.numel():
         return out
@@ -189,5 +193,6 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     _gated_rms_norm_kernel[(n * heads,)](
         x, gate, weight.contiguous(), out, heads, d, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
         eps, BLOCK=triton.next_power_of_2(d),
+        ROUND_WEIGHTED=torch.promote_types(weight.dtype, x.dtype) == x.dtype,
     )  # fmt: skip
     return out

@@ -99,8 +99,11 @@ def softmax_stats(
     logits: torch.Tensor, temperature: torch.Tensor, floor: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's argmax (int64 ``[N]``) and softmax normaliser over its kept logits (``[N]``, float32, or
-    float64 storage for float64 logits: computed in float32), for logits ``[N, V]`` of any float dtype with
-    unit stride along V, ``temperature [N]`` (> 0) and ``floor [N]``."""
+    float64 storage for float64 logits: computed in float32), for logits ``[N, V]`` of any float dtype,
+    ``temperature [N]`` (> 0) and ``floor [N]``."""
+    # Rows at unit stride, the settings flat (as filter_floor reads them).
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    temperature, floor = temperature.contiguous(), floor.contiguous()
     rows, vocab = logits.shape
     device = logits.device
     argmax = torch.empty(rows, dtype=torch.long, device=device)

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from trtllm_bole.kernels._common import num_sms, pow2_at_least
+from trtllm_bole.kernels._common import check_attention, num_sms, pow2_at_least
 from trtllm_bole.kernels._verify_tiles import _UPCAST, _operand
 from trtllm_bole.tree import TreeBatch
 
@@ -187,7 +187,8 @@ def tree_attention(
 ) -> torch.Tensor:
     """:func:`trtllm_bole.reference.attention_tree.tree_attention` in one launch (two where the committed
     positions are split across programs: ``splits``, default :func:`split_count`), no host sync (the
-    arguments are checked by :func:`trtllm_bole.ops.tree_attention`)."""
+    arguments checked as :func:`trtllm_bole.ops.tree_attention` checks them)."""
+    check_attention(q, k, v, k_cache, v_cache, block_tables, context_lens, tree)
     n, hq, d = q.shape
     kvh = k.shape[1]
     q, k, v = (t.contiguous() for t in (q, k, v))

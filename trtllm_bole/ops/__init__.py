@@ -32,7 +32,7 @@ import torch
 from trtllm_bole.kernels._common import (
     MAX_DEPTH,
     GDNTreeFactors,
-    check_block_tables,
+    check_attention,
     check_commit_factors,
     check_conv_commit_shapes,
     check_conv_shapes,
@@ -216,8 +216,10 @@ def filter_floor(
     ``[N]``: ``[N]`` float32 (float64 for float64 logits), ``-inf`` where neither filters
     (:func:`trtllm_bole.reference.sampling.filter_floor`). On CUDA a radix select per row
     (:mod:`trtllm_bole.kernels.filter_floor`) instead of a sort of every row, and no ``[N, V]`` temporary."""
-    if logits.dim() != 2 or not logits.is_floating_point():
-        raise ValueError(f"filter_floor takes float logits [N, V], got {logits.dtype} {list(logits.shape)}")
+    if logits.dim() != 2 or not logits.is_floating_point() or not logits.shape[1]:
+        raise ValueError(
+            f"filter_floor takes float logits [N, V >= 1], got {logits.dtype} {list(logits.shape)}"
+        )
     rows = logits.shape[:1]
     if any(t.shape != rows for t in (temperature, top_k, top_p)) or top_k.is_floating_point():
         raise ValueError(
@@ -317,8 +319,8 @@ def gdn_commit(
     """
     tree = factors.tree
     check_depth(tree, "gdn_commit")
-    check_commit_factors(state, factors)
     check_state_dtype(state)
+    check_commit_factors(state, factors)
     check_slots(state.shape[-4], tree.num_requests, state_indices, state.device, values=check)
     check_device(tree, state.device, k=factors.k, u=factors.u, log_decay=factors.log_decay)
     check_accepted_leaves(accepted_leaf, tree, state.device, values=check)
@@ -551,7 +553,6 @@ def kv_commit(
     )
 
 
-ATTENTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """What the tree-attention kernel takes (fp32 with IEEE dots, 16-bit on the tensor cores)."""
 
 
@@ -574,46 +575,12 @@ def tree_attention(
 
     q ``[N, Hq, d]``, k and v ``[N, KVH, d]`` (every node's, ``Hq`` a multiple of ``KVH``: query head
     ``h`` reads key/value head ``h // (Hq / KVH)``), one layer's caches ``[num_blocks, block_size, KVH,
-    d]`` (contiguous), all of one dtype (:data:`ATTENTION_DTYPES`, or float64 on the CPU);
-    ``block_tables`` int ``[B, max_blocks]``, ``context_lens`` int ``[B]``. Their values are the
-    caller's (checking them would wait for the device): positions past the table are not attended to,
-    a negative length attends to none, and a position on a negative entry reads block 0.
+    d]`` (contiguous), all of one dtype (:data:`~trtllm_bole.kernels._common.ATTENTION_DTYPES`, or
+    float64 on the CPU); ``block_tables`` int ``[B, max_blocks]``, ``context_lens`` int ``[B]``. Their
+    values are the caller's (checking them would wait for the device): positions past the table are not
+    attended to, a negative length attends to none, and a position on a negative entry reads block 0.
     """
-    n, hq, d = q.shape if q.dim() == 3 else (None, None, None)
-    if n != tree.num_nodes:
-        raise ValueError(f"q must be [N={tree.num_nodes}, Hq, d] (one row per node), got {tuple(q.shape)}")
-    if (
-        k.dim() != 3
-        or v.shape != k.shape
-        or k.shape[0] != n
-        or k.shape[2] != d
-        or not k.shape[1]
-        or hq % k.shape[1]
-    ):
-        raise ValueError(
-            f"k and v must both be [N={n}, KVH, d={d}] with Hq={hq} a multiple of KVH, got "
-            f"{tuple(k.shape)} and {tuple(v.shape)}"
-        )
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape or k_cache.shape[2:] != k.shape[1:]:
-        raise ValueError(
-            f"k_cache and v_cache must both be [num_blocks, block_size, KVH={k.shape[1]}, d={d}], got "
-            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    dtypes = {t.dtype for t in (q, k, v, k_cache, v_cache)}
-    allowed = ATTENTION_DTYPES if q.is_cuda else (*ATTENTION_DTYPES, torch.float64)
-    if len(dtypes) != 1 or q.dtype not in allowed:
-        raise ValueError(
-            f"q, k, v and the caches must share one dtype of {[str(t) for t in allowed]} on {q.device.type} "
-            f"(float64 on the CPU's torch path only), got {sorted(map(str, dtypes))}"
-        )
-    if 0 in k_cache.shape[:2] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError(
-            f"the caches must be contiguous with at least one block of at least one row, got "
-            f"{tuple(k_cache.shape)} (a copy of a layer's cache would be made for every call)"
-        )
-    check_block_tables(block_tables, context_lens, tree.num_requests)
-    check_device(tree, q.device, k=k, v=v, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
-                 context_lens=context_lens)  # fmt: skip
+    check_attention(q, k, v, k_cache, v_cache, block_tables, context_lens, tree)
     return library.tree_attention(
         q, k, v, k_cache, v_cache, block_tables, context_lens, *tree_args(tree), float(scale)
     )

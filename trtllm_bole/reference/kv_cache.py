@@ -26,6 +26,8 @@ def accepted_positions(
     keep = (leaf >= 0) & (tree.dfs_order <= at) & (at < tree.dfs_order + tree.subtree_size)
     pos = context_lens.long()[tree.request] + tree.depth - 1
     column = pos // block_size
+    if not block_tables.shape[1]:  # an empty table: every position is past it, on no block
+        block_tables = block_tables.new_full((block_tables.shape[0], 1), -1)
     block = block_tables.long()[tree.request, column.clamp(0, block_tables.shape[1] - 1)]
     return keep, pos, column, block
 

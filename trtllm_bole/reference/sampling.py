@@ -17,7 +17,8 @@ def filter_floor(
     outside ``1 .. V - 1`` and ``top_p >= 1``). A row keeps exactly its scaled logits ``>= floor``.
 
     Top-k first, then the nucleus of the renormalised top-k (as Hugging Face and vLLM order them): a
-    token stays if the top-k mass before it, in descending order, is below ``top_p``. Ties at either
+    token stays if the top-k mass before it, in descending order, is below ``top_p``, and the likeliest
+    token always stays (a row keeps at least one token, whatever ``top_p``). Ties at either
     boundary keep every tied token, so the floor does not depend on how the sort orders equal values.
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)  # not the settings': the kernel's and the fake's
@@ -30,7 +31,8 @@ def filter_floor(
     sorted_probs = sorted_logits.masked_fill(~in_top_k, float("-inf")).softmax(-1)
     # top_p >= 1 keeps everything outright: in float32 the tail's mass before rounds up to 1.
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    in_nucleus = in_top_k & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1))
+    likeliest = torch.arange(vocab, device=logits.device) == 0  # always kept (at top_p <= 0 too), as on CUDA
+    in_nucleus = in_top_k & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1) | likeliest)
     nucleus_floor = sorted_logits.masked_fill(~in_nucleus, float("inf")).amin(-1, keepdim=True)
     floor = torch.maximum(kth, nucleus_floor).squeeze(-1)
     filters = ((top_k > 0) & (top_k < vocab)) | (top_p < 1)
