@@ -101,14 +101,21 @@ def stream(
     responses: queue.Queue = queue.Queue()
     with grpcclient.InferenceServerClient(url) as client:
         try:
-            ready = client.is_model_ready(model)
+            client.is_server_live()
         except InferenceServerException as e:
             raise InferenceServerException(
                 f"no Triton server answers at {url} ({e.message()}); this client speaks gRPC: give the "
                 "server's gRPC port (launch.py prints it; 8001 by default, 8000 is HTTP)"
             ) from None
+        try:  # a live server that is not ready (loading, or draining to stop) answers with an error
+            ready, why = client.is_model_ready(model), "no such model loaded"
+        except InferenceServerException as e:
+            ready, why = False, e.message()
         if not ready:
-            raise InferenceServerException(f"the server at {url} has no ready model {model!r}")
+            raise InferenceServerException(
+                f"the server at {url} has no ready model {model!r} ({why}): it may be starting or shutting "
+                "down; retry, or check its --model name"
+            )
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         finished = False
         try:

@@ -31,15 +31,18 @@ Metrics: Triton's Prometheus endpoint on ``--metrics-port`` (default 8002; -1: n
 
 Watching the engine: Triton keeps reporting a Python model ready whatever its own threads do, so the
 launcher reads the model's ``bole_engine_status{state="serving"}`` gauge every ``--engine-watch``
-seconds (default 1; 0, or no metrics endpoint: not watched). Once it reads 0 while the launcher has not
-asked for a drain (the engine thread failed, or the drain file was written by someone else), every
-request is being refused: the launcher stops tritonserver (requests still in flight keep Triton's exit
-timeout) and exits 1, so that whatever supervises it (systemd, Kubernetes) starts a fresh server.
+seconds (default 1; 0, or no metrics endpoint: not watched), and its heartbeat (set every second). Once
+the gauge reads 0 while the launcher has not asked for a drain (the engine thread failed, or the drain
+file was written by someone else), every request is being refused; once the heartbeat is 15 s old, the
+model's process died or hangs (Triton keeps its last samples, reports the model ready, and the requests
+in flight never end). Either way the launcher stops tritonserver (requests still in flight keep Triton's
+exit timeout) and exits 1, so that whatever supervises it (systemd, Kubernetes) starts a fresh server.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import http.client
 import importlib.util
@@ -185,10 +188,14 @@ def server_command(
     ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports free now, each held until all are drawn (drawn one at a time, three in a
+    row repeated a port about once in 5,000, and tritonserver exited 1 on the pair)."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def check_ports_free(ports: dict[str, int]) -> None:
@@ -254,13 +261,24 @@ def wait_ready(process: subprocess.Popen, http_port: int, timeout: float, stop: 
 
 
 _SERVING_SAMPLE = re.compile(r'^bole_engine_status\{[^}]*\bstate="serving"[^}]*\} (\S+)$', re.MULTILINE)
+_HEARTBEAT_SAMPLE = re.compile(r"^bole_engine_heartbeat_seconds\{[^}]*\} (\S+)$", re.MULTILINE)
+HEARTBEAT_STALE_S = 15.0
+"""A heartbeat this much older than the launcher's clock is a model process that died (killed for its
+memory, a crash in native code) or hangs: Triton keeps its last samples, and reports it ready."""
 
 
-def serving_gauge(metrics: str) -> bool | None:
+def serving_gauge(metrics: str, now: float | None = None) -> bool | None:
     """Whether the engine takes requests, from Prometheus text holding its ``bole_engine_status{state=
-    "serving"}`` sample; None where there is no such sample (not published yet, or the model unloaded)."""
+    "serving"}`` sample and its heartbeat (Unix seconds, ``now`` by default the current time): False where
+    the gauge reads 0 or the heartbeat is stale; None where there is no such sample (not published yet,
+    or the model unloaded)."""
     match = _SERVING_SAMPLE.search(metrics)
-    return None if match is None else float(match.group(1)) != 0
+    if match is None:
+        return None
+    beat = _HEARTBEAT_SAMPLE.search(metrics)
+    if beat is not None and (time.time() if now is None else now) - float(beat.group(1)) > HEARTBEAT_STALE_S:
+        return False
+    return float(match.group(1)) != 0
 
 
 def engine_serving(metrics_port: int) -> bool | None:
@@ -504,8 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     if repository is None:
         drain_file = (workdir / "drain").resolve()  # the model's process has another working directory
         repository = make_repository(workdir / "model_repository", template_values(args, drain_file))
-    metrics_port = None if args.metrics_port < 0 else args.metrics_port or free_port()
-    ports = (args.http_port or free_port(), args.grpc_port or free_port(), metrics_port)
+    asked = (args.http_port, args.grpc_port, None if args.metrics_port < 0 else args.metrics_port)
+    drawn = iter(free_ports(asked.count(0)))  # port 0: any free one
+    ports = tuple(next(drawn) if port == 0 else port for port in asked)
     shm_prefix = f"bole{os.getpid()}_"
     exit_timeout = math.ceil(args.drain_grace) + 10  # Triton's wait for in-flight requests
     command = server_command(root, server_dir, repository, ports, log_verbose=args.log_verbose,

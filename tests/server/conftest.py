@@ -1,11 +1,5 @@
-import sys
-from pathlib import Path
-
 import pytest
-from triton_harness import Server
-
-# client.py and fill_template.py are scripts, not a package: make them importable by the tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "triton_server"))
+from triton_harness import Server  # which also makes triton_server's scripts importable
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -2,7 +2,9 @@
 over HTTP: exact greedy tokens, batched concurrency, cancellation, bad input, clean shutdown."""
 
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -407,6 +409,50 @@ def test_an_engine_that_stops_serving_unasked_stops_the_server(tmp_path):
     assert "no Triton server answers" in error_of(server.grpc_url, build_inputs(PROMPTS[0], max_tokens=1))
 
 
+def _model_processes(pid: int) -> list[int]:
+    """The Python backend's stub processes below ``pid`` (Linux /proc)."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    children = [int(c) for task in tasks for c in (task / "children").read_text().split()]
+    stubs = [c for c in children if b"python_backend_stub" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return stubs + [s for c in children for s in _model_processes(c)]
+
+
+def test_a_dead_model_process_stops_the_server(tmp_path):
+    """The model's process killed (as for its memory) with a request streaming: Triton keeps reporting the
+    model ready with its last samples, and the request never ended (its client waited out its timeout).
+    The heartbeat goes stale, the launcher stops tritonserver and exits 1, and the request ends with an
+    error once the server is gone."""
+    from client import build_inputs, stream
+
+    server = start_server(tmp_path, SERVER_ARGS)
+    ended: list[str] = []
+
+    def request() -> None:
+        try:
+            list(stream(server.grpc_url, build_inputs(PROMPTS[0], max_tokens=MAX_SEQ_LEN - 32), timeout=300))
+            ended.append("finished")
+        except Exception as e:  # any error ends it: which one, the server's stop decides
+            ended.append(f"error: {e}")
+
+    streaming = threading.Thread(target=request)
+    try:
+        assert bole_samples(server)["bole_engine_status", "serving"] == 1
+        (stub,) = _model_processes(server.process.pid)  # the launcher's
+        streaming.start()
+        time.sleep(2)
+        os.kill(stub, signal.SIGKILL)
+        server.process.wait(launch_timeout := 120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the launcher kept serving a dead model for {launch_timeout} s:\n{server.log_tail()}")
+    finally:
+        if server.process.poll() is None:
+            stop_server(server)
+    streaming.join(60)
+    assert server.process.returncode == 1, server.log_tail()
+    assert "error: the model's engine stopped taking requests" in server.log.read_text(errors="replace")
+    assert ended and ended[0].startswith("error"), ended
+
+
 def test_signals_during_the_launcher_s_own_stop_do_not_cut_it_short(tmp_path):
     """SIGTERM and SIGINT while the launcher stops a server whose engine stopped unasked (a request in
     flight keeps tritonserver up through the drain's grace): the stop runs to its end, exit 1, no
@@ -617,6 +663,12 @@ def test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics():
     assert launch.serving_gauge(reordered) is False
     for absent in ("", 'nv_inference_count{model="bole",version="1"} 3\n', 'bole_engine_status{state="x"} 0'):
         assert launch.serving_gauge(absent) is None, absent
+    # The heartbeat (Unix seconds, printed in full): a stale one is a dead or hung model process.
+    beat = 'bole_engine_heartbeat_seconds{model="bole",version="1"} 1764903812.25\n'
+    serving = text.replace("{value}", "1") + beat
+    assert launch.serving_gauge(serving, now=1764903812.25 + launch.HEARTBEAT_STALE_S) is True
+    assert launch.serving_gauge(serving, now=1764903812.25 + launch.HEARTBEAT_STALE_S + 0.5) is False
+    assert launch.serving_gauge(serving.replace(beat, ""), now=2e9) is True  # no heartbeat: the gauge alone
     assert launch.engine_serving(free_port()) is None  # nothing answers there
     with socket.socket() as garbled:  # an answer cut short, as from a server stopping: not an error either
         garbled.bind(("127.0.0.1", 0))

@@ -1,7 +1,6 @@
 """A real tritonserver for tests: started through triton_server/launch.py on free loopback ports and
 stopped (and checked gone) by :func:`stop_server`; ``conftest.py`` attaches its log to failing tests."""
 
-import contextlib
 import importlib.util
 import os
 import signal
@@ -17,6 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "triton_server" / "launch.py"
+# launch.py, client.py and fill_template.py are scripts, not a package: importable by the tests.
+sys.path.insert(0, str(LAUNCH.parent))
+from launch import free_ports  # noqa: E402  (after the path it is found on)
 
 MISSING = [name for name in ("pytriton", "tritonclient") if importlib.util.find_spec(name) is None]
 needs_server = pytest.mark.skipif(
@@ -69,16 +71,6 @@ class Server:
             return True
         except OSError:
             return False
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct ports free now: each held until all are drawn (drawn one at a time, three in a row repeated
-    a port about once in 5,000, and the launcher refused the pair)."""
-    with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
 
 
 def free_port() -> int:

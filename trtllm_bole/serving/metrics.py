@@ -105,6 +105,13 @@ FAMILIES = (
     ),
 )
 
+HEARTBEAT = (
+    "bole_engine_heartbeat_seconds",
+    "When the model's process last published these metrics (Unix seconds; every second): one that stops "
+    "moving is a process that died or hangs, whose requests never end (launch.py then stops the server)",
+)
+"""The heartbeat gauge's name and description: a sample of no engine stat, set at each publication."""
+
 
 def samples(stats: EngineStats) -> dict[tuple[str, str], int]:
     """Every sample's value, by ``(family name, label value)``."""

@@ -11,6 +11,7 @@ an UNAVAILABLE error, so that Triton can unload the model. The engine's metrics
 
 import json
 import threading
+import time
 import traceback
 
 import triton_python_backend_utils as pb_utils
@@ -21,6 +22,7 @@ from trtllm_bole.serving.metrics import (
     COUNTER,
     FAMILIES,
     GAUGE,
+    HEARTBEAT,
     HISTOGRAM,
     HISTOGRAMS,
     observations,
@@ -137,7 +139,9 @@ class Metrics:
             COUNTER: pb_utils.MetricFamily.COUNTER,
             HISTOGRAM: pb_utils.MetricFamily.HISTOGRAM,
         }
-        self._families, self._metrics = [], {}
+        heartbeat = pb_utils.MetricFamily(name=HEARTBEAT[0], description=HEARTBEAT[1], kind=kinds[GAUGE])
+        self._families, self._metrics = [heartbeat], {}
+        self._heartbeat = heartbeat.Metric(labels=labels)
         for f in (*FAMILIES, *HISTOGRAMS):
             family = pb_utils.MetricFamily(name=f.name, description=f.description, kind=kinds[f.kind])
             self._families.append(family)
@@ -170,12 +174,14 @@ class Metrics:
             else:
                 metric.increment(amount)
         self._published = now
+        self._heartbeat.set(time.time())
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
         self._publish()
         self._metrics.clear()  # every Metric before its MetricFamily (the backend's rule)
+        self._heartbeat = None
         self._families.clear()
 
 
