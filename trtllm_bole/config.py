@@ -46,11 +46,11 @@ class SamplingParams(BaseModel):
         None,
         ge=-(2**63),
         lt=2**64,  # torch.Generator's range
-        description="Per-request RNG seed, read modulo 2**64 as torch reads it (-1 and 2**64 - 1 are one "
-        "seed): the same request, served with the same drafts, samples the same tokens. Speculation draws a "
-        "coin per draft it tries, so under a batch-shared budget (whose trees depend on the batch) or "
-        "another mode the draws, and so the tokens, can differ; each is still a sample of the target "
-        "distribution.",
+        description="Per-request RNG seed, read modulo 2**64 (-1 and 2**64 - 1 are one seed; on the CPU, "
+        "whose generator takes 32 bits, seeds from 2**32 on are mixed down to 32): the same request, "
+        "served with the same drafts, samples the same tokens. Speculation draws a coin per draft it "
+        "tries, so under a batch-shared budget (whose trees depend on the batch) or another mode the "
+        "draws, and so the tokens, can differ; each is still a sample of the target distribution.",
     )
     stop_token_ids: list[int] = Field(
         default_factory=list, description="Stop at any of these tokens (not included in the output)."

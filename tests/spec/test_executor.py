@@ -200,6 +200,34 @@ def test_a_seeded_request_samples_the_same_alone_or_batched(config):
     assert batch[1].output_ids == alone.output_ids
 
 
+def test_seeds_that_differ_above_32_bits_sample_apart_on_the_cpu(config):
+    """The CPU's generator reads a seed's low 32 bits: seeds 2**32 apart sampled the same tokens (a base
+    plus ``i * 2**32`` gave exact duplicates); -1 and 2**64 - 1 stay one seed."""
+    bole = BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3)
+    spec = Executor(random_model(config, seed=3), bole, max_batch_size=5)
+    seeds = [1, 2**32 + 1, 5 * 2**32 + 1, -1, 2**64 - 1]
+    params = [SamplingParams(max_tokens=24, temperature=1.5, seed=seed) for seed in seeds]
+    requests = [spec.submit(PROMPTS[2], p) for p in params]
+    while spec.has_unfinished:
+        spec.step()
+    outputs = [tuple(r.output_ids) for r in requests]
+    assert len(set(outputs[:4])) == 4 and outputs[3] == outputs[4], outputs
+
+
+def test_a_later_executor_on_the_model_stops_the_earlier_one(config):
+    """A second executor zeroes the model's cache (it takes the cache over): the first one's next step
+    refuses instead of decoding on from zeroed states (its tokens silently went wrong)."""
+    model = random_model(config, seed=3)
+    first = Executor(model, BoleConfig(mode="bole", max_depth=4, max_nodes=10, top_k=3), max_batch_size=2)
+    first.submit(PROMPTS[2], SamplingParams(max_tokens=20))
+    for _ in range(3):
+        first.step()
+    later = Executor(model, BoleConfig(mode="ar"), max_batch_size=2)
+    with pytest.raises(RuntimeError, match="given its cache to a later executor"):
+        first.step()
+    assert run(later, [PROMPTS[0]], SamplingParams(max_tokens=5))[0].finish_reason == "length"
+
+
 def test_a_sampled_request_s_first_token_comes_from_its_own_prompt(config):
     """top_k = 1 samples greedily: batched behind another prompt, the request decodes what plain greedy
     decoding of its own prompt does, from its first token on."""

@@ -65,6 +65,7 @@ class Qwen35Model(EmptyInitModule):
             MTPHead(c, self.embed_tokens, self.lm_head_weight, dtype=dtype, device=device) if mtp else None
         )
         self.cache: ModelCache | None = None
+        self.cache_allocations = 0  # each allocate_cache gives the cache to a new user (it is zeroed)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -96,6 +97,7 @@ class Qwen35Model(EmptyInitModule):
             c.zero_()
         if self.mtp is not None:
             self.mtp.cache = self.cache
+        self.cache_allocations += 1
         return self.cache
 
     # -------------------------------------------------------------------------------------- #

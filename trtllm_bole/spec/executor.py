@@ -48,6 +48,7 @@ from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.draft_graphs import DraftGraphs, SelectGraphs
 from trtllm_bole.spec.drafter import DraftSettings, draft, pool_size, select_tree
 from trtllm_bole.spec.prefill_graphs import MTPPrefillGraphs, TargetPrefillGraphs
+from trtllm_bole.spec.sampling import request_generator
 from trtllm_bole.spec.scheduler import (
     MAX_PREFILL_TOKENS,
     MIN_SEQ_LEN,
@@ -192,6 +193,7 @@ class Executor:
         graphs = cuda_graphs and model.device.type == "cuda"
         # With graphs, one more state slot than requests: a prefill graph's padding chain (prefill_graphs).
         self.cache = model.allocate_cache(max_batch_size + graphs, num_blocks, block_size)
+        self._allocation = model.cache_allocations  # a later executor on this model takes the cache over
         self.scheduler = Scheduler(
             BlockManager(num_blocks, block_size),
             SlotPool(max_batch_size),
@@ -283,6 +285,11 @@ class Executor:
 
     @torch.no_grad()
     def step(self) -> list[StepEvent]:
+        if self.model.cache_allocations != self._allocation:
+            raise RuntimeError(
+                "this executor's model has given its cache to a later executor (which zeroed it): its "
+                "requests' states are gone. Run one executor per model at a time"
+            )
         with on_device(self.model.device):
             return self._step()
 
@@ -323,7 +330,7 @@ class Executor:
             if stop < len(r.prompt_ids):
                 continue
             seed = r.params.seed
-            generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+            generator = None if seed is None else request_generator(seed, device)
             room = self.scheduler.context_limit - len(r.prompt_ids)
             last = hidden[end - 1].clone()  # a copy: a replayed prefill's hidden is reused
             r.runtime = RequestRuntime(-1, last, generator, min(r.params.max_tokens, room))

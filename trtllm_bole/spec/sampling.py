@@ -131,3 +131,17 @@ def log_probs_at(
     top = logits[rows, argmax].float() / t
     log_p = x.double() - top.double() - normaliser.double().log()
     return torch.where(x >= floor, log_p, float("-inf")), argmax
+
+
+def request_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A seeded request's generator on ``device``, the seed read modulo 2**64. CUDA's generator (Philox)
+    reads all 64 bits; the CPU's (Mersenne Twister) only the low 32, so that seeds 2**32 apart (a base plus
+    ``i * 2**32``) sampled alike there: on the CPU a seed of 2**32 or more is mixed down to 32 bits first
+    (splitmix64's finaliser, its high half), a smaller one is used as it is."""
+    seed %= 2**64
+    if device.type == "cpu" and seed >= 2**32:
+        mask = 2**64 - 1
+        seed = ((seed ^ (seed >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        seed = ((seed ^ (seed >> 27)) * 0x94D049BB133111EB) & mask
+        seed = (seed ^ (seed >> 31)) >> 32
+    return torch.Generator(device=device).manual_seed(seed)
