@@ -2733,4 +2733,11 @@ MUTANTS = [
         "- float(beat.group(1)) > 10 * HEARTBEAT_STALE_S:",
         ["tests/server/test_triton_server.py::test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics"],
     ),
+    Mutant(
+        "QB6",
+        "trtllm_bole/serving/engine.py",
+        "        sizes += [(len(ids), params.max_tokens) for ids, params in starting]\n",
+        "",
+        ["tests/serving/test_serving_metrics.py", "-k", "handed_to_the_scheduler"],
+    ),
 ]

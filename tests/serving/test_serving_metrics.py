@@ -2,6 +2,7 @@
 samples from one snapshot to the next (the Triton model applies them; tests/server scrapes them)."""
 
 import dataclasses
+import time
 
 import pytest
 
@@ -115,6 +116,32 @@ def test_a_full_queue_refuses_requests_until_one_leaves_it():
     assert engine.stats().rejected_shut_down == 1  # counted though the engine thread has stopped
     with pytest.raises(ValueError, match="max_queue_size must be a positive integer"):
         ServingEngine(make_executor(), max_queue_size=0)
+
+
+def test_requests_being_handed_to_the_scheduler_count_against_the_queue_bound(monkeypatch):
+    """The engine thread takes the whole inbox, then submits each request to the executor: in between a
+    request was in neither queue that ``max_queue_size`` counts, and a burst got past the bound (batch 1,
+    bound 1: three accepted where two fit). The hand-over is widened here to 0.3 s a request."""
+    executor = make_executor(max_batch_size=1)
+    submit = executor.submit
+
+    def slow_submit(*args, **kwargs):
+        time.sleep(0.3)
+        return submit(*args, **kwargs)
+
+    monkeypatch.setattr(executor, "submit", slow_submit)
+    engine = ServingEngine(executor, max_queue_size=1)
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    accepted = 0
+    for prompt in PROMPTS[:4]:
+        try:
+            engine.submit(prompt, params, Collector())
+            accepted += 1
+        except RuntimeError as e:
+            assert "queue is full: 1 of max_queue_size 1" in str(e)
+        time.sleep(0.05)
+    engine.close()
+    assert accepted == 2
 
 
 def test_refusals_after_the_engine_thread_stopped_are_counted():

@@ -144,6 +144,7 @@ class ServingEngine:
         self.max_queue_size = max_queue_size
         self._cv = threading.Condition()
         self._inbox: list[tuple[_Live, list[int], SamplingParams]] = []  # submitted, not started
+        self._starting: list[tuple[_Live, list[int], SamplingParams]] = []  # taken from it, being started
         self._live: dict[int, _Live] = {}  # by key; engine thread only
         self._by_request: dict[int, _Live] = {}  # by the executor's request id; engine thread only
         self._keys = itertools.count()
@@ -219,6 +220,10 @@ class ServingEngine:
         one step (``list`` of a deque runs no Python code, so the engine thread cannot interleave)."""
         scheduler = self.executor.scheduler
         sizes = [(len(r.prompt_ids), r.params.max_tokens) for r in list(scheduler.waiting)]
+        # Then those the engine thread is handing to the scheduler: out of the inbox, not yet in its queue
+        # (or just now, counted twice for that moment: a refusal a moment early, never a place too many).
+        starting = [(ids, params) for live, ids, params in self._starting if live.request is None]
+        sizes += [(len(ids), params.max_tokens) for ids, params in starting]
         sizes += [(len(ids), params.max_tokens) for _, ids, params in self._inbox]
         return len(sizes) - scheduler.admissible(sizes, self.executor.max_batch_size)
 
@@ -277,10 +282,11 @@ class ServingEngine:
             with self._cv:
                 while not (self._inbox or self._closing or self.executor.has_unfinished):
                     self._cv.wait()
-                inbox, self._inbox = self._inbox, []
+                self._starting, self._inbox = self._inbox, []  # still queued for submit()'s bound
                 closing = self._closing
-            for submitted in inbox:
+            for submitted in self._starting:
                 self._start(*submitted)
+            self._starting = []
             if closing and (not self.executor.has_unfinished or time.monotonic() >= self._deadline):
                 return  # _run aborts what is left
             self._poll_cancellations()
