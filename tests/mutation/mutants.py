@@ -2734,7 +2734,7 @@ MUTANTS = [
         ["tests/server/test_triton_server.py::test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics"],
     ),
     Mutant(
-        "QB6",
+        "QB7",
         "trtllm_bole/serving/engine.py",
         "        sizes += [(len(ids), params.max_tokens) for ids, params in starting]\n",
         "",
