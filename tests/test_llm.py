@@ -285,6 +285,14 @@ def test_a_stop_string_holding_a_special_token_is_refused(llm):
     assert llm.tokenizer.special_texts == {"<|endoftext|>"}
 
 
+def test_a_prompt_holding_a_lone_surrogate_is_refused_by_name(llm):
+    """A ``str`` no encoding holds (``json.loads('"\\ud83d"')``, a ``surrogateescape`` read): the
+    tokenizer's TypeError said the str was not a str."""
+    for call in (llm.generate, lambda p: next(llm.generate_stream(p))):
+        with pytest.raises(ValueError, match=r"lone surrogate '\\ud83d' at character 8"):
+            call("def f():\ud83d")
+
+
 def test_booleans_are_refused_as_token_ids(llm):
     """``True`` is an int to ``operator.index``: ``[True, 5]`` was served as the ids 1, 5 (and a numpy
     bool array's ``tolist`` gives such a list), where the executor and SamplingParams refuse booleans."""

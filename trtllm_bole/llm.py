@@ -269,6 +269,13 @@ class LLM:
                 raise ValueError(
                     f"{self.model_dir} has no tokenizer.json: pass prompts as lists of token ids"
                 )
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:  # the tokenizer's TypeError said the str was not a str
+                raise ValueError(
+                    f"the prompt holds a lone surrogate {prompt[e.start]!r} at character {e.start}, which no "
+                    "text encoding holds: decode its source with errors='replace' (or fix it)"
+                ) from None
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, bytes | bytearray):  # a sequence of ints, but surely meant as text
             raise ValueError(

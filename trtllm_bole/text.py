@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 
@@ -40,6 +40,12 @@ class Tokenizer:
     def special_texts(self) -> frozenset[str]:
         """The special tokens' texts (``<|endoftext|>``), which :meth:`decode` skips: no text holds them."""
         return frozenset(t.content for t in self._tok.get_added_tokens_decoder().values() if t.special)
+
+
+def stops_never_met(stop: Sequence[str], special_texts: Collection[str]) -> list[str]:
+    """The stop strings that hold a special token's text: decoded text never does (decoding skips special
+    tokens), so they would never end a request; its id belongs in ``stop_token_ids``."""
+    return [s for s in stop if any(t in s for t in special_texts)]
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -2257,7 +2257,7 @@ MUTANTS = [
     Mutant(
         "SW1",
         "trtllm_bole/spec/executor.py",
-        "        if len(text) >= longest + 8 or window >= len(output_ids):",
+        "        if len(decode(output_ids[-window:-1])) >= longest + 8 or window >= len(output_ids):",
         "        if True:",
         ["tests/spec/test_executor.py::test_stop_strings_split_by_tokens_of_no_text_are_found"],
     ),
@@ -2467,7 +2467,7 @@ MUTANTS = [
     Mutant(
         "SS1",
         "trtllm_bole/spec/executor.py",
-        "        if unmet := [stop for stop in params.stop if any(t in stop for t in self.special_texts)]:",
+        "        if unmet := stops_never_met(params.stop, self.special_texts):",
         "        if unmet := []:",
         ["tests/test_llm.py::test_a_stop_string_holding_a_special_token_is_refused"],
     ),
@@ -2739,5 +2739,34 @@ MUTANTS = [
         "        sizes += [(len(ids), params.max_tokens) for ids, params in starting]\n",
         "",
         ["tests/serving/test_serving_metrics.py", "-k", "handed_to_the_scheduler"],
+    ),
+    # From a review of the text layer (2026-12-05).
+    Mutant(
+        "TX1",
+        "trtllm_bole/spec/executor.py",
+        '                text = text.lstrip("\\ufffd")\n',
+        "",
+        ["tests/spec/test_executor.py", "-k", "mid_character"],
+    ),
+    Mutant(
+        "TX2",
+        "trtllm_bole/spec/executor.py",
+        "if len(decode(output_ids[-window:-1])) >= longest + 8",
+        "if len(decode(output_ids[-window:])) >= longest + 8",
+        ["tests/spec/test_executor.py", "-k", "stop_strings"],
+    ),
+    Mutant(
+        "TX3",
+        "trtllm_bole/serving/protocol.py",
+        "    if unmet := stops_never_met(params.stop, special_texts):",
+        "    if unmet := stops_never_met(params.stop, ()):",
+        ["tests/serving/test_serving_protocol.py"],
+    ),
+    Mutant(
+        "TX4",
+        "trtllm_bole/llm.py",
+        '                prompt.encode("utf-8")\n',
+        '                prompt.encode("utf-8", errors="surrogatepass")\n',
+        ["tests/test_llm.py", "-k", "surrogate"],
     ),
 ]

@@ -152,6 +152,13 @@ def test_limits_are_checked_against_the_engine():
     for prompt, params, words in cases:
         with pytest.raises(RequestError, match=words):
             check_request(prompt, params, context_limit=12, vocab_size=8, has_tokenizer=False)
+    # A stop word holding a special token: refused as an invalid argument here (the executor's refusal,
+    # on the engine thread, reached the client as an internal error).
+    special = SamplingParams(max_tokens=2, stop=["ok", "x<|endoftext|>"])
+    with pytest.raises(RequestError, match=r"stop_words \['x<\|endoftext\|>'\] hold a special token"):
+        check_request([1], special, context_limit=12, vocab_size=8, has_tokenizer=True,
+                      special_texts={"<|endoftext|>"})  # fmt: skip
+    check_request([1], special, context_limit=12, vocab_size=8, has_tokenizer=True, special_texts={"<|im|>"})
 
 
 def update(ids, text_delta, finished=False, reason=None, error=None) -> Update:

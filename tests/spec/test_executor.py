@@ -712,6 +712,23 @@ def test_stop_strings_split_by_tokens_of_no_text_are_found():
     assert not _ends_in_stop(decode, ids[:-1], ["ab"]) and _ends_in_stop(
         decode, [0] * 9 + list(b"ab"), ["ab"]
     )
+    # The window is widened until the text before the last token can hold the stop's start: a last
+    # token long enough on its own (a 66-character token) ended the widening with the start left out.
+    texts = {0: "", 1: "x", 2: "#" + "-" * 65}
+    assert _ends_in_stop(lambda ids: "".join(texts[i] for i in ids), [1] + [0] * 19 + [2], ["x#-"])
+
+
+def test_a_window_cut_mid_character_matches_no_replacement_character():
+    """The decoded window may start inside a multi-byte character (its bytes read as U+FFFD): a stop
+    string holding U+FFFD matched there, though the output's text holds none."""
+
+    def decode(ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    ids = list("😀".encode()) + list(b"x") * 11  # the window: 12 tokens, the emoji's last byte first
+    assert "\ufffd" not in decode(ids) and decode(ids[-12:]).startswith("\ufffd")
+    assert not _ends_in_stop(decode, ids, ["\ufffd"])
+    assert _ends_in_stop(decode, list(b"xy") * 8 + [0xFF], ["\ufffd"])  # one in the text itself
 
 
 @pytest.mark.parametrize(

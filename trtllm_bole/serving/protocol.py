@@ -28,7 +28,7 @@ request's running speculation totals ``acceptance_rate`` FP32, ``total_accepted_
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from trtllm_bole.config import BoleConfig, SamplingParams, one_line
 from trtllm_bole.serving.engine import Update
+from trtllm_bole.text import stops_never_met
 
 # SamplingParams field -> (tensor name, Python type of its value)
 SCALARS: dict[str, tuple[str, type]] = {
@@ -131,10 +132,11 @@ def check_request(
     context_limit: int,
     vocab_size: int,
     has_tokenizer: bool,
+    special_texts: Collection[str] = (),
 ) -> None:
     """Refuse what the engine could only partly serve: an empty or too long prompt, ids (or an
     ``end_id``) outside the vocabulary, ``max_tokens`` that does not fit after the prompt, stop strings
-    without a tokenizer."""
+    without a tokenizer or holding a special token (of ``special_texts``: never met)."""
     n = len(prompt_ids)
     if n == 0:
         raise RequestError("empty prompt: send a non-empty text_input or input_ids")
@@ -157,6 +159,11 @@ def check_request(
         )
     if params.stop and not has_tokenizer:
         raise RequestError("stop_words need a tokenizer and this model has none; use end_id instead")
+    if unmet := stops_never_met(params.stop, special_texts):
+        raise RequestError(
+            f"stop_words {unmet[:3]} hold a special token, which decoded text never does (it is skipped): "
+            "send its id as end_id"
+        )
 
 
 STATUS = {

@@ -61,6 +61,7 @@ from trtllm_bole.spec.scheduler import (
     prefill_rounds,
 )
 from trtllm_bole.spec.verify_graphs import MTPGraphs, StepGraphs
+from trtllm_bole.text import stops_never_met
 from trtllm_bole.transfer import HostCopy, device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
 
@@ -249,7 +250,7 @@ class Executor:
         params = params.model_copy(deep=True)
         if params.stop and self.decode_text is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        if unmet := [stop for stop in params.stop if any(t in stop for t in self.special_texts)]:
+        if unmet := stops_never_met(params.stop, self.special_texts):
             raise ValueError(
                 f"stop strings {unmet[:3]} hold a special token, which decoded text never does (it is "
                 "skipped): pass its id in stop_token_ids"
@@ -614,11 +615,14 @@ def _ends_in_stop(decode: Callable[[list[int]], str], output_ids: list[int], sto
     last token: only a tail that can hold the longest stop string is decoded (a character takes at
     most 4 byte-level tokens; 8 more keep a tokenizer's cleanup at the window's start clear of it),
     not the whole output, which would cost O(length) a token on the engine thread. Tokens that decode
-    to no text (special ones, skipped) widen the window until its text is that long."""
+    to no text (special ones, skipped) widen the window until its text before the last token is that
+    long."""
     longest = max(map(len, stop))
     window = 4 * longest + 8
-    while True:
-        text = decode(output_ids[-window:])
-        if len(text) >= longest + 8 or window >= len(output_ids):
+    while True:  # a new match ends in the last token, so it starts in the text before it
+        if len(decode(output_ids[-window:-1])) >= longest + 8 or window >= len(output_ids):
+            text = decode(output_ids[-window:])
+            if window < len(output_ids):  # a window from mid-character decodes its first bytes as U+FFFD
+                text = text.lstrip("\ufffd")
             return any(s in text for s in stop)
         window *= 2

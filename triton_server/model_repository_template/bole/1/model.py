@@ -110,6 +110,7 @@ class TritonPythonModel:
             context_limit=self.engine.request_limit,
             vocab_size=self.llm.model.config.vocab_size,
             has_tokenizer=self.llm.tokenizer is not None,
+            special_texts=self.llm.tokenizer.special_texts if self.llm.tokenizer is not None else (),
         )
         replies = ResponseStream(parsed.stream)
 
