@@ -168,8 +168,8 @@ MUTANTS = [
     Mutant(
         "FL1",
         "trtllm_bole/spec/drafter.py",
-        "total=total, floor=depth <= 2",
-        "total=total, floor=depth == 1",
+        "    floor = depth <= 2 if total is not None else None",
+        "    floor = depth == 1 if total is not None else None",
         ["tests/spec/test_tree_select.py"],
     ),
     Mutant(
@@ -2768,5 +2768,12 @@ MUTANTS = [
         '                prompt.encode("utf-8")\n',
         '                prompt.encode("utf-8", errors="surrogatepass")\n',
         ["tests/test_llm.py", "-k", "surrogate"],
+    ),
+    Mutant(
+        "FL6",
+        "trtllm_bole/spec/drafter.py",
+        "    floor = depth <= 2 if total is not None else None",
+        "    floor = depth <= 2",
+        ["tests/spec/test_tree_select.py"],
     ),
 ]

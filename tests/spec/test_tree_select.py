@@ -121,8 +121,9 @@ def test_select_tree_on_the_device_equals_the_checked_host_build(total, per_requ
     parents = pool.parents[grouped]
     parents = torch.where(parents >= 0, position[parents.clamp(min=0)], -1)
     request, depth = pool.request[grouped], pool.depth[grouped]
+    floor = depth <= 2 if total is not None else None  # the fairness floor is against a budget only
     keep = select_nodes(
-        pool.log_rho[grouped], depth, request, 3, per_request=per_request + 1, total=total, floor=depth <= 2
+        pool.log_rho[grouped], depth, request, 3, per_request=per_request + 1, total=total, floor=floor
     )
     local, cu_seqlens, kept = compact_forest(parents, request, 3, keep)  # counted and checked
     built = TreeBatch.build(local, cu_seqlens)
@@ -134,6 +135,18 @@ def test_select_tree_on_the_device_equals_the_checked_host_build(total, per_requ
     )
     for name in ("parents", "cu_seqlens", "depth", "request", "global_parents", "dfs_order", "subtree_size"):
         assert torch.equal(getattr(tree, name), getattr(built, name)), name
+
+
+def test_without_a_budget_each_request_keeps_its_best_drafts_not_its_floor():
+    """No budget, no fairness floor: a cap of 3 drafts keeps the likeliest path (the first child, its
+    child and grandchild), where the floor taken first kept 3 of the 4 children (mean accepted tokens of
+    the embedded model at 4 drafts: 1.97 instead of 3.48). Under a budget the floor ranks first."""
+    parents = torch.tensor([-1, 0, 0, 0, 0, 1, 5])
+    depth = torch.tensor([1, 2, 2, 2, 2, 3, 4])
+    log_rho = torch.tensor([0.0, -0.1, -3.0, -3.1, -3.2, -0.2, -0.3])
+    pool = CandidatePool(torch.arange(7), parents, torch.zeros(7, dtype=torch.long), depth, log_rho, 4, 4)
+    assert sorted(select_tree(pool, 1, per_request=3)[2].tolist()) == [0, 1, 5, 6]
+    assert sorted(select_tree(pool, 1, per_request=3, total=4)[2].tolist()) == [0, 1, 2, 3]
 
 
 def test_selection_size_counts_what_select_tree_keeps(gen):
@@ -148,11 +161,13 @@ def test_selection_size_counts_what_select_tree_keeps(gen):
             _, tree, index = select_tree(pool, 3, per_request=per_request, total=total)
             depth, request = pool.depth, pool.request
             keep = select_nodes(pool.log_rho, depth, request, 3, per_request=per_request + 1, total=total,
-                                floor=depth <= 2)  # fmt: skip
+                                floor=depth <= 2 if total is not None else None)  # fmt: skip
             assert int(keep.sum()) == num_kept  # counted on the device, not by selection_size
             sizes = tree.cu_seqlens.diff()
             assert tree.num_nodes == num_kept and tree.max_nodes == max_nodes >= int(sizes.max())
-            again = select_tree(pool, 3, per_request=per_request, total=num_kept)[2]
+            again = select_tree(pool, 3, per_request=per_request, total=None if total is None else num_kept)[
+                2
+            ]
             assert torch.equal(index, again), (per_request, total)
 
 
@@ -221,7 +236,7 @@ def test_selection_graphs_replay_select_tree_for_any_pool_values(gen):
     config = load_config({**TINY_MTP_CONFIG, **CUDA_HEADS})  # heads the CUDA kernels tile
     mtp = random_model(config, seed=0, device="cuda").mtp  # the graphs hold it weakly
     graphs = SelectGraphs.of(mtp)
-    assert graphs.capture([(3, 60, 8, 4, 16)]) == [(3, 60, 8, 4, 16, 51)]
+    assert graphs.capture([(3, 60, 8, 4, 16)]) == [(3, 60, 8, 4, 16, 51, False)]
     for round_, total in enumerate((None, 17, 500, 2, 17)):
         pool = _draft_like_pool(3, 20, gen)
         pool = CandidatePool(*(t.cuda() for t in (pool.tokens, pool.parents, pool.request, pool.depth,
@@ -231,7 +246,10 @@ def test_selection_graphs_replay_select_tree_for_any_pool_values(gen):
         assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), round_
         for name in ("parents", "cu_seqlens", "depth", "request", "global_parents", "paths", "dfs_order"):
             assert torch.equal(getattr(got[1], name), getattr(want[1], name)), (round_, name)
-    assert graphs.captured == [(3, 60, 8, 4, 16, 15), (3, 60, 8, 4, 16, 17), (3, 60, 8, 4, 16, 51)]
+    assert graphs.captured == [
+        (3, 60, 8, 4, 16, 15, True), (3, 60, 8, 4, 16, 17, True), (3, 60, 8, 4, 16, 51, False),
+        (3, 60, 8, 4, 16, 51, True),
+    ]  # fmt: skip
 
 
 def test_beam_keeps_the_best_of_each_request_grouped_and_best_first():

@@ -132,9 +132,10 @@ _POOL_FIELDS = ("tokens", "parents", "request", "depth", "log_rho")
 
 class SelectGraphs(CacheGraphs[MTPHead]):
     """:func:`select_tree` of ``mtp``'s drafts replayed from one CUDA graph per ``(requests, pool size, pool
-    depth, root children, per-request cap, nodes kept)``: at most ``max_graphs`` of them (later shapes
-    run eagerly). Kept per MTP head (:meth:`of`), so the executors that follow one another share them, and
-    dropped with its draft graphs when its cache is reallocated (selection itself reads no cache)."""
+    depth, root children, per-request cap, nodes kept, under a budget)``: at most ``max_graphs`` of them
+    (later shapes run eagerly). Kept per MTP head (:meth:`of`), so the executors that follow one another
+    share them, and dropped with its draft graphs when its cache is reallocated (selection itself reads
+    no cache)."""
 
     def __init__(self, mtp: MTPHead, *, max_graphs: int = 256) -> None:
         super().__init__(mtp)
@@ -148,7 +149,7 @@ class SelectGraphs(CacheGraphs[MTPHead]):
         self._follow_cache()
         size, root_children = pool.tokens.numel(), pool.root_children
         num_kept, _ = selection_size(size, num_requests, per_request, total, root_children=root_children)
-        key = (num_requests, size, pool.max_depth, root_children, per_request, num_kept)
+        key = (num_requests, size, pool.max_depth, root_children, per_request, num_kept, total is not None)
         captured = self._graphs.get(key)
         if captured is None and len(self._graphs) >= self.max_graphs:
             return select_tree(pool, num_requests, per_request=per_request, total=total)
@@ -158,13 +159,23 @@ class SelectGraphs(CacheGraphs[MTPHead]):
         graph.replay()
         return outputs
 
-    def capture(self, shapes: Iterable[tuple[int, int, int, int, int]]) -> list[tuple]:
-        """Capture now, so that traffic meets none, the selections of full trees (no ``total``) from pools
-        of these ``(requests, pool size, pool depth, root children, per-request cap)``; returns the keys
-        captured by this call."""
+    def capture(
+        self, shapes: Iterable[tuple[int, int, int, int, int]], *, budget: bool = False
+    ) -> list[tuple]:
+        """Capture now, so that traffic meets none, the selections of full trees from pools of these
+        ``(requests, pool size, pool depth, root children, per-request cap)``, under a budget that keeps
+        them whole or (``budget=False``) none; returns the keys captured by this call."""
         self._follow_cache()
         keys = [
-            (b, size, depth, children, cap, selection_size(size, b, cap, None, root_children=children)[0])
+            (
+                b,
+                size,
+                depth,
+                children,
+                cap,
+                selection_size(size, b, cap, None, root_children=children)[0],
+                budget,
+            )
             for b, size, depth, children, cap in shapes
         ]
         new = [key for key in keys if key not in self._graphs]
@@ -172,13 +183,14 @@ class SelectGraphs(CacheGraphs[MTPHead]):
             self._capture_select(key)
         return new
 
-    def _capture_select(self, key: tuple[int, int, int, int, int, int]) -> tuple:
-        num_requests, size, max_depth, root_children, per_request, num_kept = key
+    def _capture_select(self, key: tuple[int, int, int, int, int, int, bool]) -> tuple:
+        num_requests, size, max_depth, root_children, per_request, num_kept, budget = key
         static = _placeholder_pool(
             num_requests, size // num_requests, max_depth, root_children, self.owner.fc.device
         )
+        total = num_kept if budget else None  # selects what any budget keeping num_kept selects
         graph, outputs = self._capture(
-            lambda: select_tree(static, num_requests, per_request=per_request, total=num_kept)
+            lambda: select_tree(static, num_requests, per_request=per_request, total=total)
         )
         self._graphs[key] = (graph, static, outputs)
         return self._graphs[key]

@@ -213,10 +213,12 @@ def select_tree(
     pool: CandidatePool, num_requests: int, *, per_request: int, total: int | None = None
 ) -> tuple[torch.Tensor, TreeBatch, torch.Tensor]:
     """The verification forest: each request's pending token plus its best ``per_request`` drafts,
-    and at most ``total`` nodes over the batch (the budget) beyond the fairness floor (BOLE.md §5):
+    and with a budget at most ``total`` nodes over the batch beyond the fairness floor (BOLE.md §5):
     every request keeps its pending token and its children (the first draft level; the best
     ``per_request`` of them where fewer fit), whatever the budget, so that none falls back to plain
-    decoding for a step.
+    decoding for a step. Without a budget there is no floor: each request keeps its best drafts by rho
+    (the floor taken first there gave a cap of 4 drafts of top-4 trees the 4 children alone: mean
+    accepted tokens 1.97 instead of 3.48).
 
     Queues no device sync: every request drafted as many nodes, so how many survive is known on the
     host, and the forest is derived on the device with the host's bounds for its largest request and
@@ -234,8 +236,9 @@ def select_tree(
     position[grouped] = torch.arange(grouped.numel(), device=grouped.device)
     parents = pool.parents[grouped]
     parents = torch.where(parents >= 0, position[parents.clamp(min=0)], -1)
+    floor = depth <= 2 if total is not None else None  # the floor is against the budget only
     keep = select_nodes(
-        log_rho, depth, request, num_requests, per_request=per_request + 1, total=total, floor=depth <= 2
+        log_rho, depth, request, num_requests, per_request=per_request + 1, total=total, floor=floor
     )
     local_parents, cu_seqlens, kept = compact_forest(
         parents, request, num_requests, keep, num_kept=num_kept, check=False

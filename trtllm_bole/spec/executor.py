@@ -507,7 +507,7 @@ class Executor:
             branching, depth = self.bole.branching, self.bole.max_depth
             pool = pool_size(branching, depth)
             shapes = [(b, b * pool, depth + 1, branching, self.bole.draft_tokens) for b in sizes]
-            new += self.select_graphs.capture(shapes)
+            new += self.select_graphs.capture(shapes, budget=self.budget is not None)
         if self.step_graphs is not None:
             per_request = self.bole.draft_tokens + 1
             shapes = [(b, b * per_request, per_request) for b in sizes]
