@@ -251,7 +251,8 @@ def check_kv_shapes(
 
 
 ATTENTION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-"""Tree attention's dtypes on CUDA (the CPU's torch path also takes float64)."""
+"""What the tree-attention kernel takes (fp32 with IEEE dots, 16-bit on the tensor cores); the CPU's torch
+path also takes float64."""
 
 
 def check_attention(

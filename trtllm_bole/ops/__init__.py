@@ -553,9 +553,6 @@ def kv_commit(
     )
 
 
-"""What the tree-attention kernel takes (fp32 with IEEE dots, 16-bit on the tensor cores)."""
-
-
 def tree_attention(
     q: torch.Tensor,
     k: torch.Tensor,
