@@ -507,7 +507,7 @@ class Executor:
             branching, depth = self.bole.branching, self.bole.max_depth
             pool = pool_size(branching, depth)
             shapes = [(b, b * pool, depth + 1, branching, self.bole.draft_tokens) for b in sizes]
-            new += self.select_graphs.capture(shapes, budget=self.budget is not None)
+            new += self.select_graphs.capture(shapes, budget=self._budgeted)
         if self.step_graphs is not None:
             per_request = self.bole.draft_tokens + 1
             shapes = [(b, b * per_request, per_request) for b in sizes]
@@ -571,8 +571,13 @@ class Executor:
             self.model.device,
         )  # fmt: skip
 
+    @property
+    def _budgeted(self) -> bool:
+        """Whether steps select their trees under the budget table (only ``bole``'s do)."""
+        return self.bole.mode == "bole" and self.budget is not None
+
     def _budget(self, requests: list[Request]) -> int | None:
-        if self.bole.mode != "bole" or self.budget is None:
+        if not self._budgeted:
             return None
         context = max(r.context_len for r in requests)
         return self.budget.lookup(len(requests), context, epsilon=self.bole.epsilon)
