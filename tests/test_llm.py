@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from trtllm_bole import LLM, SamplingParams
+from trtllm_bole.serving import ServingEngine
 from trtllm_bole.testing import pools_settled
 
 
@@ -82,6 +83,46 @@ def test_stream_texts_join_up_to_generates_text_with_and_without_a_stop_string(l
     ids_text = llm.tokenizer.decode(whole.token_ids)
     assert ids_text.startswith(whole.text) and stop in ids_text
     assert stop not in llm.tokenizer.decode(whole.token_ids[:-1])
+
+
+def test_an_output_that_finishes_the_prompts_last_character_holds_that_character(llm):
+    """A prompt of token ids may end inside a character (an earlier output cut mid-emoji by
+    ``max_tokens``). Where the output's first byte finishes it, generate's text, the stream's and the
+    serving engine's hold the whole character (they read the output after the prompt's last whole
+    character), and a stop string holding it is met; decoded alone, the output began with U+FFFD."""
+    prompt = llm.encode("s = '\U0001f600")[:-1]  # the emoji's last byte cut off: three of its bytes left
+    assert llm.tokenizer.decode(prompt).endswith("'\ufffd")
+    for seed in range(400):  # the embedded model seldom writes a lone last byte: find a draw that does
+        params = SamplingParams(max_tokens=3, temperature=3.0, seed=seed)
+        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        if "\ufffd" not in llm.tokenizer.decode(prompt[-3:] + out.token_ids[:1]):
+            break
+    else:
+        raise AssertionError("no draw of 400 seeds finishes the prompt's character")
+    whole = llm.tokenizer.decode(prompt + out.token_ids)
+    assert out.text == whole[len("s = '") :] and out.text[0] != "\ufffd"
+    assert llm.tokenizer.decode(out.token_ids)[0] == "\ufffd"  # what the output's text was before
+    assert "".join(o.outputs[0].text for o in llm.generate_stream(prompt, params)) == out.text
+    stopped = llm.generate(
+        [prompt], SamplingParams(max_tokens=3, temperature=3.0, seed=seed, stop=[out.text[0]]), use_tqdm=False
+    )
+    assert (
+        stopped[0].outputs[0].finish_reason == "stop" and stopped[0].outputs[0].token_ids == out.token_ids[:1]
+    )
+    updates, done = [], threading.Event()
+
+    def on_update(update):
+        updates.append(update)
+        if update.finished:
+            done.set()
+
+    engine = ServingEngine.for_llm(LLM(max_batch_size=1, max_seq_len=48))
+    try:
+        engine.submit(prompt, params, on_update)
+        assert done.wait(60)
+    finally:
+        engine.close()
+    assert "".join(u.text for u in updates) == out.text
 
 
 def test_generate_leaves_nothing_queued_when_a_prompt_or_a_step_fails(llm, monkeypatch):

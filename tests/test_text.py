@@ -1,7 +1,7 @@
 """Stop strings and incremental text: several stop strings, a trailing half character at the end of a
 request, decoders that drop a leading space."""
 
-from trtllm_bole.text import TextDelta, cut_at_stop
+from trtllm_bole.text import TextDelta, cut_at_stop, output_text
 
 
 def test_the_text_is_cut_at_the_earliest_of_several_stop_strings():
@@ -51,3 +51,25 @@ def test_each_window_is_decoded_with_the_token_before_it():
     delta = TextDelta(decode)
     pieces = [delta(ids[:n], n == len(ids)) for n in range(1, len(ids) + 1)]
     assert "".join(pieces) == decode(ids) == "def f(x): return x"
+
+
+def test_the_output_is_read_after_the_prompts_last_whole_character():
+    """A prompt of token ids that ends inside a character: an output that finishes it holds the whole
+    character; one that does not leaves the prompt's U+FFFD with the prompt; a prompt whose text ends in a
+    real U+FFFD keeps it. The stream's pieces join up to the same text, tokens of no text between."""
+
+    def decode(ids):  # byte-level, and id 0 a special token
+        return bytes(i for i in ids if i).decode("utf-8", errors="replace")
+
+    emoji = list("\U0001f600".encode())
+    cases = [
+        (list(b"s = '") + emoji[:2], [0, *emoji[2:], *b"'"], "\U0001f600'"),
+        (list(b"s = '") + emoji[:2], list(b"x"), "x"),
+        (list("ab\ufffd".encode()), list(b"x"), "x"),
+        ([], [*emoji[1:], *b"x"], "\ufffd" * 3 + "x"),  # the output starts mid-character
+    ]
+    for prompt, output, text in cases:
+        assert output_text(decode, prompt, output) == text
+        delta = TextDelta(decode, prompt_ids=prompt)
+        pieces = [delta(output[:n], n == len(output)) for n in range(1, len(output) + 1)]
+        assert "".join(pieces) == text and all(not p.endswith("\ufffd") for p in pieces[:-1])

@@ -28,7 +28,7 @@ from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor, no_mtp_error, token_id
 from trtllm_bole.spec.scheduler import MAX_PREFILL_TOKENS, MIN_SEQ_LEN, Request, SpecStats, check_limits
-from trtllm_bole.text import TextDelta, Tokenizer, cut_at_stop
+from trtllm_bole.text import TextDelta, Tokenizer, cut_at_stop, output_text
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "qwen35-code-tiny"
 """The embedded default: a small Qwen3.5-architecture model trained on Python code (model card in
@@ -196,7 +196,7 @@ class LLM:
         prompt_ids = self.encode(prompts[0])
         with self._lock:
             request = self.executor.submit(prompt_ids, params)
-        text = TextDelta(self.tokenizer.decode if self.tokenizer else None, params.stop)
+        text = TextDelta(self.tokenizer.decode if self.tokenizer else None, params.stop, prompt_ids)
         sent = 0
         try:
             while True:
@@ -328,7 +328,11 @@ class LLM:
         """The request's output: its whole text (cut at the first stop string) and tokens, or a
         stream's ``delta`` of them."""
         if delta is None:
-            text = self.tokenizer.decode(request.output_ids) if self.tokenizer else ""
+            text = (
+                output_text(self.tokenizer.decode, request.prompt_ids, request.output_ids)
+                if self.tokenizer
+                else ""
+            )
             delta = cut_at_stop(text, request.params.stop), list(request.output_ids)
         return RequestOutput(
             request.request_id,

@@ -53,6 +53,29 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[: min((text.index(s) for s in stop if s in text), default=len(text))]
 
 
+LEAD_TOKENS = 4
+"""Prompt tokens an output's text is decoded after: a character's unfinished bytes span at most three."""
+
+
+def text_after(decode: Callable[[list[int]], str], lead: list[int], ids: list[int]) -> str | None:
+    """The text ``ids`` add to the tokens ``lead`` decoded before them. Where ``lead`` ends inside a
+    character (its text ends in U+FFFD) and ``ids`` finish it, the character is theirs: their text starts
+    after the lead's last whole character. None when the decoder rewrote the lead's text otherwise."""
+    before = decode(lead)
+    after = decode(lead + ids)
+    for head in (before, before.removesuffix("\ufffd")):
+        if after.startswith(head):
+            return after[len(head) :]
+    return None
+
+
+def output_text(decode: Callable[[list[int]], str], prompt_ids: list[int], output_ids: list[int]) -> str:
+    """A request's output as text, read after its prompt: a prompt of token ids may end inside a
+    character (an earlier output cut mid-emoji by ``max_tokens``) that the output's first bytes finish."""
+    text = text_after(decode, prompt_ids[-LEAD_TOKENS:], output_ids)
+    return decode(output_ids) if text is None else text
+
+
 class TextDelta:
     """Incremental detokenization that hands out only new text, decoding a short window per update.
 
@@ -60,14 +83,21 @@ class TextDelta:
     before them, whose context a merge may need). Text that may still change is held back until the
     request finishes: a trailing U+FFFD (a multi-byte character cut between tokens) and a tail that
     could be the start of a stop string; on finish the text is cut at the first stop string, as
-    :meth:`LLM.generate` cuts it.
+    :meth:`LLM.generate` cuts it. The first window starts in the prompt's last tokens, so the output's
+    text reads as :func:`output_text` reads it.
     """
 
-    def __init__(self, decode: Callable[[list[int]], str] | None, stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        decode: Callable[[list[int]], str] | None,
+        stop: Sequence[str] = (),
+        prompt_ids: Sequence[int] = (),
+    ) -> None:
         self.decode = decode
         self.stop = [s for s in stop if s]
+        self.lead = list(prompt_ids[-LEAD_TOKENS:])  # the output's text is read after them (output_text)
         self.text = ""  # the decoded output_ids[: self.read]
-        self.prefix = 0  # where the decoding window starts: the previous settled point
+        self.prefix = -len(self.lead)  # where the decoding window starts: the previous settled point
         self.read = 0
         self.sent = 0  # characters of self.text already handed out
 
@@ -75,13 +105,13 @@ class TextDelta:
         if self.decode is None:
             return ""
         if len(output_ids) > self.read:
-            before = self.decode(output_ids[self.prefix : self.read])
-            after = self.decode(output_ids[self.prefix :])
-            if finished or not after.endswith("\ufffd"):
-                if after.startswith(before):
-                    self.text += after[len(before) :]
-                else:  # the decoder rewrote earlier text: start over from the whole output
-                    self.text = self.decode(output_ids)
+            settled = self.lead[self.prefix :] if self.prefix < 0 else output_ids[self.prefix : self.read]
+            piece = text_after(self.decode, settled, output_ids[self.read :])
+            whole = piece is None  # the decoder rewrote text before the new tokens: decode all again
+            if whole:
+                piece = output_text(self.decode, self.lead, output_ids)
+            if finished or (piece and not piece.endswith("\ufffd")):
+                self.text = piece if whole else self.text + piece
                 self.prefix, self.read = self.read, len(output_ids)
         text = cut_at_stop(self.text, self.stop)
         if not finished:

@@ -1483,8 +1483,8 @@ MUTANTS = [
     Mutant(
         "X2",
         "trtllm_bole/text.py",
-        'if finished or not after.endswith("\\ufffd"):',
-        'if not after.endswith("\\ufffd"):',
+        'if finished or (piece and not piece.endswith("\\ufffd")):',
+        'if piece and not piece.endswith("\\ufffd"):',
         [
             "tests/test_text.py",
             "tests/serving/test_serving_engine.py",
@@ -2257,7 +2257,7 @@ MUTANTS = [
     Mutant(
         "SW1",
         "trtllm_bole/spec/executor.py",
-        "        if len(decode(output_ids[-window:-1])) >= longest + 8 or window >= len(output_ids):",
+        "        if len(decode(output_ids[-window:-1])) >= longest + 8:",
         "        if True:",
         ["tests/spec/test_executor.py::test_stop_strings_split_by_tokens_of_no_text_are_found"],
     ),
@@ -2744,8 +2744,8 @@ MUTANTS = [
     Mutant(
         "TX1",
         "trtllm_bole/spec/executor.py",
-        '                text = text.lstrip("\\ufffd")\n',
-        "",
+        'text = decode(output_ids[-window:]).lstrip("\\ufffd")',
+        "text = decode(output_ids[-window:])",
         ["tests/spec/test_executor.py", "-k", "mid_character"],
     ),
     Mutant(
@@ -2768,6 +2768,42 @@ MUTANTS = [
         '                prompt.encode("utf-8")\n',
         '                prompt.encode("utf-8", errors="surrogatepass")\n',
         ["tests/test_llm.py", "-k", "surrogate"],
+    ),
+    # An output read after its prompt's last whole character (2026-12-05).
+    Mutant(
+        "TX5",
+        "trtllm_bole/text.py",
+        '    for head in (before, before.removesuffix("\\ufffd")):',
+        "    for head in (before,):",
+        ["tests/test_text.py", "-k", "whole_character"],
+    ),
+    Mutant(
+        "TX6",
+        "trtllm_bole/llm.py",
+        "output_text(self.tokenizer.decode, request.prompt_ids, request.output_ids)",
+        "self.tokenizer.decode(request.output_ids)",
+        ["tests/test_llm.py", "-k", "finishes_the_prompts"],
+    ),
+    Mutant(
+        "TX7",
+        "trtllm_bole/llm.py",
+        "params.stop, prompt_ids)",
+        "params.stop)",
+        ["tests/test_llm.py", "-k", "finishes_the_prompts"],
+    ),
+    Mutant(
+        "TX8",
+        "trtllm_bole/serving/engine.py",
+        "TextDelta(self.decode, params.stop, prompt_ids)",
+        "TextDelta(self.decode, params.stop)",
+        ["tests/test_llm.py", "-k", "finishes_the_prompts"],
+    ),
+    Mutant(
+        "TX9",
+        "trtllm_bole/spec/executor.py",
+        "self.decode_text, request.prompt_ids, request.output_ids, params.stop",
+        "self.decode_text, [], request.output_ids, params.stop",
+        ["tests/test_llm.py", "-k", "finishes_the_prompts"],
     ),
     Mutant(
         "FL6",

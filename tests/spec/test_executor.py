@@ -695,9 +695,9 @@ def test_stop_strings_are_found_in_a_byte_level_tail_of_the_output():
     body = list(b"x = 1; ") * 40
     for stop in ("\n\n", "§§", "def"):  # two 1-byte characters, two 2-byte ones, three 1-byte ones
         ids = body + list(stop.encode())
-        assert _ends_in_stop(decode, ids, ["never", stop])
-        assert not _ends_in_stop(decode, ids[:-1], [stop])
-    assert not _ends_in_stop(decode, list(b"\n\n") + body, ["\n\n"])  # an old match ended an old step
+        assert _ends_in_stop(decode, [], ids, ["never", stop])
+        assert not _ends_in_stop(decode, [], ids[:-1], [stop])
+    assert not _ends_in_stop(decode, [], list(b"\n\n") + body, ["\n\n"])  # an old match ended an old step
 
 
 def test_stop_strings_split_by_tokens_of_no_text_are_found():
@@ -708,14 +708,14 @@ def test_stop_strings_split_by_tokens_of_no_text_are_found():
         return bytes(i for i in ids if i).decode("utf-8", errors="replace")
 
     ids = list(b"x = 1; ") * 10 + list(b"a") + [0] * 40 + list(b"b")
-    assert _ends_in_stop(decode, ids, ["ab"]) and not _ends_in_stop(decode, ids, ["ba"])
-    assert not _ends_in_stop(decode, ids[:-1], ["ab"]) and _ends_in_stop(
-        decode, [0] * 9 + list(b"ab"), ["ab"]
+    assert _ends_in_stop(decode, [], ids, ["ab"]) and not _ends_in_stop(decode, [], ids, ["ba"])
+    assert not _ends_in_stop(decode, [], ids[:-1], ["ab"]) and _ends_in_stop(
+        decode, [], [0] * 9 + list(b"ab"), ["ab"]
     )
     # The window is widened until the text before the last token can hold the stop's start: a last
     # token long enough on its own (a 66-character token) ended the widening with the start left out.
     texts = {0: "", 1: "x", 2: "#" + "-" * 65}
-    assert _ends_in_stop(lambda ids: "".join(texts[i] for i in ids), [1] + [0] * 19 + [2], ["x#-"])
+    assert _ends_in_stop(lambda ids: "".join(texts[i] for i in ids), [], [1] + [0] * 19 + [2], ["x#-"])
 
 
 def test_a_window_cut_mid_character_matches_no_replacement_character():
@@ -727,8 +727,8 @@ def test_a_window_cut_mid_character_matches_no_replacement_character():
 
     ids = list("😀".encode()) + list(b"x") * 11  # the window: 12 tokens, the emoji's last byte first
     assert "\ufffd" not in decode(ids) and decode(ids[-12:]).startswith("\ufffd")
-    assert not _ends_in_stop(decode, ids, ["\ufffd"])
-    assert _ends_in_stop(decode, list(b"xy") * 8 + [0xFF], ["\ufffd"])  # one in the text itself
+    assert not _ends_in_stop(decode, [], ids, ["\ufffd"])
+    assert _ends_in_stop(decode, [], list(b"xy") * 8 + [0xFF], ["\ufffd"])  # one in the text itself
 
 
 @pytest.mark.parametrize(

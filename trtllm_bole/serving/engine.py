@@ -193,7 +193,7 @@ class ServingEngine:
         batch or next in line for it (every ``WAITING_POLL_S`` further back in the queue) and aborts the
         request when it returns true. Raises :class:`RuntimeError` once the engine is closed, or while
         ``max_queue_size`` requests wait (retry later)."""
-        live = _Live(0, on_update, is_cancelled, TextDelta(self.decode, params.stop))
+        live = _Live(0, on_update, is_cancelled, TextDelta(self.decode, params.stop, prompt_ids))
         with self._cv:
             if self._closing or not self.alive:
                 self._rejected["shut_down"] += 1

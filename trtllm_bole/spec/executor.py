@@ -61,7 +61,7 @@ from trtllm_bole.spec.scheduler import (
     prefill_rounds,
 )
 from trtllm_bole.spec.verify_graphs import MTPGraphs, StepGraphs
-from trtllm_bole.text import stops_never_met
+from trtllm_bole.text import output_text, stops_never_met
 from trtllm_bole.transfer import HostCopy, device_tensor, to_device
 from trtllm_bole.tree import TreeBatch
 
@@ -600,7 +600,9 @@ class Executor:
                 break
             emitted.append(token)
             request.output_ids.append(token)
-            if params.stop and _ends_in_stop(self.decode_text, request.output_ids, params.stop):
+            if params.stop and _ends_in_stop(
+                self.decode_text, request.prompt_ids, request.output_ids, params.stop
+            ):
                 reason = "stop"
                 break
             if len(request.output_ids) >= runtime.max_new:
@@ -615,19 +617,23 @@ def _all_greedy(requests: list[Request]) -> bool:
     return all(r.params.temperature <= 0 for r in requests)
 
 
-def _ends_in_stop(decode: Callable[[list[int]], str], output_ids: list[int], stop: list[str]) -> bool:
+def _ends_in_stop(
+    decode: Callable[[list[int]], str], prompt_ids: list[int], output_ids: list[int], stop: list[str]
+) -> bool:
     """Whether the text now holds a stop string. Checked after every token, so a new match ends in the
     last token: only a tail that can hold the longest stop string is decoded (a character takes at
     most 4 byte-level tokens; 8 more keep a tokenizer's cleanup at the window's start clear of it),
     not the whole output, which would cost O(length) a token on the engine thread. Tokens that decode
     to no text (special ones, skipped) widen the window until its text before the last token is that
-    long."""
+    long; a window that reaches the output's start reads it as :func:`output_text` does."""
     longest = max(map(len, stop))
     window = 4 * longest + 8
-    while True:  # a new match ends in the last token, so it starts in the text before it
-        if len(decode(output_ids[-window:-1])) >= longest + 8 or window >= len(output_ids):
-            text = decode(output_ids[-window:])
-            if window < len(output_ids):  # a window from mid-character decodes its first bytes as U+FFFD
-                text = text.lstrip("\ufffd")
-            return any(s in text for s in stop)
+    while window < len(output_ids):  # a new match ends in the last token, so it starts in the text before it
+        if len(decode(output_ids[-window:-1])) >= longest + 8:
+            # A window from mid-character decodes its first bytes as U+FFFD.
+            text = decode(output_ids[-window:]).lstrip("\ufffd")
+            break
         window *= 2
+    else:
+        text = output_text(decode, prompt_ids, output_ids)
+    return any(s in text for s in stop)
