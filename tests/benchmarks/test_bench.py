@@ -59,14 +59,18 @@ def test_throughput_bench_reports_and_checks_exactness(tmp_path, checkpoint):
 
 
 def test_acceptance_eval_checks_every_shape_against_plain_decoding(tmp_path):
+    """Also a floor under the MAT curve: 4 drafts of a top-4 tree accept more than 2 tokens a step only
+    when the selection reaches past the root's children; ranking those first without a budget (session
+    43's fairness floor, FL6) held the embedded model at MAT 2.0 or less there, and no test saw it."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "eval_acceptance.py"), "--prompts", "2",
-           "--max-tokens", "6", "--curve", "2", "--out", str(tmp_path)]  # fmt: skip
+           "--max-tokens", "16", "--curve", "4", "--out", str(tmp_path)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     result = json.loads((tmp_path / "acceptance_cpu.json").read_text())
     assert result["dtype"] == "float32" and result["prompts"] == 2  # what auto resolved to
     assert all(r["identical_to_ar"] for r in result["rows"]) and len(result["rows"]) == 7
     assert all(r["mean_accepted_tokens"] >= 1.0 for r in result["rows"])
-    assert set(result["mat_by_draft_tokens"]) == {"2"} and result["mat_curve_withheld"] == {}
+    assert set(result["mat_by_draft_tokens"]) == {"4"} and result["mat_curve_withheld"] == {}
+    assert result["mat_by_draft_tokens"]["4"] > 2.0  # 2.73 at 5b83cfa
 
 
 def test_divergence_names_the_first_differing_token():

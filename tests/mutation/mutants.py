@@ -2812,4 +2812,11 @@ MUTANTS = [
         "    floor = depth <= 2",
         ["tests/spec/test_tree_select.py"],
     ),
+    Mutant(  # FL6 again, seen end to end: the acceptance eval's floor under the MAT curve
+        "FL7",
+        "trtllm_bole/spec/drafter.py",
+        "    floor = depth <= 2 if total is not None else None",
+        "    floor = depth <= 2",
+        ["tests/benchmarks/test_bench.py", "-k", "acceptance_eval_checks"],
+    ),
 ]
