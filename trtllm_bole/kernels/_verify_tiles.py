@@ -51,7 +51,8 @@ def _unit_lower_inverse(a, BT: tl.constexpr, PREC: tl.constexpr):
     ``log2 BT - 1`` others two each, on the bounded entries of exact inverses. The power series
     ``(I + A)(I + A²)(I + A⁴)…`` it replaces is the same polynomial, but ``A^m`` on a chain sums
     ``C(n - 1, m - 1)`` paths: on 32 nodes of near-identical keys with β near 1 its fp32 rounding reached
-    the size of the result (tests/kernels/test_verify_stability.py)."""
+    the size of the result (tests/kernels/test_verify_stability.py). Only the entries below the diagonal
+    are read (the callers' masks keep ``A`` as the math writes it)."""
     o_r = tl.arange(0, BT)[:, None]
     o_c = tl.arange(0, BT)[None, :]
     tl.static_assert(BT <= 128)
