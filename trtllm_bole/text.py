@@ -97,7 +97,7 @@ class TextDelta:
         self.stop = [s for s in stop if s]
         self.lead = list(prompt_ids[-LEAD_TOKENS:])  # the output's text is read after them (output_text)
         self.text = ""  # the decoded output_ids[: self.read]
-        self.prefix = -len(self.lead)  # where the decoding window starts: the previous settled point
+        self.prefix = -len(self.lead)  # where the decoding window starts: the last settled point (< 0: lead)
         self.read = 0
         self.sent = 0  # characters of self.text already handed out
 
