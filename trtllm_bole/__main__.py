@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-prefill-tokens", type=int, default=MAX_PREFILL_TOKENS,
         help="prompt tokens a target forward prefills at most (a longer prompt takes several)",
     )  # fmt: skip
-    gen.add_argument("--device", default="cpu", help="cpu or cuda")
+    gen.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     gen.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
         help="auto: float32 on CPU, bfloat16 on CUDA",
