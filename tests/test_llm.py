@@ -205,6 +205,8 @@ def test_generate_from_several_threads(llm):
         (lambda llm: SamplingParams(stop=[""]), "at least 1 character"),
         (lambda llm: SamplingParams(max_tokens=True), "max_tokens\n.*integers, not booleans: got True"),
         (lambda llm: SamplingParams(stop_token_ids=[3, False]), "stop_token_ids\n.*not booleans"),
+        (lambda llm: SamplingParams(temperature=True), "temperature\n.*numbers, not booleans: got True"),
+        (lambda llm: SamplingParams(top_p=True), "top_p\n.*numbers, not booleans: got True"),
         # In float32 (the sampling kernels' settings) 1e-46 read 0 and kept no token: every draw was the
         # last token id; 1e39 read inf and tied every scaled logit, so top_k kept the whole vocabulary.
         (
@@ -286,6 +288,16 @@ def test_a_stream_closed_while_another_steps_ends_with_that_step(llm, monkeypatc
 def test_an_empty_stream_prompt_is_one_refused_request(llm):
     (out,) = list(llm.generate_stream([]))
     assert out.finished and out.outputs[0].finish_reason == "error" and "empty prompt" in out.error
+
+
+def test_ids_no_tokenizer_can_hold_are_one_refused_request_and_the_others_served(llm):
+    """-5 and 2**40 raised the tokenizer's OverflowError from generate's outputs, after the batch ran."""
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    for bad in (-5, 2**40, 99999):
+        refused, served = llm.generate([[1, 2, bad], [1, 2, 3]], params, use_tqdm=False)
+        assert refused.outputs[0].finish_reason == "error" and f"token ids [{bad}]" in refused.error
+        assert refused.outputs[0].text == "" and refused.prompt_token_ids == [1, 2, bad]
+        assert served.error is None and len(served.outputs[0].token_ids) == 3
 
 
 def test_a_stream_of_a_one_prompt_list_reports_its_prompt_as_generate_does(llm):

@@ -343,7 +343,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine-dir", default="", help="engine or checkpoint dir (default: the embedded model)")
     p.add_argument("--mode", default="", choices=["", "ar", "chain", "tree-serial", "bole"],
                    help="speculative mode (default: bole)")  # fmt: skip
-    p.add_argument("--max-depth", default="", help="draft tree depth (default: the engine's, else 8)")
+    p.add_argument(
+        "--max-depth",
+        default="",
+        help="draft tree depth (default: the engine's, else 8; --max-nodes where fewer)",
+    )
     p.add_argument(
         "--max-nodes", default="", help="draft tokens per request and step (default: the engine's, else 63)"
     )

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "--depth",
         type=int,
         default=None,
-        help="draft tree depth (unset: the engine's, else 8 or --max-nodes if fewer)",
+        help="draft tree depth (unset: the engine's, else 8; --max-nodes where fewer)",
     )
     gen.add_argument(
         "--max-nodes", type=int, default=None,

@@ -8,7 +8,15 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -48,9 +56,11 @@ class SamplingParams(BaseModel):
         lt=2**64,  # torch.Generator's range
         description="Per-request RNG seed, read modulo 2**64 (-1 and 2**64 - 1 are one seed; on the CPU, "
         "whose generator takes 32 bits, seeds from 2**32 on are mixed down to 32): the same request, "
-        "served with the same drafts, samples the same tokens. Speculation draws a coin per draft it "
-        "tries, so under a batch-shared budget (whose trees depend on the batch) or another mode the "
-        "draws, and so the tokens, can differ; each is still a sample of the target distribution.",
+        "served with the same drafts in the same batch, samples the same tokens. Its coins do not depend "
+        "on the batch, but the logits they are compared with may round differently in another batch (a "
+        "verify's matmuls over more rows: ~1e-5 in float32), and speculation draws a coin per draft it "
+        "tries, so in another batch, under a batch-shared budget (whose trees depend on the batch) or in "
+        "another mode the tokens can differ; each is still a sample of the target distribution.",
     )
     stop_token_ids: list[int] = Field(
         default_factory=list, description="Stop at any of these tokens (not included in the output)."
@@ -63,14 +73,15 @@ class SamplingParams(BaseModel):
     )
     ignore_eos: bool = Field(False, description="Keep generating past the tokenizer's end-of-text token.")
 
-    @field_validator("max_tokens", "top_k", "seed", "stop_token_ids", mode="before")
+    @field_validator("max_tokens", "top_k", "seed", "stop_token_ids", "temperature", "top_p", mode="before")
     @classmethod
-    def _no_bools_for_integers(cls, value: object) -> object:
-        """``True`` is an int to Python and to pydantic's lax mode (``max_tokens=True`` was one token):
-        refused, as the server refuses a BOOL tensor or parameter for these fields."""
+    def _no_bools(cls, value: object, info: ValidationInfo) -> object:
+        """``True`` is a number to Python and to pydantic's lax mode (``max_tokens=True`` was one token,
+        ``temperature=True`` sampling at 1): refused, as the server refuses a BOOL tensor or parameter."""
         items = value if isinstance(value, list | tuple) else [value]
         if any(isinstance(v, bool) for v in items):
-            raise ValueError(f"takes integers, not booleans: got {value!r}")
+            kind = "numbers" if info.field_name in ("temperature", "top_p") else "integers"
+            raise ValueError(f"takes {kind}, not booleans: got {value!r}")
         return value
 
     @field_validator("temperature")
@@ -98,10 +109,10 @@ class SamplingParams(BaseModel):
 DEFAULT_MAX_DEPTH = 8
 
 
-def _default_depth(mode: str | None, max_nodes: int | None) -> int:
-    """The default ``max_depth``: a chain's is 8 (``max_nodes`` bounds trees, not chains); a tree's fits its
-    ``max_nodes``, so that ``BoleConfig(max_nodes=3)`` is valid."""
-    return DEFAULT_MAX_DEPTH if mode == "chain" or max_nodes is None else min(DEFAULT_MAX_DEPTH, max_nodes)
+def default_depth(mode: str | None, max_nodes: int | None, deepest: int = DEFAULT_MAX_DEPTH) -> int:
+    """The ``max_depth`` left unset: a chain's is ``deepest`` (8, or an engine's; ``max_nodes`` bounds trees,
+    not chains); a tree's fits its ``max_nodes``, so that ``BoleConfig(max_nodes=3)`` is valid."""
+    return deepest if mode == "chain" or max_nodes is None else min(deepest, max_nodes)
 
 
 class BoleConfig(BaseModel):
@@ -133,9 +144,10 @@ class BoleConfig(BaseModel):
         "which is already 1.2-1.3x slower at 64 nodes on the H200).",
     )
     # After max_nodes, whose value its default reads. Left unset it is not in model_fields_set, so an
-    # engine's own depth replaces it (BoleConfig(max_nodes=3) for an engine of depth 2 is depth 2).
+    # engine's own depth replaces it, as far as max_nodes reaches (BoleConfig(max_nodes=3) for an engine of
+    # depth 2 is depth 2, for one of depth 8 depth 3).
     max_depth: int = Field(
-        default_factory=lambda given: _default_depth(given.get("mode"), given.get("max_nodes")),
+        default_factory=lambda given: default_depth(given.get("mode"), given.get("max_nodes")),
         ge=1,
         le=15,
         description=f"Draft tokens on the longest path of a tree (default {DEFAULT_MAX_DEPTH}, or max_nodes "

@@ -328,9 +328,10 @@ class LLM:
         """The request's output: its whole text (cut at the first stop string) and tokens, or a
         stream's ``delta`` of them."""
         if delta is None:
+            # No output, no decode: a refused prompt keeps ids the tokenizer cannot take (-5, 2**40).
             text = (
                 output_text(self.tokenizer.decode, request.prompt_ids, request.output_ids)
-                if self.tokenizer
+                if self.tokenizer and request.output_ids
                 else ""
             )
             delta = cut_at_stop(text, request.params.stop), list(request.output_ids)

@@ -383,6 +383,8 @@ def test_draft_settings_left_unset_take_the_engines(tmp_path):
     assert (narrow.mode, narrow.max_depth, narrow.max_nodes, narrow.top_k) == ("bole", 2, 3, 2)
     few = LLM(path, speculative_config=BoleConfig(max_nodes=3)).speculative_config  # was "at least (8)"
     assert (few.max_depth, few.max_nodes) == (2, 3)
+    one = LLM(path, speculative_config=BoleConfig(max_nodes=1)).speculative_config  # was "at least (2)"
+    assert (one.max_depth, one.max_nodes) == (1, 1)
     with pytest.raises(ValueError, match=r"max_draft_nodes 4 exceeds the engine's 3"):
         LLM(path, speculative_config=BoleConfig(max_depth=2, max_nodes=4))
     cli = subprocess.run(

@@ -2508,8 +2508,8 @@ MUTANTS = [
     Mutant(
         "DD1",
         "trtllm_bole/config.py",
-        "else min(DEFAULT_MAX_DEPTH, max_nodes)",
-        "else DEFAULT_MAX_DEPTH",
+        "else min(deepest, max_nodes)",
+        "else deepest",
         [
             "tests/test_llm_settings.py",
             "tests/engine/test_build.py::test_draft_settings_left_unset_take_the_engines",
@@ -2820,5 +2820,26 @@ MUTANTS = [
         "    floor = depth <= 2 if total is not None else None",
         "    floor = depth <= 2",
         ["tests/benchmarks/test_bench.py", "-k", "acceptance_eval_checks"],
+    ),
+    Mutant(
+        "RV1",
+        "trtllm_bole/llm.py",
+        "                if self.tokenizer and request.output_ids",
+        "                if self.tokenizer",
+        ["tests/test_llm.py", "-k", "no_tokenizer_can_hold"],
+    ),
+    Mutant(
+        "RV2",
+        "trtllm_bole/config.py",
+        '"stop_token_ids", "temperature", "top_p", mode="before")',
+        '"stop_token_ids", mode="before")',
+        ["tests/test_llm.py", "-k", "bad_inputs_are_refused"],
+    ),
+    Mutant(
+        "RV3",
+        "trtllm_bole/engine/load.py",
+        '"max_depth": default_depth(given.get("mode"), nodes, b["max_draft_depth"]),',
+        '"max_depth": b["max_draft_depth"],',
+        ["tests/engine/test_build.py::test_draft_settings_left_unset_take_the_engines"],
     ),
 ]

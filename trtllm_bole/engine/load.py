@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from trtllm_bole.config import BoleConfig
+from trtllm_bole.config import BoleConfig, default_depth
 from trtllm_bole.engine import format as fmt
 from trtllm_bole.models.config import Qwen35Config, load_config, load_json
 from trtllm_bole.models.model import Qwen35Model
@@ -92,7 +92,11 @@ class Engine:
                 f"dtype at 'auto' (the engine's) or rebuild the engine with --dtype {dtype}"
             )
         given = bole.model_dump(include=bole.model_fields_set) if bole else {}
-        engine = {"max_depth": b["max_draft_depth"], "max_nodes": b["max_draft_nodes"]}
+        nodes = given.get("max_nodes", b["max_draft_nodes"])
+        engine = {
+            "max_depth": default_depth(given.get("mode"), nodes, b["max_draft_depth"]),
+            "max_nodes": b["max_draft_nodes"],
+        }
         bole = BoleConfig(**{**engine, **given})
         asked = {
             "max_batch_size": b["max_batch_size"] if max_batch_size is None else max_batch_size,
