@@ -769,8 +769,8 @@ MUTANTS = [
     Mutant(
         "O6",
         "trtllm_bole/kernels/_common.py",
-        '    if hv % h:\n        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")\n    return',
-        '    if False:\n        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")\n    return',
+        '    if h == 0 or hv % h:\n        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}, at least one")\n    return',
+        '    if h == 0:\n        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}, at least one")\n    return',
         ["tests/ops/test_validation.py", "tests/ops/test_library.py"],
     ),
     Mutant(
@@ -989,8 +989,8 @@ MUTANTS = [
     Mutant(
         "N8",
         "trtllm_bole/reference/norms.py",
-        "g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)",
-        "g = -a_log.float() * F.softplus(a.float() + dt_bias)",
+        "g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())",
+        "g = -a_log.float() * F.softplus(a.float() + dt_bias.float())",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",
@@ -1001,8 +1001,8 @@ MUTANTS = [
     Mutant(
         "N9",
         "trtllm_bole/reference/norms.py",
-        "g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)",
-        "g = -a_log.float().exp() * F.softplus(a.float() - dt_bias)",
+        "g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())",
+        "g = -a_log.float().exp() * F.softplus(a.float() - dt_bias.float())",
         [
             "tests/models/test_vs_transformers.py",
             "tests/models/test_tree_verify.py",
@@ -2841,5 +2841,47 @@ MUTANTS = [
         '"max_depth": default_depth(given.get("mode"), nodes, b["max_draft_depth"]),',
         '"max_depth": b["max_draft_depth"],',
         ["tests/engine/test_build.py::test_draft_settings_left_unset_take_the_engines"],
+    ),
+    Mutant(
+        "RV4",
+        "trtllm_bole/ops/__init__.py",
+        "    check_sequences(q, k, v, g, beta, initial_state)\n",
+        "",
+        ["tests/ops/test_validation.py", "-k", "sequences"],
+    ),
+    Mutant(
+        "RV5",
+        "trtllm_bole/ops/checks.py",
+        "    if initial_state.shape[0] != batch:",
+        "    if False:",
+        ["tests/ops/test_validation.py", "-k", "sequences"],
+    ),
+    Mutant(
+        "RV6",
+        "trtllm_bole/kernels/_common.py",
+        "    check_floating(k_cache=k_cache, v_cache=v_cache, new_k=new_k, new_v=new_v)\n",
+        "",
+        ["tests/ops/test_validation.py", "-k", "kv_commit"],
+    ),
+    Mutant(
+        "RV7",
+        "trtllm_bole/kernels/_common.py",
+        "    check_floating(conv_state=conv_state, x=x)\n",
+        "",
+        ["tests/ops/test_validation.py", "-k", "conv"],
+    ),
+    Mutant(
+        "RV8",
+        "trtllm_bole/reference/norms.py",
+        "F.softplus(a.float() + dt_bias.float())",
+        "F.softplus(a.float() + dt_bias)",
+        ["tests/ops/test_library.py", "-k", "gdn_inputs_gates"],
+    ),
+    Mutant(
+        "RV9",
+        "trtllm_bole/kernels/_common.py",
+        '    if h == 0 or hv % h:\n        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}, at least one")\n    return',
+        '    if hv % h:\n        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}, at least one")\n    return',
+        ["tests/ops/test_validation.py", "-k", "verify_rejects"],
     ),
 ]

@@ -205,6 +205,21 @@ def test_outputs_are_row_major_whatever_the_inputs_layout(case):
     torch.library.opcheck(library.tree_conv1d, (*conv, torch.randn(2, 6, 3, device=DEVICE), *tree_args(tree)))
 
 
+def test_gdn_inputs_gates_are_float32_whatever_the_parameters_dtype():
+    """A float64 dt_bias once promoted the CPU side's g to float64, where the fake and the kernel say
+    float32."""
+    n, hv = 3, 2
+    qk, a, b = (
+        torch.randn(n, 8, device=DEVICE),
+        torch.randn(n, hv, device=DEVICE),
+        torch.randn(n, hv, device=DEVICE),
+    )
+    params = (torch.randn(hv, dtype=torch.float64, device=DEVICE) for _ in range(2))  # A_log, dt_bias
+    args = (qk, a, b, *params, 1)
+    torch.library.opcheck(library.gdn_inputs, args)
+    assert ops.gdn_inputs(*args)[2].dtype == torch.float32
+
+
 @pytest.mark.parametrize(
     "logits_dtype, settings_dtype",
     [(torch.float64, torch.float64), (torch.float32, torch.float64)],

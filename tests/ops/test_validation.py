@@ -33,12 +33,57 @@ def verify(x, tree, **overrides):
         (lambda x: {"v": x.v.int()}, "v must be float32, bfloat16, float16 or float64, got torch.int32"),
         (lambda x: {"state": x.state[:1]}, "state holds 1 slots but the tree has 2 requests"),
         (lambda x: {"q": x.q.bfloat16()}, "q and k must share a dtype"),
+        (
+            lambda x: {"q": x.q[:, :0], "k": x.k[:, :0]},
+            "key heads H=0, at least one",
+        ),  # was ZeroDivisionError
     ],
 )
 def test_verify_rejects(case, override, match):
     tree, x = case
     with pytest.raises(ValueError, match=match):
         verify(x, tree, **override(x))
+
+
+def sequences(x, **overrides):
+    """The case's 7 nodes as one sequence of 7 tokens through ``ops.chunk_gated_delta_rule``."""
+    args = {name: getattr(x, name)[None] for name in ("q", "k", "v", "g", "beta")}
+    args["initial_state"] = x.state[:1]
+    args.update(overrides)
+    return ops.chunk_gated_delta_rule(**args, scale=x.scale)
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [  # these shapes broadcast (one gate or state shared by every head or sequence) or failed unnamed
+        (lambda x: {"g": x.g[None, :, :1]}, r"g must be \[B=1, L=7, HV=4\]"),
+        (lambda x: {"beta": x.beta[None, :, :1]}, r"beta must be \[B=1, L=7, HV=4\]"),
+        (lambda x: {"initial_state": x.state[0]}, r"state must be float32 or float64 \[S, HV=4"),
+        (lambda x: {"initial_state": x.state}, r"initial_state must be \[B=1, HV, dk, dv\]"),
+        (lambda x: {"k": x.k[:, None]}, r"q, k must be \[B, L, H, dk\]"),
+        (lambda x: {"v": x.v[None, :, :1], "g": x.g[None, :, :1], "beta": x.beta[None, :, :1]}, "multiple"),
+        (
+            lambda x: {n: getattr(x, n)[None, :0] for n in ("q", "k", "v", "g", "beta")},
+            r"no tokens \(L = 0\)",
+        ),
+        (lambda x: {"v": x.v[None].int()}, "v must be float32, bfloat16, float16 or float64"),
+    ],
+)
+def test_sequences_reject(case, override, match):
+    _, x = case
+    with pytest.raises(ValueError, match=match):
+        sequences(x, **override(x))
+
+
+def test_sequences_run_as_the_tree_of_their_chain(case):
+    _, x = case
+    chain = forest([[-1, *range(6)]])
+    o, final = sequences(x)
+    o_chain, factors = ops.gdn_tree_verify(x.q, x.k, x.v, x.g, x.beta, x.state[:1], chain, scale=x.scale)
+    state = x.state[:1].clone()
+    ops.gdn_commit(state, factors, torch.tensor([6]))
+    torch.testing.assert_close(o[0], o_chain)
+    torch.testing.assert_close(final, state)
 
 
 def test_tree_arguments(case):
@@ -227,6 +272,18 @@ def test_conv_rejects(case, gen, undispatched):
         ops.tree_conv1d(x, w, torch.zeros(3, 6, 3), tree)
     with pytest.raises(ValueError, match="conv_state holds 3 slots but the tree has 2 requests"):
         ops.conv_state_commit(torch.zeros(3, 6, 3), x, tree, torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match=r"conv_state must be a floating-point tensor, got torch.int64"):
+        ops.conv_state_commit(state.long(), x, tree, torch.tensor([0, 0]))  # truncated what it committed
+
+
+def test_kv_commit_refuses_caches_it_would_truncate(case):
+    tree, _ = case
+    cache, new = torch.zeros(1, 4, 4, 1, 8), torch.zeros(1, tree.num_nodes, 1, 8)
+    tables, lengths = torch.tensor([[0, 1], [2, 3]]), torch.tensor([0, 0])
+    with pytest.raises(ValueError, match=r"k_cache must be a floating-point tensor, got torch.int64"):
+        ops.kv_commit(cache.long(), cache.long(), new, new, tree, torch.tensor([0, 0]), tables, lengths)
+    with pytest.raises(ValueError, match=r"new_v must be a floating-point tensor, got torch.int32"):
+        ops.kv_commit(cache, cache.clone(), new, new.int(), tree, torch.tensor([0, 0]), tables, lengths)
 
 
 def test_prefill_rejects_bad_offsets(case, undispatched):

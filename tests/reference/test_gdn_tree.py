@@ -225,3 +225,23 @@ def test_the_serial_oracle_on_chains_is_transformers_recurrence(h, hv, dk, dv, g
     )
     assert (o - o_hf.reshape(o.shape).double()).abs().max() <= 1e-5
     assert (states[chains.cu_seqlens[1:] - 1] - s_hf.double()).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_gate_of_full_forgetting_is_the_documented_clamp(gen, dtype):
+    """g = -inf (the serial walk takes it) is NaN in the closed form (``-inf - (-inf)``): the ops' docs say
+    so, and that a clamp at -110, where exp(g) is 0 in float32, gives the serial walk's outputs."""
+    tree = forest([[-1, 0, 1, 2, 1]])
+    x = random_gdn_inputs(5, 1, 1, 2, 4, 4, generator=gen).cast(dtype)
+    g = x.g.clone()
+    g[1] = -float("inf")  # node 1 forgets everything before it
+    o_serial, snapshots = ops.gdn_tree_verify_serial(x.q.double(), x.k.double(), x.v.double(), g.double(),
+                                                     x.beta.double(), x.state.double(), tree)  # fmt: skip
+    o_nan, _ = ops.gdn_tree_verify(x.q, x.k, x.v, g, x.beta, x.state, tree)
+    assert o_nan.isnan().any() and o_serial.isfinite().all()
+    o, factors = ops.gdn_tree_verify(x.q, x.k, x.v, g.clamp(min=-110), x.beta, x.state, tree)
+    state = x.state.clone()
+    ops.gdn_commit(state, factors, torch.tensor([3]))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert (o.double() - o_serial).abs().max() < tol
+    assert (state.double() - snapshots[3]).abs().max() < tol

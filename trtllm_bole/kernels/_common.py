@@ -88,8 +88,8 @@ def gdn_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, 
         )
     n, h, dk = q.shape
     hv, dv = v.shape[1:]
-    if hv % h:
-        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
+    if h == 0 or hv % h:
+        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}, at least one")
     return n, h, dk, hv, dv
 
 
@@ -151,7 +151,13 @@ def check_conv_shapes(
         raise ValueError(f"bias must be [C={c}], got {tuple(bias.shape)}")
     if activation not in ("silu", None):
         raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
-    for name, t in (("x", x), ("weight", weight), ("conv_state", conv_state), ("bias", bias)):
+    check_floating(x=x, weight=weight, conv_state=conv_state, bias=bias)
+
+
+def check_floating(**tensors: torch.Tensor | None) -> None:
+    """Each tensor given (None skipped) of a floating-point dtype: an integer state or cache would truncate
+    what is written into it."""
+    for name, t in tensors.items():
         if t is not None and not t.dtype.is_floating_point:
             raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
 
@@ -169,6 +175,7 @@ def check_conv_commit_shapes(conv_state: torch.Tensor, x: torch.Tensor, tree: Tr
             f"x {tuple(x.shape)} does not match conv_state {tuple(conv_state.shape)} and "
             f"{tree.num_nodes} tree nodes: expected x [(L,) N, C]"
         )
+    check_floating(conv_state=conv_state, x=x)
 
 
 def check_commit_factors(state: torch.Tensor, factors: GDNTreeFactors) -> None:
@@ -192,8 +199,8 @@ def check_commit_factors(state: torch.Tensor, factors: GDNTreeFactors) -> None:
                 f"factors.{name} must be {list(expected[name])} (from state {tuple(state.shape)} and "
                 f"{n} tree nodes), got {list(t.shape)}"
             )
-    if hv % h:
-        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}")
+    if h == 0 or hv % h:
+        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}, at least one")
     if {factors.u.dtype, factors.log_decay.dtype} != {state.dtype} or not factors.k.dtype.is_floating_point:
         raise ValueError(
             f"factors.u and factors.log_decay must be in the state's dtype ({state.dtype}) and factors.k "
@@ -247,6 +254,7 @@ def check_kv_shapes(
             raise ValueError(
                 f"{name} must be [L={layers}, N={tree.num_nodes}, KVH={kvh}, d={d}], got {tuple(t.shape)}"
             )
+    check_floating(k_cache=k_cache, v_cache=v_cache, new_k=new_k, new_v=new_v)
     check_block_tables(block_tables, context_lens, tree.num_requests)
 
 

@@ -12,7 +12,10 @@ Shapes (packed forest of B requests and N nodes, see :mod:`trtllm_bole.tree`):
 - q, k ``[N, H, dk]``; v ``[N, HV, dv]``; g (log decay, <= 0) and beta (0..1) ``[N, HV]``;
   ``HV`` a multiple of ``H`` (value head ``h`` reads key head ``h // (HV // H)``); the gates' values are
   the caller's (checking them would wait for the device): g > 0 grows the state instead of decaying
-  it (finite, wrong), a NaN spreads to the outputs;
+  it (finite, wrong), a NaN spreads to the outputs, and so does g = -inf (full forgetting, which the
+  serial recurrence takes) or a path whose summed g leaves the float range: the closed forms take
+  ``exp(logP_i - logP_j)``, and ``-inf - (-inf)`` is NaN. A clamp at -110 (``exp(g)`` is 0 in float32,
+  2e-48 in float64) gives the serial recurrence's outputs for such a gate (tested);
 - state ``[B, HV, dk, dv]`` (float32/float64), or a slot pool ``[S, HV, dk, dv]`` with
   ``state_indices`` int ``[B]``; a commit may also take every GDN layer at once, ``[L, S, HV, dk, dv]``
   with factors stacked by :func:`stack_factors`;
@@ -46,6 +49,7 @@ from trtllm_bole.ops.checks import (
     check_beside,
     check_gdn,
     check_kv_room,
+    check_sequences,
     check_slots,
     check_state_dtype,
     differentiated,
@@ -299,6 +303,7 @@ def chunk_gated_delta_rule(
     model's training forward): the torch reference on every device (autograd could not differentiate a
     ``bole::`` operator), chunks of 64 in closed form. Returns ``o [B, L, HV, dv]`` and the final state
     ``[B, HV, dk, dv]``."""
+    check_sequences(q, k, v, g, beta, initial_state)
     return gdn_tree.chunk_gated_delta_rule(q, k, v, g, beta, initial_state, scale=scale)
 
 

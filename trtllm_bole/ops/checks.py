@@ -47,6 +47,38 @@ def check_gdn(
     check_slots(state.shape[0], num_requests, state_indices, state.device, values=values)
 
 
+def check_sequences(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+) -> None:
+    """Whole sequences: q, k ``[B, L, H, dk]``, v ``[B, L, HV, dv]``, g, beta ``[B, L, HV]``, L >= 1, and
+    initial_state ``[B, HV, dk, dv]``; every row as :func:`check_gdn` takes a tree's nodes."""
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
+        raise ValueError(
+            f"q, k must be [B, L, H, dk] and v [B, L, HV, dv] with the same B, L, got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    batch, length, hv = v.shape[:3]
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (batch, length, hv):
+            raise ValueError(f"{name} must be [B={batch}, L={length}, HV={hv}], got {tuple(t.shape)}")
+    if length == 0:
+        raise ValueError("the sequences hold no tokens (L = 0): nothing to run")
+    rows = [t.flatten(0, 1) for t in (q, k, v, g, beta)]
+    gdn_shapes(*rows[:3])
+    check_gdn_operands(*rows, initial_state, state_dtypes=STATE_DTYPES, input_dtypes=FLOAT_DTYPES)
+    if initial_state.shape[0] != batch:
+        raise ValueError(
+            f"initial_state must be [B={batch}, HV, dk, dv] (one per sequence), got "
+            f"{tuple(initial_state.shape)}"
+        )
+    check_beside("initial_state", initial_state, q=q, k=k, v=v, g=g, beta=beta)
+
+
 def differentiated(*tensors: torch.Tensor) -> bool:
     """Whether autograd records an op on these: the operators have no backward, so training runs the
     reference instead."""

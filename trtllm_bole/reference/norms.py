@@ -36,7 +36,7 @@ def gdn_inputs(
     dtype, the log decay ``g = -exp(A_log) softplus(a + dt_bias)`` (float32, <= 0) and ``beta =
     sigmoid(b)`` (b's dtype), BOLE.md §1."""
     q, k = qk.unflatten(-1, (2, heads, -1)).unbind(-3)
-    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())  # float32 whatever the parameters'
     return l2norm(q).to(qk.dtype), l2norm(k).to(qk.dtype), g, b.sigmoid()
 
 
