@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 from pathlib import Path
 
@@ -27,6 +28,22 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not an integer of 1 or more")
+    return value
+
+
+def _finite(text: str) -> float:
+    """An argparse type: a finite number (nan and inf drew no length)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def _spread(text: str) -> float:
+    """An argparse type: a finite standard deviation of 0 or more."""
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: a standard deviation is 0 or more")
     return value
 
 
@@ -80,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--num-requests", type=_positive, required=True)
     for sub in (norm, unif):
         sub.add_argument("--vocab-size", type=_positive, required=True)
-    norm.add_argument("--input-mean", type=float, required=True)
-    norm.add_argument("--input-stdev", type=float, default=0.0)
-    norm.add_argument("--output-mean", type=float, required=True)
-    norm.add_argument("--output-stdev", type=float, default=0.0)
+    norm.add_argument("--input-mean", type=_finite, required=True)
+    norm.add_argument("--input-stdev", type=_spread, default=0.0)
+    norm.add_argument("--output-mean", type=_finite, required=True)
+    norm.add_argument("--output-stdev", type=_spread, default=0.0)
     unif.add_argument("--input-min", type=_positive, required=True)
     unif.add_argument("--input-max", type=_positive, required=True)
     unif.add_argument("--output-min", type=_positive, required=True)
@@ -94,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         args.input_min > args.input_max or args.output_min > args.output_max
     ):
         parser.error("token-unif-dist: --input-min and --output-min must not exceed their --*-max")
+    if args.out.is_dir():
+        parser.error(f"--out {args.out} is a directory: name the dataset file to write")
     make = {"token-norm-dist": token_norm_dist, "token-unif-dist": token_unif_dist, "code": code}[args.mode]
     rows = make(args, random.Random(args.seed))
     args.out.parent.mkdir(parents=True, exist_ok=True)

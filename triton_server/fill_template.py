@@ -37,7 +37,8 @@ def fill(template: str, values: dict[str, str]) -> str:
     its ``string_value`` early, a ``\\`` started an escape)."""
     escaped = {k: v.replace("\\", "\\\\").replace('"', '\\"') for k, v in values.items()}
     filled = Template(template).safe_substitute(escaped)
-    missing = sorted(set(_UNQUOTED.findall(filled)))
+    blank = {name for name in _UNQUOTED.findall(template) if name in values and not values[name]}
+    missing = sorted(blank | set(_UNQUOTED.findall(filled)))
     if missing:
         raise ValueError(f"{', '.join(missing)} must be filled: Triton's own fields have no default")
     return filled

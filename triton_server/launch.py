@@ -24,7 +24,10 @@ is with ``--model-repository``; such a repository that sets none is not drained)
 requests, lets those in flight run for up to that many seconds, then ends the rest with an
 UNAVAILABLE error ("the serving engine shut down"), and Triton stops. The exit code is 0 when
 tritonserver stopped by itself with 0, or when a stop came while it was still loading the model (the
-SIGTERM then ends it), non-zero when it failed or had to be killed.
+SIGTERM then ends it), non-zero when it failed or had to be killed. An idle HTTP keep-alive connection
+holds Triton 2.51's stop for its whole exit timeout (it waits for every HTTP connection to close), which
+then exits 1 without finalizing the model. tritonserver runs in a process group of its own, with the
+model's process, killed whole once tritonserver has exited: nothing it started outlives the launcher.
 
 Metrics: Triton's Prometheus endpoint on ``--metrics-port`` (default 8002; -1: none) serves Triton's own
 ``nv_inference_*`` and the model's ``bole_*`` (:mod:`trtllm_bole.serving.metrics`).
@@ -375,6 +378,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--dtype",
         default="",
+        choices=["", "auto", "float32", "bfloat16"],
         help="auto, float32 or bfloat16 (default: auto: the engine's, else float32 on CPU, bfloat16 on CUDA)",
     )
     p.add_argument(
@@ -421,7 +425,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "stopped and the launcher exits 1 (default: 1; 0: not watched)",
     )
     p.add_argument("--log-verbose", type=int, default=0, help="tritonserver's --log-verbose (default: 0)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.model_repository is not None:  # its config.pbtxt holds them: a flag would be ignored unsaid
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in MODEL_FLAGS
+            if getattr(args, name) != p.get_default(name)
+        ]
+        if given:
+            p.error(
+                f"{', '.join(given)} set the model's parameters, which --model-repository serves from its "
+                "own config.pbtxt: drop them, or set them in that file"
+            )
+    return args
+
+
+# The flags that fill the model's config.pbtxt (:func:`model_parameters`).
+MODEL_FLAGS = ("engine_dir", "mode", "max_depth", "max_nodes", "draft_top_k", "max_batch_size",
+               "max_seq_len", "kv_cache_tokens", "max_prefill_tokens", "max_queue_size", "device", "dtype",
+               "instance_kind")  # fmt: skip
 
 
 # A parameters entry in protobuf text format: the ':' before a message is optional, fields may end in ','
@@ -454,16 +476,18 @@ def repository_drain_file(repository: Path) -> Path | None:
 
 def check_model_parameters(values: dict[str, str]) -> None:
     """The model's parameters read as its ``initialize`` reads them (:mod:`trtllm_bole.serving.protocol`),
-    before tritonserver starts: a bad value stops the launcher at once, not after the model's weights
-    load and its warm-up (minutes on a GPU), as an error deep in tritonserver's log."""
+    and checked against its checkpoint or engine as :class:`~trtllm_bole.LLM` checks them before any
+    weight loads, before tritonserver starts: a bad value stops the launcher at once, not after the
+    model's weights load and its warm-up (minutes on a GPU), as an error deep in tritonserver's log."""
     from pydantic import ValidationError
 
     from trtllm_bole.config import one_line
-    from trtllm_bole.serving.protocol import engine_kwargs, llm_kwargs  # torch: only once the flags parse
+    from trtllm_bole.llm import resolve_settings  # torch: only once the flags parse
+    from trtllm_bole.serving.protocol import engine_kwargs, llm_kwargs
 
     flags = {"max_depth": "--max-depth", "max_nodes": "--max-nodes", "top_k": "--draft-top-k"}
     try:
-        llm_kwargs(values)
+        resolve_settings(**llm_kwargs(values, values["instance_kind"]))
         engine_kwargs(values)
     except ValidationError as e:  # the speculative config's fields
         raise SystemExit(f"error: {one_line(e, flags)}") from None
@@ -506,6 +530,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: --max-batch-size must be at least 1, got {args.max_batch_size}")
     if args.engine_dir and not Path(args.engine_dir).is_dir():  # else a line deep in tritonserver's log
         raise SystemExit(f"error: --engine-dir {args.engine_dir} is not a directory")
+    for flag, port, least in (("--http-port", args.http_port, 0), ("--grpc-port", args.grpc_port, 0),
+                              ("--metrics-port", args.metrics_port, -1)):  # fmt: skip
+        if not least <= port <= 65535:
+            none = ", -1: none" if least < 0 else ""
+            raise SystemExit(
+                f"error: {flag} must lie in [{least}, 65535] (0: any free port{none}), got {port}"
+            )
     if not args.prepare_only:
         ports = {
             "--http-port": args.http_port,
@@ -559,10 +590,29 @@ def serve(
 ) -> int:
     """Run the server until it exits or we are told to stop (then drain and stop it); its exit code,
     1 if it had to be killed or its engine stopped unasked (:func:`wait_serving`)."""
-    http_port, grpc_port, metrics_port = ports
     stop_flag = StopFlag()
     stop_flag.install()
-    process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+    # Its own process group, with the Python backend's stubs: killed whole once tritonserver has exited (a
+    # stub of a server that ran out of its exit timeout once lingered, holding the model's memory).
+    process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent, start_new_session=True)
+    try:
+        return _serve(process, ports, repository, ready_timeout, stop_flag, drain, stop_timeout, engine_watch)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _serve(
+    process: subprocess.Popen,
+    ports: tuple[int, int, int | None],
+    repository: Path,
+    ready_timeout: float,
+    stop_flag: StopFlag,
+    drain: tuple[Path | None, float],
+    stop_timeout: float,
+    engine_watch: float,
+) -> int:
+    http_port, grpc_port, metrics_port = ports
     engine_stopped = False
     try:
         seconds = wait_ready(process, http_port, ready_timeout, stop_flag)
@@ -579,8 +629,9 @@ def serve(
     except EngineStopped:
         engine_stopped = True
         print(
-            "error: the model's engine stopped taking requests (its thread failed, or it was drained without "
-            "the launcher): stopping tritonserver so that it can be restarted",
+            "error: the model's engine stopped taking requests (its thread failed, it was drained without "
+            f"the launcher, or its process died or hangs: no heartbeat for {HEARTBEAT_STALE_S:g} s): "
+            "stopping tritonserver so that it can be restarted",
             file=sys.stderr,
             flush=True,
         )
@@ -601,6 +652,14 @@ def serve(
               flush=True)  # fmt: skip
         return 1
     print(f"tritonserver stopped (exit code {code})", flush=True)
+    if stop_flag.asked and code == 1:
+        print(
+            "note: Triton 2.51 exits 1 when its stop outlasts its exit timeout (the drain's grace + 10 s), "
+            "as an HTTP client holding an idle keep-alive connection makes it: it waits for every HTTP "
+            "connection to close before it unloads the model",
+            file=sys.stderr,
+            flush=True,
+        )
     if stop_flag.asked and code == -signal.SIGTERM:  # a stop during the model's load: what was asked
         return 0
     return 1 if engine_stopped or code < 0 else code

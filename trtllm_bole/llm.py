@@ -95,34 +95,18 @@ class LLM:
         cuda_graphs: bool = True,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
     ) -> None:
-        path = Path(model) if model is not None else DEFAULT_MODEL
-        _check_settings(device, max_batch_size, max_seq_len, kv_cache_tokens, block_size, max_prefill_tokens)
-        if not path.is_dir():
-            raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
-        self.model_dir = path
-        # Built by build_scripts/build_engine.py: its config validated now, its files once the settings fit.
-        self.engine = load_engine(path, device=device, check_files=False) if is_engine_dir(path) else None
+        settings = resolve_settings(model, speculative_config, device, dtype, max_batch_size, max_seq_len,
+                                    kv_cache_tokens, block_size, max_prefill_tokens)  # fmt: skip
+        path = self.model_dir = settings.path
+        self.engine, self.speculative_config = settings.engine, settings.speculative_config
+        max_batch_size, max_seq_len = settings.max_batch_size, settings.max_seq_len
         if self.engine is not None:
-            max_batch_size, max_seq_len, self.speculative_config = self.engine.runtime_settings(
-                dtype, max_batch_size, max_seq_len, speculative_config
-            )
-            if self.speculative_config.speculates and not self.engine.config["model"]["has_mtp"]:
-                raise no_mtp_error(self.speculative_config.mode, "the engine was built without one")
             self.engine.check_files()
             self.model = self.engine.load_model(device=device, mtp=self.speculative_config.speculates)
             hf_config, generation_config = self.engine.hf_config, self.engine.generation_config
         else:
-            self.speculative_config = speculative_config or BoleConfig()
-            max_batch_size = 8 if max_batch_size is None else max_batch_size
-            max_seq_len = 1024 if max_seq_len is None else max_seq_len
-            torch_dtype = _resolve_dtype(dtype, device)
-            config = load_config(path)
-            config.check_seq_len(max_seq_len)  # before the weights load (minutes at 27B)
-            missing = missing_mtp(path, config) if self.speculative_config.speculates else None
-            if missing is not None:
-                raise no_mtp_error(self.speculative_config.mode, missing)
             self.model = load_model(
-                path, dtype=torch_dtype, device=device, mtp=self.speculative_config.speculates
+                path, dtype=settings.dtype, device=device, mtp=self.speculative_config.speculates
             )
             hf_config, generation_config = load_json(path / "config.json"), read_generation_config(path)
         self.tokenizer = Tokenizer.find(path)
@@ -344,6 +328,55 @@ class LLM:
             dataclasses.replace(request.stats),  # a snapshot: the request's own keeps counting
             request.error,
         )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """An :class:`LLM`'s arguments resolved against its checkpoint or engine, before any weight loads."""
+
+    path: Path
+    engine: Engine | None  # its config read, its files not yet hashed
+    speculative_config: BoleConfig
+    max_batch_size: int
+    max_seq_len: int
+    dtype: torch.dtype | None  # a checkpoint's serving dtype; an engine's is its build's
+
+
+def resolve_settings(
+    model: str | Path | None = None,
+    speculative_config: BoleConfig | None = None,
+    device: str = "cpu",
+    dtype: str = "auto",
+    max_batch_size: int | None = None,
+    max_seq_len: int | None = None,
+    kv_cache_tokens: int | None = None,
+    block_size: int = 16,
+    max_prefill_tokens: int = MAX_PREFILL_TOKENS,
+) -> Settings:
+    """What :class:`LLM` checks before it loads any weight (minutes at 27B), with the same arguments:
+    every setting it would refuse raises here, so that a server's launcher can refuse it up front."""
+    path = Path(model) if model is not None else DEFAULT_MODEL
+    _check_settings(device, max_batch_size, max_seq_len, kv_cache_tokens, block_size, max_prefill_tokens)
+    if not path.is_dir():
+        raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
+    if is_engine_dir(path):  # built by build_scripts/build_engine.py: its config validated now
+        engine = load_engine(path, device=device, check_files=False)
+        max_batch_size, max_seq_len, bole = engine.runtime_settings(
+            dtype, max_batch_size, max_seq_len, speculative_config
+        )
+        if bole.speculates and not engine.config["model"]["has_mtp"]:
+            raise no_mtp_error(bole.mode, "the engine was built without one")
+        return Settings(path, engine, bole, max_batch_size, max_seq_len, None)
+    bole = speculative_config or BoleConfig()
+    max_batch_size = 8 if max_batch_size is None else max_batch_size
+    max_seq_len = 1024 if max_seq_len is None else max_seq_len
+    torch_dtype = _resolve_dtype(dtype, device)
+    config = load_config(path)
+    config.check_seq_len(max_seq_len)
+    missing = missing_mtp(path, config) if bole.speculates else None
+    if missing is not None:
+        raise no_mtp_error(bole.mode, missing)
+    return Settings(path, None, bole, max_batch_size, max_seq_len, torch_dtype)
 
 
 def _resolve_dtype(dtype: str, device: str) -> torch.dtype:

@@ -352,8 +352,15 @@ def test_prepare_dataset_refuses_requests_of_no_tokens(tmp_path):
                              "1", "--output-max", "2", "--vocab-size", "9"], "must not exceed"),
         ("token-norm-dist", ["--num-requests", "2", "--input-mean", "5", "--output-mean", "3",
                              "--vocab-size", "0"], "0 is not an integer of 1 or more"),
+        # these three were tracebacks, or a dataset of lengths no distribution gives
+        ("token-norm-dist", ["--num-requests", "2", "--input-mean", "nan", "--output-mean", "3",
+                             "--vocab-size", "9"], "nan is not a finite number"),
+        ("token-norm-dist", ["--num-requests", "2", "--input-mean", "5", "--input-stdev", "-1",
+                             "--output-mean", "3", "--vocab-size", "9"], "-1 is negative"),
+        ("code", ["--num-requests", "2"], f"--out {tmp_path} is a directory"),
     ):  # fmt: skip
-        cmd = [sys.executable, str(ROOT / "benchmarks" / "prepare_dataset.py"), "--out", str(out), mode,
+        target = tmp_path if "directory" in message else out
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "prepare_dataset.py"), "--out", str(target), mode,
                *extra]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr

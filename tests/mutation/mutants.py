@@ -2371,8 +2371,8 @@ MUTANTS = [
     Mutant(
         "MP1",
         "trtllm_bole/llm.py",
-        "            missing = missing_mtp(path, config) if self.speculative_config.speculates else None",
-        "            missing = None",
+        "    missing = missing_mtp(path, config) if bole.speculates else None",
+        "    missing = None",
         ["tests/test_llm.py", "-k", "mtp_module"],
     ),
     Mutant(
@@ -2876,6 +2876,41 @@ MUTANTS = [
         "F.softplus(a.float() + dt_bias.float())",
         "F.softplus(a.float() + dt_bias)",
         ["tests/ops/test_library.py", "-k", "gdn_inputs_gates"],
+    ),
+    Mutant(
+        "RV10",
+        "triton_server/launch.py",
+        "        resolve_settings(**llm_kwargs(values, values[\"instance_kind\"]))",
+        "        llm_kwargs(values, values[\"instance_kind\"])",
+        ["tests/server/test_triton_server.py", "-k", "bad_model_settings"],
+    ),
+    Mutant(
+        "RV11",
+        "triton_server/launch.py",
+        "        if not least <= port <= 65535:",
+        "        if False:",
+        ["tests/server/test_triton_server.py", "-k", "out_of_range"],
+    ),
+    Mutant(
+        "RV12",
+        "triton_server/launch.py",
+        "    if args.model_repository is not None:  # its config.pbtxt holds them",
+        "    if False:  # its config.pbtxt holds them",
+        ["tests/server/test_triton_server.py", "-k", "beside_a_served"],
+    ),
+    Mutant(
+        "RV13",
+        "triton_server/fill_template.py",
+        "    missing = sorted(blank | set(_UNQUOTED.findall(filled)))",
+        "    missing = sorted(set(_UNQUOTED.findall(filled)))",
+        ["tests/server/test_fill_template.py"],
+    ),
+    Mutant(
+        "RV14",
+        "benchmarks/prepare_dataset.py",
+        "    if args.out.is_dir():",
+        "    if False:",
+        ["tests/benchmarks/test_bench.py", "-k", "prepare_dataset_refuses"],
     ),
     Mutant(
         "RV9",

@@ -19,6 +19,8 @@ def test_substitutions_parse_and_fill_only_what_is_named():
     assert fill('x: "${engine_dir}" y: "${device}"', values) == 'x: "/a:b" y: "${device}"'
     with pytest.raises(ValueError, match="kind must be filled"):
         fill("kind: ${kind}  # Triton's own field", values)
+    with pytest.raises(ValueError, match="kind must be filled"):  # wrote "kind: ", which Triton cannot parse
+        fill("kind: ${kind}", {"kind": ""})
     with pytest.raises(ValueError, match="key:value"):
         parse_substitutions("engine_dir")
 

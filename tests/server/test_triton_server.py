@@ -417,6 +417,31 @@ def _model_processes(pid: int) -> list[int]:
     return stubs + [s for c in children for s in _model_processes(c)]
 
 
+def test_an_idle_http_connection_holds_the_stop_and_no_model_process_outlives_it(tmp_path):
+    """Triton 2.51 waits for every HTTP connection to close before it unloads the model: one client's idle
+    keep-alive connection runs its stop out of its exit timeout (the grace + 10 s), and it exits 1 with the
+    model never finalized. The launcher says why, and kills what tritonserver left (a stub of such a stop
+    once lingered, holding the model's memory)."""
+    server = start_server(tmp_path, [*SERVER_ARGS, "--drain-grace", "0"])
+    stubs = _model_processes(server.process.pid)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as idle:
+        idle.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n")
+        assert idle.recv(4096).startswith(b"HTTP/1.1 200"), server.log_tail()
+        server.process.send_signal(signal.SIGTERM)
+        try:
+            server.process.wait(60)
+        finally:
+            if server.process.poll() is None:
+                server.process.kill()
+    log = server.log.read_text(errors="replace")
+    deadline = time.monotonic() + 10  # a killed process is gone once reaped
+    while [s for s in stubs if Path(f"/proc/{s}").exists()] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stubs and not [s for s in stubs if Path(f"/proc/{s}").exists()], server.log_tail()
+    assert server.process.returncode == 1 and "tritonserver stopped (exit code 1)" in log, server.log_tail()
+    assert "an HTTP client holding an idle keep-alive connection" in log, server.log_tail()
+
+
 def test_a_dead_model_process_stops_the_server(tmp_path):
     """The model's process killed (as for its memory) with a request streaming: Triton keeps reporting the
     model ready with its last samples, and the request never ended (its client waited out its timeout).
@@ -426,20 +451,25 @@ def test_a_dead_model_process_stops_the_server(tmp_path):
 
     server = start_server(tmp_path, SERVER_ARGS)
     ended: list[str] = []
+    first = threading.Event()
 
     def request() -> None:
         try:
-            list(stream(server.grpc_url, build_inputs(PROMPTS[0], max_tokens=MAX_SEQ_LEN - 32), timeout=300))
+            inputs = build_inputs(PROMPTS[0], max_tokens=MAX_SEQ_LEN - 32, end_id=-1)
+            for _ in stream(server.grpc_url, inputs, timeout=300):
+                first.set()
             ended.append("finished")
         except Exception as e:  # any error ends it: which one, the server's stop decides
             ended.append(f"error: {e}")
+        finally:
+            first.set()
 
     streaming = threading.Thread(target=request)
     try:
         assert bole_samples(server)["bole_engine_status", "serving"] == 1
         (stub,) = _model_processes(server.process.pid)  # the launcher's
         streaming.start()
-        time.sleep(2)
+        assert first.wait(60)  # killed mid-stream (a fixed 2 s was the whole request on an idle CPU)
         os.kill(stub, signal.SIGKILL)
         server.process.wait(launch_timeout := 120)
     except subprocess.TimeoutExpired:
@@ -725,6 +755,10 @@ def test_launch_refuses_a_taken_port_and_a_missing_engine_dir_before_starting(tm
         (["--max-queue-size", "0"], "error: model parameter max_queue_size must be positive, got 0"),
         (["--max-seq-len", "x"], "error: model parameter max_seq_len must be an integer, got 'x'"),
         (["--max-depth", "40"], "error: --max-depth: Input should be less than or equal to 15 (got 40)"),
+        # the LLM's own checks before its weights load: these failed in tritonserver's log
+        (["--max-seq-len", "2"], "error: max_seq_len must be an integer of at least 3, got 2"),
+        (["--max-seq-len", "5000"], "error: max_seq_len 5000 exceeds the model's max_position_embeddings"),
+        (["--device", "cuda:64"], "error: device 'cuda:64' asked for, but"),
     ],
 )
 def test_launch_refuses_bad_model_settings_before_starting(flags, words):
@@ -735,6 +769,27 @@ def test_launch_refuses_bad_model_settings_before_starting(flags, words):
                          timeout=60)  # fmt: skip
     assert run.returncode == 1 and words in run.stderr, run.stderr
     assert "tritonserver" not in run.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--http-port", "70000"], "error: --http-port must lie in [0, 65535] (0: any free port), got 70000"),
+        (["--grpc-port", "-5"], "error: --grpc-port must lie in [0, 65535]"),  # "already in use", once loaded
+        (["--metrics-port", "-2"], "error: --metrics-port must lie in [-1, 65535] (0: any free port, -1"),
+    ],
+)
+def test_launch_refuses_a_port_out_of_range(flags, words):
+    """70000 was an OverflowError traceback, -1 for HTTP waited out the whole ready timeout."""
+    run = subprocess.run([sys.executable, str(LAUNCH), *flags], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and words in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_launch_refuses_model_flags_beside_a_served_repository(tmp_path):
+    """A repository served as it is holds the model's parameters: these flags were ignored without a word."""
+    run = subprocess.run([sys.executable, str(LAUNCH), "--model-repository", str(tmp_path), "--mode", "ar",
+                          "--max-batch-size", "2"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and "--mode, --max-batch-size set the model's parameters" in run.stderr
 
 
 def test_launch_refuses_one_port_for_two_servers():

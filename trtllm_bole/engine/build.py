@@ -49,7 +49,7 @@ from trtllm_bole.text import Tokenizer
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in fmt.WEIGHT_DTYPES}
 SHARD_BYTES = 4 << 30
 
 

@@ -34,6 +34,7 @@ KERNELS_DIR = "kernels"
 BUDGET = "budget.json"
 PLAN = "bole.plan"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+WEIGHT_DTYPES = ("float32", "bfloat16")  # what an engine may hold
 
 
 def sha256_files(paths: list[Path], *, desc: str = "hashing", progress: bool = True) -> dict[Path, str]:

@@ -89,7 +89,8 @@ class Engine:
         if dtype not in ("auto", b["dtype"]):
             raise ValueError(
                 f"{self.path}: the engine holds {b['dtype']} weights, dtype {dtype!r} was asked; leave the "
-                f"dtype at 'auto' (the engine's) or rebuild the engine with --dtype {dtype}"
+                "dtype at 'auto' (the engine's)"
+                + (f" or rebuild the engine with --dtype {dtype}" if dtype in fmt.WEIGHT_DTYPES else "")
             )
         given = bole.model_dump(include=bole.model_fields_set) if bole else {}
         nodes = given.get("max_nodes", b["max_draft_nodes"])
