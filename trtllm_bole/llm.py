@@ -353,8 +353,9 @@ def resolve_settings(
     block_size: int = 16,
     max_prefill_tokens: int = MAX_PREFILL_TOKENS,
 ) -> Settings:
-    """What :class:`LLM` checks before it loads any weight (minutes at 27B), with the same arguments:
-    every setting it would refuse raises here, so that a server's launcher can refuse it up front."""
+    """What :class:`LLM` checks before it loads any weight (minutes at 27B), with the same arguments: a
+    setting refused here is refused without loading anything, so that a server's launcher can refuse it
+    up front (the budget table and the KV cache's size are checked later, by the LLM itself)."""
     path = Path(model) if model is not None else DEFAULT_MODEL
     _check_settings(device, max_batch_size, max_seq_len, kv_cache_tokens, block_size, max_prefill_tokens)
     if not path.is_dir():
