@@ -59,6 +59,7 @@ def require_tensorrt() -> Any:
 def check_plugin_arch(gpu: str) -> None:
     """The plugins' PTX targets the build GPU (``gpu``: ``"sm_90"``); else ``RuntimeError`` saying how to
     set ``BOLE_PLUGIN_ARCH``. Needs TensorRT (importing the plugins registers them)."""
+    require_tensorrt()  # else a ModuleNotFoundError from deep in the plugins' import
     import plugins.bole_plugins as bole_plugins
 
     if gpu != f"sm_{bole_plugins.TARGET_ARCH}":

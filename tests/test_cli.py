@@ -13,6 +13,13 @@ def test_demo_command_verifies_exactly():
     assert "EXACT (<= 1e-10)" in out
 
 
+def test_demo_refuses_a_seed_past_the_generators_range():
+    """2**64 was torch's "Overflow when unpacking long long" traceback."""
+    done = subprocess.run([sys.executable, "-m", "trtllm_bole", "demo", "--seed", str(2**64)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and "outside a seed's range" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_memory_table_writes_json(tmp_path):
     target = tmp_path / "m.json"
     subprocess.run(

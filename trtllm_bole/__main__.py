@@ -107,6 +107,14 @@ def _stream(args: argparse.Namespace, llm: LLM, prompt: str | list[int], params:
     return 0
 
 
+def _seed(text: str) -> int:
+    """An argparse type: a torch generator's seed, in [-2**63, 2**64) (past it, a traceback from torch)."""
+    value = int(text)
+    if not -(2**63) <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"{value} is outside a seed's range [-2**63, 2**64)")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trtllm_bole", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
 
     demo = commands.add_parser("demo", help="verify a demo draft forest through the exact core (CPU)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=_seed, default=0, help="the demo's inputs (default: 0)")
 
     args = parser.parse_args(argv)
     if args.command == "generate":

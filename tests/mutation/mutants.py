@@ -2880,8 +2880,8 @@ MUTANTS = [
     Mutant(
         "RV10",
         "triton_server/launch.py",
-        "        resolve_settings(**llm_kwargs(values, values[\"instance_kind\"]))",
-        "        llm_kwargs(values, values[\"instance_kind\"])",
+        '        resolve_settings(**llm_kwargs(values, values["instance_kind"]))',
+        '        llm_kwargs(values, values["instance_kind"])',
         ["tests/server/test_triton_server.py", "-k", "bad_model_settings"],
     ),
     Mutant(
@@ -2911,6 +2911,34 @@ MUTANTS = [
         "    if args.out.is_dir():",
         "    if False:",
         ["tests/benchmarks/test_bench.py", "-k", "prepare_dataset_refuses"],
+    ),
+    Mutant(
+        "RV15",
+        "trtllm_bole/spec/budget.py",
+        "        if not _positive_ints(self.capacities) or list(self.capacities) != sorted(set(self.capacities)):",
+        "        if not _positive_ints(self.capacities):",
+        ["tests/spec/test_budget.py", "-k", "hand_edited"],
+    ),
+    Mutant(
+        "RV16",
+        "trtllm_bole/spec/budget.py",
+        "            if times is None or not all(_positive_number(t) for t in times):",
+        "            if times is None:",
+        ["tests/spec/test_budget.py", "-k", "hand_edited"],
+    ),
+    Mutant(
+        "RV17",
+        "trtllm_bole/spec/budget.py",
+        "            if not _positive_ints([e.batch_max, e.kv_max]):",
+        "            if False:",
+        ["tests/spec/test_budget.py", "-k", "hand_edited"],
+    ),
+    Mutant(
+        "RV18",
+        "trtllm_bole/__main__.py",
+        "    if not -(2**63) <= value < 2**64:",
+        "    if False:",
+        ["tests/test_cli.py", "-k", "seed_past"],
     ),
     Mutant(
         "RV9",

@@ -95,7 +95,7 @@ def test_plugins_register_with_tensorrt():
 
 def test_require_tensorrt_names_the_missing_package():
     sys.path.insert(0, str(ROOT))
-    from plugins.network import require_tensorrt
+    from plugins.network import check_plugin_arch, require_tensorrt
 
     try:
         import tensorrt
@@ -106,6 +106,8 @@ def test_require_tensorrt_names_the_missing_package():
         pass
     with pytest.raises(RuntimeError, match=r"full TensorRT Python package `tensorrt`.*pip install"):
         require_tensorrt()
+    with pytest.raises(RuntimeError, match=r"full TensorRT Python package `tensorrt`"):
+        check_plugin_arch("sm_90")  # was a ModuleNotFoundError from the plugins' import
 
 
 def test_build_engine_tensorrt_flag_fails_at_once_without_tensorrt(tmp_path):

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from trtllm_bole.spec.budget import BudgetEntry, BudgetTable, budget_from_timings, calibrate, timed_capacities
@@ -167,4 +169,36 @@ def test_load_refuses_a_table_that_would_fail_a_step(tmp_path, entries, words):
     )
     table.save(path)
     with pytest.raises(ValueError, match=words):
+        BudgetTable.load(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda t: t.update(capacities=[16, 8]), r"capacities must be increasing positive integers"),
+        (lambda t: t.update(capacities=[8, 8]), r"capacities must be increasing positive integers"),
+        (lambda t: t["entries"][0].update(batch_max="1"), r"buckets must be positive integers, got '1'"),
+        (lambda t: t["entries"][0].update(kv_max=-256), r"buckets must be positive integers, got 1 x -256"),
+        (lambda t: t["entries"][0].update(t_dec_ms=float("nan")), r"timings must be positive finite"),
+        (lambda t: t["entries"][0].update(t_ver_ms=[-1.0, 1.0]), r"timings must be positive finite"),
+        (lambda t: t["entries"][0].update(t_ver_ms=["1.0", 1.0]), r"timings must be positive finite"),
+    ],
+)
+def test_load_refuses_a_hand_edited_table_it_would_misread(tmp_path, edit, words):
+    """String buckets loaded and crashed the first step, NaN or negative timings re-derived the smallest
+    budget at any other epsilon, unsorted capacities paired timings with the wrong capacities."""
+    path = tmp_path / "budget.json"
+    BudgetTable(0.2, [8, 16], 9, "cpu", [BudgetEntry(1, 256, 8, 1.0, [1.0, 1.1])]).save(path)
+    table = json.loads(path.read_text())
+    edit(table)
+    path.write_text(json.dumps(table))
+    with pytest.raises(ValueError, match=words):
+        BudgetTable.load(path)
+
+
+@pytest.mark.parametrize("content", ["[]", "null", "3"])
+def test_load_names_a_file_that_holds_no_table(tmp_path, content):
+    path = tmp_path / "budget.json"
+    path.write_text(content)  # an AttributeError traceback
+    with pytest.raises(ValueError, match=r"not a valid budget table \(a JSON object was expected"):
         BudgetTable.load(path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -81,10 +82,24 @@ class BudgetTable:
         check_epsilon(self.epsilon)  # a table saved with a NaN epsilon (not even valid JSON) is refused
 
     def check_grid(self) -> None:
-        """One entry for every (batch bucket, KV bucket) pair, each with a positive integer budget: else a
-        step whose sizes fall in the hole fails at serving time, not at load."""
+        """One entry for every (batch bucket, KV bucket) pair of positive integers, each with a positive
+        integer budget and positive finite timings, over increasing capacities: else a step whose sizes
+        fall in a hole, or an ε re-derived from bad timings, fails or misleads at serving time, not at
+        load (a hand-edited table: string buckets crashed the first step, NaN timings gave the smallest
+        budget, unsorted capacities paired timings with the wrong ones)."""
         if not self.entries:
             raise ValueError("the budget table has no entries")
+        if not _positive_ints(self.capacities) or list(self.capacities) != sorted(set(self.capacities)):
+            raise ValueError(f"capacities must be increasing positive integers, got {self.capacities!r}")
+        for e in self.entries:
+            if not _positive_ints([e.batch_max, e.kv_max]):
+                raise ValueError(f"buckets must be positive integers, got {e.batch_max!r} x {e.kv_max!r}")
+            times = [e.t_dec_ms, *e.t_ver_ms] if isinstance(e.t_ver_ms, list) else None
+            if times is None or not all(_positive_number(t) for t in times):
+                raise ValueError(
+                    f"timings must be positive finite numbers, got t_dec_ms {e.t_dec_ms!r} and t_ver_ms "
+                    f"{e.t_ver_ms!r} for batches up to {e.batch_max}"
+                )
         cells = [(e.batch_max, e.kv_max) for e in self.entries]
         batches, kvs = sorted({b for b, _ in cells}), sorted({kv for _, kv in cells})
         missing = [(b, kv) for b in batches for kv in kvs if (b, kv) not in cells]
@@ -133,6 +148,8 @@ class BudgetTable:
     def load(cls, path: Path) -> BudgetTable:
         try:
             data = json.loads(Path(path).read_text())
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON object was expected, got {type(data).__name__}")
             if data.get("schema_version") != SCHEMA_VERSION:
                 raise ValueError(f"schema version {data.get('schema_version')}, expected {SCHEMA_VERSION}")
             data["entries"] = [BudgetEntry(**e) for e in data["entries"]]
@@ -141,6 +158,14 @@ class BudgetTable:
             return table
         except (OSError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"{path}: not a valid budget table ({exc})") from exc
+
+
+def _positive_ints(values: Sequence[object]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
+
+
+def _positive_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def timed_capacities(capacities: Sequence[int], batch: int, per_request: int | None) -> list[int]:

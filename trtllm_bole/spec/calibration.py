@@ -205,9 +205,10 @@ class CalibrationSettings:
     def fitted(self, max_batch: int, max_seq_len: int, max_tokens: int) -> CalibrationSettings:
         """What an engine can meet: capacities up to ``max_tokens`` (a full batch of full trees), and batch
         and KV buckets up to ``max_batch`` and ``max_seq_len - 1``, each with the limit itself last where
-        a value reaches past it, so that the engine's largest step is timed (capacities of 8, 16, 32 and
-        64 in an engine of 41 tokens: 8, 16, 32, 41), and every batch and KV length it serves has a
-        measured bucket that covers it (a bucket of 1,024 in an engine of 1,024 positions: 1,023)."""
+        a value reaches past it (capacities of 8, 16, 32 and 64 in an engine of 41 tokens: 8, 16, 32, 41;
+        a KV bucket of 1,024 in an engine of 1,024 positions: 1,023). A grid that stops short of a limit is
+        kept as it is: the lookup serves larger batches and KV lengths from its largest bucket, and no
+        budget exceeds its largest capacity."""
 
         def capped(values: tuple[int, ...], limit: int) -> tuple[int, ...]:
             below = tuple(v for v in sorted(values) if v < limit)
