@@ -26,8 +26,7 @@ UNAVAILABLE error ("the serving engine shut down"), and Triton stops. The exit c
 tritonserver stopped by itself with 0, or when a stop came while it was still loading the model (the
 SIGTERM then ends it), non-zero when it failed or had to be killed. An idle HTTP keep-alive connection
 holds Triton 2.51's stop for its whole exit timeout (it waits for every HTTP connection to close), which
-then exits 1 without finalizing the model. tritonserver runs in a process group of its own, with the
-model's process, killed whole once tritonserver has exited: nothing it started outlives the launcher.
+then exits 1 without finalizing the model.
 
 Metrics: Triton's Prometheus endpoint on ``--metrics-port`` (default 8002; -1: none) serves Triton's own
 ``nv_inference_*`` and the model's ``bole_*`` (:mod:`trtllm_bole.serving.metrics`).
@@ -592,14 +591,10 @@ def serve(
     1 if it had to be killed or its engine stopped unasked (:func:`wait_serving`)."""
     stop_flag = StopFlag()
     stop_flag.install()
-    # Its own process group, with the Python backend's stubs: killed whole once tritonserver has exited (a
-    # stub of a server that ran out of its exit timeout once lingered, holding the model's memory).
-    process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent, start_new_session=True)
-    try:
-        return _serve(process, ports, repository, ready_timeout, stop_flag, drain, stop_timeout, engine_watch)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+    # In the launcher's process group: a signal to the group (a terminal, a supervisor, a test runner's
+    # timeout) reaches tritonserver and the model's process too.
+    process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+    return _serve(process, ports, repository, ready_timeout, stop_flag, drain, stop_timeout, engine_watch)
 
 
 def _serve(

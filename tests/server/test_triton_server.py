@@ -417,13 +417,11 @@ def _model_processes(pid: int) -> list[int]:
     return stubs + [s for c in children for s in _model_processes(c)]
 
 
-def test_an_idle_http_connection_holds_the_stop_and_no_model_process_outlives_it(tmp_path):
+def test_an_idle_http_connection_holds_the_stop_and_the_launcher_says_why(tmp_path):
     """Triton 2.51 waits for every HTTP connection to close before it unloads the model: one client's idle
     keep-alive connection runs its stop out of its exit timeout (the grace + 10 s), and it exits 1 with the
-    model never finalized. The launcher says why, and kills what tritonserver left (a stub of such a stop
-    once lingered, holding the model's memory)."""
+    model never finalized. The launcher says why."""
     server = start_server(tmp_path, [*SERVER_ARGS, "--drain-grace", "0"])
-    stubs = _model_processes(server.process.pid)
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as idle:
         idle.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n")
         assert idle.recv(4096).startswith(b"HTTP/1.1 200"), server.log_tail()
@@ -434,10 +432,6 @@ def test_an_idle_http_connection_holds_the_stop_and_no_model_process_outlives_it
             if server.process.poll() is None:
                 server.process.kill()
     log = server.log.read_text(errors="replace")
-    deadline = time.monotonic() + 10  # a killed process is gone once reaped
-    while [s for s in stubs if Path(f"/proc/{s}").exists()] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert stubs and not [s for s in stubs if Path(f"/proc/{s}").exists()], server.log_tail()
     assert server.process.returncode == 1 and "tritonserver stopped (exit code 1)" in log, server.log_tail()
     assert "an HTTP client holding an idle keep-alive connection" in log, server.log_tail()
 
