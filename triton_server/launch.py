@@ -594,19 +594,6 @@ def serve(
     # In the launcher's process group: a signal to the group (a terminal, a supervisor, a test runner's
     # timeout) reaches tritonserver and the model's process too.
     process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
-    return _serve(process, ports, repository, ready_timeout, stop_flag, drain, stop_timeout, engine_watch)
-
-
-def _serve(
-    process: subprocess.Popen,
-    ports: tuple[int, int, int | None],
-    repository: Path,
-    ready_timeout: float,
-    stop_flag: StopFlag,
-    drain: tuple[Path | None, float],
-    stop_timeout: float,
-    engine_watch: float,
-) -> int:
     http_port, grpc_port, metrics_port = ports
     engine_stopped = False
     try:
