@@ -278,6 +278,17 @@ def probe_start(
     return args, graph_timer(50), torch.Generator(device="cuda").manual_seed(0)
 
 
+def device_tag(device: str) -> str:
+    """A result file's device part: ``h200``, ``cpu``, else the GPU's name (``nvidia_h100_80gb_hbm3``), so
+    that no result is ever named for another device than the one that measured it."""
+    return "h200" if "H200" in device else "cpu" if device == "cpu" else device.replace(" ", "_").lower()
+
+
+def result_name(stem: str, ext: str = "json") -> str:
+    """``<stem>_<device tag>.<ext>`` for this process's GPU: a result named by the device that measured it."""
+    return f"{stem}_{device_tag(torch.cuda.get_device_name())}.{ext}"
+
+
 def write_result(out: str | Path, name: str, data: dict) -> Path:
     """``data`` as indented JSON in ``<out>/<name>`` (the folder made where missing); returns the path."""
     path = Path(out) / name

@@ -91,7 +91,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from bench import device_tag
+from _bench_util import device_tag
 from bench_filter_floor import sorting_floor
 
 from trtllm_bole import ops

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 import triton
+from _bench_util import device_tag
 from pydantic import ValidationError
 from tqdm import tqdm
 
@@ -538,11 +539,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.out / f'{tag}.json'}")
     plot(runs, modes, args.out / f"{tag}.png", device)
     return 0 if result["all_exact_up_to_near_ties"] else 1
-
-
-def device_tag(device: str) -> str:
-    """A result file's device part: ``h200``, ``cpu``, else the GPU's name (never another device's tag)."""
-    return "h200" if "H200" in device else "cpu" if device == "cpu" else device.replace(" ", "_").lower()
 
 
 def plot(runs: list[dict], modes: list[str], path: Path, device: str) -> None:

@@ -25,7 +25,7 @@ Every variant is first checked against float64 (the serial recurrence for the ve
 ``trtllm_bole.reference`` for the conv and the commit; relative RMS <= 1e-2 in the serving precisions,
 1e-5 for the fp32 commit); one that fails is reported and not timed, and ratios are given only where both
 sides passed. Times: CUDA-graph replays, the L2 flushed before each (``_bench_util.graph_timer``). Writes
-``<out>/aot_plugins_h200.json``.
+``<out>/aot_plugins_<device>.json``.
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "conv": conv,
         "commit": commit,
     }
-    print(f"wrote {U.write_result(args.out, 'aot_plugins_h200.json', data)}")
+    print(f"wrote {U.write_result(args.out, U.result_name('aot_plugins'), data)}")
     return 0 if passed else 1
 
 

@@ -11,7 +11,7 @@ every row that rounding cannot decide equal bit for bit) and ``accept`` with eit
 leaves and bonus tokens on the same coins; a point that fails is not timed and the run reports nothing.
 Times: CUDA-graph replays, the L2 flushed (``_bench_util.graph_timer``); memory: the peak allocated by
 one call above what was live before it. ``--sweep`` also times the kernel's block sizes and warps.
-Writes ``<out>/filter_floor_h200.json`` and a PNG; ``TRITON_INTERPRET=1 ... --device cpu`` smoke-runs
+Writes ``<out>/filter_floor_<device>.json`` and a PNG; ``TRITON_INTERPRET=1 ... --device cpu`` smoke-runs
 the checks alone (a small ``--vocab``).
 """
 
@@ -180,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.sweep:
         data["sweep"] = sweep(batches, args.vocab, gen, measure)
-    path = U.write_result(args.out, "filter_floor_h200.json", data)
+    path = U.write_result(args.out, U.result_name("filter_floor"), data)
     print(f"wrote {path}")
-    print(plot(rows, Path(args.out) / "filter_floor_h200.png", data["meta"]["device"]))
+    print(plot(rows, Path(args.out) / U.result_name("filter_floor", "png"), data["meta"]["device"]))
     return 0
 
 

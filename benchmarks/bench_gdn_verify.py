@@ -298,9 +298,7 @@ class Bench:
 def result_tag(device: str) -> str:
     """Results are named by the device that measured them: ``h200``, ``smoke`` for the interpreter (so
     a smoke run never overwrites a GPU's results), else the GPU's name."""
-    if "H200" in device:
-        return "h200"
-    return "smoke" if device.startswith("CPU") else device.lower().replace(" ", "_")
+    return "smoke" if device.startswith("CPU") else U.device_tag(device)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_util import rel_rms, run_meta, write_result
-from bench import device_tag
+from _bench_util import device_tag, rel_rms, run_meta, write_result
 
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.llm import DEFAULT_MODEL

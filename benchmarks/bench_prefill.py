@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from _bench_util import graph_timer, rel_rms, run_meta, timer, write_result
+from _bench_util import graph_timer, rel_rms, result_name, run_meta, timer, write_result
 
 from trtllm_bole.kernels import gdn_prefill as prefill
 from trtllm_bole.kernels._common import GDNTreeFactors, tile_dividing
@@ -198,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             points.append(point)
             print(point, flush=True)
     data = run_meta(chunk_size=CHUNK, checks=checks, points=points)
-    tag = "h200" if "H200" in torch.cuda.get_device_name(0) else "gpu"
-    path = write_result(args.out, f"bench_prefill_{tag}.json", data)
+    path = write_result(args.out, result_name("bench_prefill"), data)
     print(f"wrote {path}\n{plot(data, path.with_suffix('.png'))}")
     return 0 if all(c["passed"] for c in checks) else 1
 

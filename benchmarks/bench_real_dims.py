@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 import triton
-from _bench_util import rel_rms
+from _bench_util import rel_rms, result_name
 
 from trtllm_bole.kernels import gdn_tree_verify, gdn_tree_verify_inverse
 from trtllm_bole.models.config import load_config
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "models": {},
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "real_dims_h200.json"
+    path = args.out / result_name("real_dims")
     for name in args.models.split(","):
         result["models"][name] = measure_model(name, args, batches, per_request, acceptance)
         torch.cuda.empty_cache()

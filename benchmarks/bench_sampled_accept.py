@@ -11,7 +11,7 @@ Qwen3's (151,936). At every point both sides must accept the same leaves and bon
 coins, else nothing is timed. Times: CUDA-graph replays (``_bench_util.graph_timer``), and
 ``ops.softmax_stats`` alone on the rows (its read rate: the logits' bytes over its time); memory: the
 peak allocated by one call above what was live before it (``_bench_util.peak_bytes``). Writes
-``<out>/sampled_accept_h200.json``. ``--device cpu`` smoke-runs the checks alone.
+``<out>/sampled_accept_<device>.json``. ``--device cpu`` smoke-runs the checks alone.
 
 Drafting ranks each level's rows the same way (``ranking``): a level of 4 rows a request, their 4
 likeliest tokens and log-probabilities by ``DraftSettings.top_log_probs`` (the top 4 logits and each
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if cuda:
         result = {"meta": U.run_meta(), "rows": rows, "ranking": ranked}
-        path = U.write_result(args.out, "sampled_accept_h200.json", result)
+        path = U.write_result(args.out, U.result_name("sampled_accept"), result)
         print(f"wrote {path}")
     return 0
 

@@ -11,7 +11,7 @@ whose table is as wide as the context (the executor's is as wide as the largest 
 makes the torch path slower). At every point the kernel is first checked against the torch path in
 float64 (relative RMS under 2e-2) and nothing is timed if it fails. Times: CUDA-graph replays with the L2
 flushed (``_bench_util.graph_timer``), inputs rotating; peak transient memory of each side
-(``torch.cuda.max_memory_allocated`` above the inputs). Writes ``<out>/tree_attention_h200.json``.
+(``torch.cuda.max_memory_allocated`` above the inputs). Writes ``<out>/tree_attention_<device>.json``.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     shape = {"head_dim": D, "page": PAGE, "tree": {"size": 64, "top_k": 4, "depth": 8}, "dtype": "bf16"}
     path = U.write_result(
-        args.out, "tree_attention_h200.json", {"meta": U.run_meta(shape=shape), "rows": rows}
+        args.out, U.result_name("tree_attention"), {"meta": U.run_meta(shape=shape), "rows": rows}
     )
     print(f"wrote {path}")
     return 0

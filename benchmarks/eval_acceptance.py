@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 import triton
-from bench import device_tag, divergence  # this folder's bench.py (scripts run with it on sys.path)
+from _bench_util import device_tag
+from bench import divergence  # this folder's bench.py (scripts run with it on sys.path)
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
 

@@ -7,7 +7,7 @@ trees of up to 64 nodes at several depths: chains of 16, 32 and 64 (the prefill'
 trees of depth 8, 9 and 16; the two-launch path at the prefill's config (64/64/64, value tiles at 4
 warps) with either factor kernel forced (``COMPACT_MAX_DEPTH``) at 4 and 8 warps. Each variant is
 checked against the float64 serial recurrence (``o`` and ``u``) before it is timed (CUDA-graph
-replays, L2 flushed). Writes ``<out>/factor_depth_h200.json``; ``COMPACT_MAX_DEPTH`` follows it.
+replays, L2 flushed). Writes ``<out>/factor_depth_<device>.json``; ``COMPACT_MAX_DEPTH`` follows it.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     finally:
         inv.COMPACT_MAX_DEPTH = kept
-    path = U.write_result(args.out, "factor_depth_h200.json", {"meta": U.run_meta(), "rows": rows})
+    path = U.write_result(args.out, U.result_name("factor_depth"), {"meta": U.run_meta(), "rows": rows})
     print(f"wrote {path}")
     return 0
 

@@ -35,6 +35,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
+# Results are named by the GPU that measured them (_bench_util.device_tag: h200, else the GPU's name).
+DEV=$(cd benchmarks && python -c 'import _bench_util as U, torch; print(U.device_tag(torch.cuda.get_device_name()))')
 mkdir -p "$OUT"
 case "${1:-}" in
 kernels)
@@ -83,7 +85,7 @@ repeats)
     # so that decoding, not the prompts' prefill, is most of a run.
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
     timeout 480 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
-        --batch-sizes 8,16,32 --repeats 3 --tag bench_throughput_h200_repeats --out "$OUT" \
+        --batch-sizes 8,16,32 --repeats 3 --tag "bench_throughput_${DEV}_repeats" --out "$OUT" \
         > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"; grep "tok/s" "$OUT/log.txt" | sed 's/.*\r//' | tail -12
     ;;
 acceptance)
@@ -100,7 +102,7 @@ train)
     timeout 570 python build_scripts/train_tiny.py --out /tmp/retrained --corpus .data/corpus --device cuda \
         --steps 4000 --stop-after 1497 --time-limit 520 > "$OUT/train_log.txt" 2>&1; echo "train rc=$?"
     python build_scripts/compare_training.py trtllm_bole/assets/qwen35-code-tiny/training.json \
-        /tmp/retrained/training.json --out "$OUT/train_repro_h200.json"; echo "compare rc=$?"
+        /tmp/retrained/training.json --out "$OUT/train_repro_${DEV}.json"; echo "compare rc=$?"
     ;;
 configs)
     timeout 580 python benchmarks/sweep_verify_configs.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "sweep rc=$?"
@@ -248,7 +250,7 @@ probe)
         "$NCU" -i "/tmp/value_$V.ncu-rep" --page details --csv > "/tmp/details_$V.csv"
         "$NCU" -i "/tmp/value_$V.ncu-rep" --page source --csv --print-source sass > "/tmp/source_$V.csv"
         python benchmarks/ncu_verify_phases.py summarize "/tmp/details_$V.csv" "/tmp/source_$V.csv" --out "$OUT" \
-            --name "ncu_value_tiles_${V}_h200.json" \
+            --stem "ncu_value_tiles_${V}" \
             --profiled "bash benchmarks/h200.sh probe (ncu --set full on probe_value_bytes.py --launch $V)"
     done
     ;;

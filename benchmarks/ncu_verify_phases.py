@@ -12,7 +12,7 @@ raw gates): twice to compile and warm up, then once each for ncu to profile (it 
 before each, as the benchmark's timer does). ``summarize`` keeps, per kernel, the speed-of-light,
 occupancy and scheduler figures, the share of each stall reason over all warp samples, and the SASS
 instructions that gathered the most samples with their main reasons; writes
-``<out>/ncu_verify_phases_h200.json``. Diagnostic only: ncu's replays time each kernel alone.
+``<out>/ncu_verify_phases_<device>.json``. Diagnostic only: ncu's replays time each kernel alone.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("details", type=Path)
     s.add_argument("source", type=Path)
     s.add_argument("--out", type=Path, required=True)
-    s.add_argument("--name", default="ncu_verify_phases_h200.json")
+    s.add_argument("--stem", default="ncu_verify_phases", help="the JSON's name before the GPU's tag")
     s.add_argument("--profiled", default=PROFILED, help="the run the CSVs come from, for the JSON's meta")
     args = ap.parse_args(argv)
     if args.command == "launch":
@@ -142,17 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import platform
 
+    import _bench_util as U
     import torch
     import triton
 
     meta = {
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
         "command": args.profiled,
     }  # fmt: skip
     summary = {"meta": meta, "phases": summarize(args.details, args.source)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / args.name).write_text(json.dumps(summary, indent=1))
+    (args.out / U.result_name(args.stem)).write_text(json.dumps(summary, indent=1))
     for entry in summary["phases"]:
         print(json.dumps({k: v for k, v in entry.items() if k != "top_instructions"}))
     return 0

@@ -10,7 +10,8 @@ loaded three ways and timed alone on the same inputs: its PTX (ISA 8.0, as shipp
 JIT, the PTX of Triton's default ISA through the JIT, and Triton's cubin. Each is checked against the
 float64 truth first (o and u for the value kernels, log_p for the factors; relative RMS <= 1e-2) and
 timed only if it passes; registers and local (spill) bytes per thread come from the loaded function.
-Times: CUDA-graph replays, L2 flushed (``_bench_util.graph_timer``). Writes ``<out>/probe_aot_jit_h200.json``.
+Times: CUDA-graph replays, L2 flushed (``_bench_util.graph_timer``). Writes
+``<out>/probe_aot_jit_<device>.json``.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": U.run_meta(triton_ptxas=ptxas_version(), cuda_driver=driver_version()),
         "rows": rows,
     }
-    print(f"wrote {U.write_result(args.out, 'probe_aot_jit_h200.json', data)}")
+    print(f"wrote {U.write_result(args.out, U.result_name('probe_aot_jit'), data)}")
     return 0 if all(r["passed"] for r in rows) else 1
 
 

@@ -9,8 +9,9 @@ layers of 16 requests at Qwen3.5-9B heads in the serving layout (bf16 k, request
 one request rejecting everything) for accepted paths of 1 to 9 nodes (every request accepts the first
 node of its top-4 tree at that depth). Each config is checked at each length against the float64
 factored commit first (relative RMS <= 1e-5) and timed only if it passes (CUDA-graph replays, L2 flushed;
-a replay commits again: the values move, the traffic does not). Writes ``<out>/probe_commit_paths_h200.json``
-with, per length, every config's time and fraction of the copy bandwidth measured in the run.
+a replay commits again: the values move, the traffic does not). Writes
+``<out>/probe_commit_paths_<device>.json`` with, per length, every config's time and fraction of the copy
+bandwidth measured in the run.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{length} nodes: fastest {best} {row['us'].get(best, float('nan')):.1f} µs", flush=True)
     data = {"meta": U.run_meta(layers=LAYERS, batch=BATCH, hv=HV), "copy_bandwidth": copy, "rows": rows}
-    print(f"wrote {U.write_result(args.out, 'probe_commit_paths_h200.json', data)}")
+    print(f"wrote {U.write_result(args.out, U.result_name('probe_commit_paths'), data)}")
     return 1 if failed else 0
 
 

@@ -8,7 +8,8 @@ is the floor kernel's first window level (16 windows of 1 nat below the row's ma
 its counts and masses; beside it a pass that only sums ``exp`` (the traffic and the exponentials) and
 the row maximum. The span passes count by ``tl.histogram`` or by one-hot sums, and sum the masses one-hot
 in a ``[block, 16]`` or a ``[16, block]`` (``[digits, block]``) tile; they must give the row passes'
-counts and masses (summed over spans), else nothing is timed. Writes ``<out>/probe_floor_passes_h200.json``.
+counts and masses (summed over spans), else nothing is timed. Writes
+``<out>/probe_floor_passes_<device>.json``.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     points = [point(rows, gen, measure) for rows in (64, 2048)]
     if None in points:
         return 1
-    path = U.write_result(args.out, "probe_floor_passes_h200.json", {"meta": U.run_meta(), "points": points})
+    data = {"meta": U.run_meta(), "points": points}
+    path = U.write_result(args.out, U.result_name("probe_floor_passes"), data)
     print(f"wrote {path}")
     return 0
 

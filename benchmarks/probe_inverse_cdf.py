@@ -5,7 +5,7 @@
 
 Rows of 151,936 float64 weights (uniform), 1, 8 and 32 rows; both sides must pick the same tokens,
 else nothing is timed. Times: CUDA-graph replays (``_bench_util.graph_timer``). Writes
-``<out>/probe_inverse_cdf_h200.json``: what :func:`~trtllm_bole.spec.acceptance.inverse_cdf`'s choice
+``<out>/probe_inverse_cdf_<device>.json``: what :func:`~trtllm_bole.spec.acceptance.inverse_cdf`'s choice
 rests on.
 """
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         rows.append(row)
-    path = U.write_result(args.out, "probe_inverse_cdf_h200.json", {"meta": U.run_meta(), "rows": rows})
+    path = U.write_result(args.out, U.result_name("probe_inverse_cdf"), {"meta": U.run_meta(), "rows": rows})
     print(f"wrote {path}")
     return 0
 

@@ -10,7 +10,7 @@ Triton keeps in registers on sm_90 (wgmma's A from registers), and only K, Q, W'
 shared memory. This probe times that kernel, on factors formed once by the kept factor kernel, beside
 the kept value-tile kernel, each first checked against the float64 serial recurrence (relative RMS of
 o and u under 1e-2; a variant that fails is not timed). CUDA-graph replays, L2 flushed, inputs
-rotating, two rounds. Writes ``<out>/probe_transposed_tiles_h200.json``.
+rotating, two rounds. Writes ``<out>/probe_transposed_tiles_<device>.json``.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{n} {min(row['value_us'][n]):.1f}/{min(row['verify_us'][n]):.1f}" for n in timed)
         )
     meta = U.run_meta(config=str(CONFIG), tree={"size": 64, "top_k": 4, "depth": 8}, variants=VARIANTS)
-    path = U.write_result(args.out, "probe_transposed_tiles_h200.json", {"meta": meta, "rows": rows})
+    path = U.write_result(args.out, U.result_name("probe_transposed_tiles"), {"meta": meta, "rows": rows})
     print(f"wrote {path}")
     return 0
 

@@ -20,7 +20,7 @@ The edited variants compute wrong outputs by design (a time only); the unedited 
 the float64 serial recurrence first (relative RMS of o under 1e-2) and nothing is timed if it fails.
 CUDA-graph replays with the L2 flushed (``_bench_util.graph_timer``), inputs rotating, two rounds.
 Qwen3.5-9B GDN heads at batch 8, 16 and 32, 27B at 16; top-4 trees of 64 nodes, depth 8, bf16 q/k/v,
-fp32 state. Writes ``<out>/probe_value_bytes_h200.json`` and a PNG of each variant's time as a share of
+fp32 state. Writes ``<out>/probe_value_bytes_<device>.json`` and a PNG of each variant's time as a share of
 the kept kernel's. Diagnostic only: no speed-up is reported.
 """
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{model} B={batch}: " + ", ".join(f"{n} {min(t):.1f}" for n, t in row["value_us"].items()))
     meta = U.run_meta(config=str(CONFIG), tree={"size": 64, "top_k": 4, "depth": 8}, variants=VARIANTS)
     data = {"meta": meta, "rows": rows}
-    path = U.write_result(args.out, "probe_value_bytes_h200.json", data)
+    path = U.write_result(args.out, U.result_name("probe_value_bytes"), data)
     plot(data, path.with_suffix(".png"))
     print(f"wrote {path} and its PNG")
     return 0

@@ -19,7 +19,8 @@ import pstats
 import sys
 
 import torch
-from bench import PROFILED_SPECULATION, device_tag, open_profiling_run, profiling_parser, run, warm_up
+from _bench_util import device_tag
+from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
 
 from trtllm_bole import LLM
 

@@ -28,7 +28,8 @@ from collections import defaultdict
 
 import torch
 import triton
-from bench import PROFILED_SPECULATION, device_tag, open_profiling_run, profiling_parser, run, warm_up
+from _bench_util import device_tag
+from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
 
 from trtllm_bole import LLM
 from trtllm_bole.spec import executor as executor_module

@@ -18,7 +18,7 @@ replays with the L2 flushed (the timer of bench_gdn_verify.py):
   still comes from DRAM);
 
 and the time to copy the batch's states (the state read's floor), with every kernel's registers and spills.
-Writes ``<out>/profile_verify_h200.json``. Diagnostic only: it reports times, not speed-ups.
+Writes ``<out>/profile_verify_<device>.json``. Diagnostic only: it reports times, not speed-ups.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"B={batch} {key}: {json.dumps(entry)}", flush=True)
         rows.append(row)
     meta = U.run_meta(shape={"model": "qwen3.5-9b", "hv": HV, "tree_size": SIZE, "depth": DEPTH, "top_k": 4})
-    path = U.write_result(args.out, "profile_verify_h200.json", {"meta": meta, "rows": rows})
+    path = U.write_result(args.out, U.result_name("profile_verify"), {"meta": meta, "rows": rows})
     print(f"wrote {path}")
     return 0
 

@@ -11,7 +11,7 @@ Qwen3.5-9B and -27B GDN heads, T = 64, depth 8, batch 1 and 16. Before any timin
 both kernels' ``o`` against the float64 serial recurrence (relative RMS <= 1e-2); a round that fails
 is reported and not timed. Per point: every round's times and ratio, their median and range, and the
 fraction of the memory floor (bytes the verify must move at the copy bandwidth measured in this run).
-Writes ``<out>/verify_ratio_repeats_h200.json``.
+Writes ``<out>/verify_ratio_repeats_<device>.json``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         sglang=sglang.version, copy_bandwidth=copy,
         shape={"tree_size": SIZE, "depth": DEPTH, "top_k": 4, "H": U.H, "dk": U.DK, "dv": U.DV},
     )  # fmt: skip
-    U.write_result(args.out, "verify_ratio_repeats_h200.json", {"meta": meta, "points": points})
+    U.write_result(args.out, U.result_name("verify_ratio_repeats"), {"meta": meta, "points": points})
     for p in points:
         if "speedup" in p:
             s, f = p["speedup"], p["floor_fraction"]

@@ -10,7 +10,7 @@ bf16 inputs (the serving precisions); top-4 trees of 64 nodes and depth 8 (a spe
 of 64 (a prompt chunk: prefill verifies chains). Every config is checked against the float64 serial walk
 first (relative RMS of ``o`` within 1e-4 for fp32 inputs, 1e-2 for bf16) and timed only if it passes;
 times are CUDA-graph replays with the L2 flushed (``_bench_util.graph_timer``). Writes
-``<out>/verify_configs_h200.json``: per point the default's config and time, the winner, every time.
+``<out>/verify_configs_<device>.json``: per point the default's config and time, the winner, every time.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     work = [(d, t, s, b) for d, t, s, batches in PLAN for b in batches]
     results = []
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "verify_configs_h200.json"
+    path = args.out / U.result_name("verify_configs")
     meta = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "command": " ".join(["python", *sys.argv]),

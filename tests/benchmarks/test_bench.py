@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -367,13 +368,22 @@ def test_prepare_dataset_refuses_requests_of_no_tokens(tmp_path):
     assert not out.exists()
 
 
-def test_result_files_take_their_gpu_name():
-    """A result of another GPU is never written under the H200's or the CPU's name."""
+def test_result_files_take_their_gpu_name(monkeypatch):
+    """A result of another GPU is never written under the H200's or the CPU's name, and no script names
+    the file it writes for a GPU (an H100 run once wrote verify_ratio_repeats_h200.json)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench import device_tag
+    from _bench_util import device_tag, result_name
 
     assert device_tag("NVIDIA H200") == "h200" and device_tag("cpu") == "cpu"
     assert device_tag("NVIDIA A100-SXM4-80GB") == "nvidia_a100-sxm4-80gb"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert result_name("probe") == "probe_nvidia_h100_80gb_hbm3.json"
+    assert result_name("probe", "png") == "probe_nvidia_h100_80gb_hbm3.png"
+    named = re.compile(r"""["'][\w{}$/]*_h200\w*\.(?:json|png|txt)["']""")  # a quoted file name
+    for script in (ROOT / "benchmarks").glob("*.py"):
+        assert not named.findall(script.read_text()), (script.name, named.findall(script.read_text()))
+    runs = (ROOT / "benchmarks" / "h200.sh").read_text().splitlines()
+    assert not [line for line in runs if "_h200" in line and not line.lstrip().startswith("#")]
 
 
 def test_acceptance_eval_prints_no_statistic_it_withholds(tmp_path, monkeypatch, capsys):
