@@ -303,15 +303,32 @@ def _commit_batch(b, batch: int) -> dict[str, Any]:
             row["copy_fraction"] = row["bole_bytes_per_s"] / copy_bw
     half = leaf.clone()
     half[::2] = -1
-    row["bole_half_accepted_us"] = b.measure(lambda: b.commit_mod.gdn_commit(state, factors, half))
+    if _check_commit(b, factors, state, leaf, None):  # the default config, a rejecting request among them
+        row["bole_half_accepted_us"] = b.measure(lambda: b.commit_mod.gdn_commit(state, factors, half))
     row["snapshot_bytes"] = layers * n * hv * b.dk * b.dv * 4
     if row["snapshot_bytes"] <= 1.3 * b.mem_cap:  # one all-layer snapshot buffer, nothing else large
         row.update(_copy_commits(b, state, tree, leaf, layers, size))
     channels = 2 * b.h * b.dk + hv * b.dv
     xc = torch.randn(layers, n, channels, device=b.device).bfloat16()
     conv_state = torch.randn(layers, batch, channels, 3, device=b.device).bfloat16()
-    row["conv_commit_us"] = b.measure(lambda: b.commit_mod.conv_state_commit(conv_state, xc, tree, leaf))
+    if _check_conv_commit(b, conv_state, xc, tree, leaf):
+        row["conv_commit_us"] = b.measure(lambda: b.commit_mod.conv_state_commit(conv_state, xc, tree, leaf))
     return row
+
+
+def _check_conv_commit(b, conv_state: torch.Tensor, xc: torch.Tensor, tree, leaf: torch.Tensor) -> bool:
+    """The first three layers' all-layer conv commit against the reference's, layer by layer: a copy, so
+    bit-identical."""
+    from trtllm_bole.reference import conv_tree
+
+    def run():
+        got, want = conv_state[:3].clone(), conv_state[:3].clone()
+        b.commit_mod.conv_state_commit(got, xc[:3], tree, leaf)
+        for i in range(3):
+            conv_tree.conv_state_commit(want[i], xc[i], tree, leaf)
+        return {"differs": float(not torch.equal(got, want))}, 0.0
+
+    return b._check(("conv commit",), "conv_state_commit", run)
 
 
 def _copy_commits(b, state: torch.Tensor, tree, leaf: torch.Tensor, layers: int, size: int) -> dict[str, Any]:

@@ -183,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     path = U.write_result(args.out, U.result_name("filter_floor"), data)
     print(f"wrote {path}")
     print(plot(rows, Path(args.out) / U.result_name("filter_floor", "png"), data["meta"]["device"]))
-    return 0
+    failed = [r for r in data.get("sweep", []) if r["us"] is None]  # a shape whose floors were wrong
+    if failed:
+        print(f"{len(failed)} swept shapes failed their check (us: null in the JSON)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

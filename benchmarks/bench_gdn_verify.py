@@ -292,6 +292,11 @@ class Bench:
         self.r.save()
         print(U.plot(self.r.data, self.png), flush=True)
         print(json.dumps(self.r.data["summary"], indent=1), flush=True)
+        failed = [c["what"] for c in self.r.data["checks"] if not c["ok"]]
+        if failed or self.r.data["errors"]:  # nothing of theirs was timed, but the run is not whole
+            errors = len(self.r.data["errors"])
+            print(f"{len(failed)} checks failed, {errors} errors: exit 1", file=sys.stderr)
+            return 1
         return 0
 
 

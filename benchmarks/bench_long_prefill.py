@@ -153,7 +153,8 @@ def plot(before: dict, after: dict, png: Path) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, unit in ((axes[0], "peak_mib", "peak memory above the caches, MiB"), (axes[1], "ms", "ms")):
         for offset, run in ((-0.2, before), (0.2, after)):
-            values = [p.get(key) or 0 for p in run["points"]]
+            # A point that failed its check has no figure: no bar (a bar of 0 would read as the best).
+            values = [float("nan") if p.get(key) is None else p[key] for p in run["points"]]
             ax.bar([i + offset for i in range(len(values))], values, 0.4, label=run["tag"])
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlabel("prompts x tokens each")

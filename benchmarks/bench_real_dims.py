@@ -42,7 +42,7 @@ from trtllm_bole.models.config import load_config
 from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.models.presets import QWEN35_PRESETS
 from trtllm_bole.spec.calibration import StepTimer, TimingSettings
-from trtllm_bole.testing import topk_parents
+from trtllm_bole.testing import chain_parents, topk_parents
 
 HERE = Path(__file__).resolve().parent
 
@@ -205,7 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(result, indent=2) + "\n")  # after each model: a cut run keeps the first
         print(f"wrote {path}")
     plot(result, path.with_suffix(".png"))
-    return 0
+    failed = [
+        step
+        for entry in result["models"].values()
+        for row in entry["steps"]
+        for step in (row["decode"], row["chain9"], row["bole"], row["tree_serial"])
+        if "verify check failed" in step.get("error", "")
+    ]
+    return 1 if failed else 0
 
 
 def measure_model(name: str, args, batches: list[int], per_request: list[int], acceptance) -> dict:
@@ -227,14 +234,26 @@ def measure_model(name: str, args, batches: list[int], per_request: list[int], a
             cuda_graphs=False,
         )  # fmt: skip
 
+    def checked(trees: list[list[int]], scheme: str, time_step) -> dict:
+        """The step's GDN verify checked at this model's heads first; the step timed only if it passes."""
+        check = verify_check(trees, *gdn_dims, device="cuda", scheme=scheme)
+        return (
+            {**step_point(timer, time_step), "check": check}
+            if check["ok"]
+            else {"error": f"verify check failed: {check}"}
+        )
+
     # One timer at a time: each allocates the model's cache. Chains (top-k 1) first.
-    chain_timer = timer_for(1, biggest * 9)
-    chain = {b: step_point(chain_timer, partial(chain_timer.verify, b, kv, 9 * b, "serial")) for b in batches}
-    del chain_timer
+    timer = timer_for(1, biggest * 9)
+    chain = {
+        b: checked([chain_parents(9)] * b, "serial", partial(timer.verify, b, kv, 9 * b, "serial"))
+        for b in batches
+    }
+    del timer
     timer = timer_for(4, biggest * max(per_request))
     rows, skipped = [], []
     for batch in batches:
-        decode = step_point(timer, partial(timer.decode, batch, kv))
+        decode = checked([[-1]] * batch, "bole", partial(timer.decode, batch, kv))
         for n in per_request:
             if time.perf_counter() - started > args.time_budget:
                 skipped.append({"batch": batch, "tokens_per_request": n})

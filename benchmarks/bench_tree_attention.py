@@ -73,11 +73,16 @@ def point(
         row[f"{name}_us"] = measure(U.Rotating(sets, lambda s, fn=fn: fn(*s)))
         row[f"{name}_peak_bytes"] = U.peak_bytes(lambda fn=fn: fn(*x))
     row["speedup"] = row["torch_us"] / row["kernel_us"]
-    by_splits = {}
+    by_splits, failed = {}, []
     for count in splits:
         split = partial(tree_attention, scale=D**-0.5, splits=count)
         if U.passes([U.rel_rms(split(*x), exact)], TOL):
             by_splits[count] = measure(U.Rotating(sets, lambda s, split=split: split(*s)))
+        else:
+            failed.append(count)
+    if failed:  # recorded, and the run exits 1
+        row["failed_splits"] = failed
+        print(f"  splits {failed}: check FAILED, not timed", flush=True)
     if by_splits:
         row["kernel_us_by_splits"] = by_splits
         print(f"  splits: {', '.join(f'{c}: {t:.1f}' for c, t in by_splits.items())} us", flush=True)
@@ -113,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out, U.result_name("tree_attention"), {"meta": U.run_meta(shape=shape), "rows": rows}
     )
     print(f"wrote {path}")
-    return 0
+    return 1 if any("speedup" not in row or "failed_splits" in row for row in rows) else 0
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         inv.COMPACT_MAX_DEPTH = kept
     path = U.write_result(args.out, U.result_name("factor_depth"), {"meta": U.run_meta(), "rows": rows})
     print(f"wrote {path}")
-    return 0
+    return 1 if any("us" not in e for row in rows for e in row.values() if isinstance(e, dict)) else 0
 
 
 if __name__ == "__main__":

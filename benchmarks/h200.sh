@@ -37,36 +37,39 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD
 # Results are named by the GPU that measured them (_bench_util.device_tag: h200, else the GPU's name).
 DEV=$(cd benchmarks && python -c 'import _bench_util as U, torch; print(U.device_tag(torch.cuda.get_device_name()))')
+# Each step says its exit code; the target exits 1 if any step failed (a benchmark whose check failed).
+RC=0
+note() { local rc=$?; echo "$1 rc=$rc"; [ "$rc" -eq 0 ] || RC=1; }
 mkdir -p "$OUT"
 case "${1:-}" in
 kernels)
     python benchmarks/bench_gdn_verify.py --focus headline --budget-s "${BUDGET_S:-330}" --out "$OUT" \
-        > "$OUT/log.txt" 2>&1; echo "bench rc=$?"
+        > "$OUT/log.txt" 2>&1; note "bench"
     python -m pytest -q -m gpu tests/kernels tests/test_transfer.py -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1
-    echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
-    python benchmarks/profile_verify.py --out "$OUT" > "$OUT/profile_log.txt" 2>&1; echo "profile rc=$?"
+    note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
+    python benchmarks/profile_verify.py --out "$OUT" > "$OUT/profile_log.txt" 2>&1; note "profile"
     ;;
 engine)
     mkdir -p "$OUT/plugins" "$OUT/engine"
-    python plugins/check_aot.py --out "$OUT/plugins" > "$OUT/plugins/check_aot.log" 2>&1; echo "check_aot rc=$?"
+    python plugins/check_aot.py --out "$OUT/plugins" > "$OUT/plugins/check_aot.log" 2>&1; note "check_aot"
     python build_scripts/build_engine.py --calibrate --max-batch-size 32 --max-seq-len 4096 \
-        --output /tmp/engine-h200 --quiet > "$OUT/engine/build.log" 2>&1; echo "build rc=$?"
+        --output /tmp/engine-h200 --quiet > "$OUT/engine/build.log" 2>&1; note "build"
     cp /tmp/engine-h200/config.json /tmp/engine-h200/budget.json "$OUT/engine/"
     python -m trtllm_bole generate --model /tmp/engine-h200 --device cuda --max-tokens 48 \
-        > "$OUT/engine/generate.txt" 2>&1; echo "generate rc=$?"
+        > "$OUT/engine/generate.txt" 2>&1; note "generate"
     # The engine's tests where the kernels compile for this GPU, and the calibration's GPU test.
     python -m pytest -q tests/engine tests/spec/test_calibration.py tests/spec/test_budget.py -p no:cacheprovider \
-        > "$OUT/engine/pytest.txt" 2>&1; echo "engine tests rc=$?"; tail -3 "$OUT/engine/pytest.txt"
+        > "$OUT/engine/pytest.txt" 2>&1; note "engine tests"; tail -3 "$OUT/engine/pytest.txt"
     ;;
 commit-paths)
-    python benchmarks/probe_commit_paths.py --out "$OUT" > "$OUT/commit_paths.log" 2>&1; echo "probe rc=$?"
+    python benchmarks/probe_commit_paths.py --out "$OUT" > "$OUT/commit_paths.log" 2>&1; note "probe"
     tail -10 "$OUT/commit_paths.log"
     ;;
 aot)
     mkdir -p "$OUT/plugins"
-    python plugins/check_aot.py --out "$OUT/plugins" > "$OUT/plugins/check_aot.log" 2>&1; echo "check_aot rc=$?"
+    python plugins/check_aot.py --out "$OUT/plugins" > "$OUT/plugins/check_aot.log" 2>&1; note "check_aot"
     tail -4 "$OUT/plugins/check_aot.log"
-    python benchmarks/bench_aot_plugins.py --out "$OUT" > "$OUT/aot_plugins.log" 2>&1; echo "bench rc=$?"
+    python benchmarks/bench_aot_plugins.py --out "$OUT" > "$OUT/aot_plugins.log" 2>&1; note "bench"
     grep -v "verify:" "$OUT/aot_plugins.log" | tail -12
     ;;
 serving)
@@ -75,9 +78,9 @@ serving)
     # 32 requests so that batch 32 is a full batch; 48 tokens each keeps the six batch sizes in one call.
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 48
     timeout 420 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
-        --batch-sizes 1,2,4,8,16,32 --out "$OUT" > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"
+        --batch-sizes 1,2,4,8,16,32 --out "$OUT" > "$OUT/log.txt" 2>&1; note "throughput"
     timeout 100 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
-        --modes ar,tree-serial,bole --batch-sizes 8,32 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "profile rc=$?"
+        --modes ar,tree-serial,bole --batch-sizes 8,32 --out "$OUT" >> "$OUT/log.txt" 2>&1; note "profile"
     ;;
 repeats)
     # The batch >= 8 runs last seconds each and vary by tens of percent from run to run: three of each,
@@ -86,43 +89,43 @@ repeats)
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
     timeout 480 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --batch-sizes 8,16,32 --repeats 3 --tag "bench_throughput_${DEV}_repeats" --out "$OUT" \
-        > "$OUT/log.txt" 2>&1; echo "throughput rc=$?"; grep "tok/s" "$OUT/log.txt" | sed 's/.*\r//' | tail -12
+        > "$OUT/log.txt" 2>&1; note "throughput"; grep "tok/s" "$OUT/log.txt" | sed 's/.*\r//' | tail -12
     ;;
 acceptance)
     timeout 120 python benchmarks/eval_acceptance.py --device cuda --dtype float32 --prompts 6 --max-tokens 64 \
-        --curve 4,16,64 --out "$OUT" >> "$OUT/log.txt" 2>&1; echo "acceptance rc=$?"
+        --curve 4,16,64 --out "$OUT" >> "$OUT/log.txt" 2>&1; note "acceptance"
     ;;
 realdims)
     timeout 560 python benchmarks/bench_real_dims.py --out "$OUT" --models qwen3.5-9b,qwen3.5-27b \
         --batches 1,8,16 --time-budget "${BUDGET_S:-200}" --acceptance benchmarks/results/acceptance_cpu.json \
-        > "$OUT/log.txt" 2>&1; echo "real dims rc=$?"; tail -5 "$OUT/log.txt"
+        > "$OUT/log.txt" 2>&1; note "real dims"; tail -5 "$OUT/log.txt"
     ;;
 train)
     # The committed run stopped at step 1497 on its time limit; --stop-after replays it on any machine speed.
     timeout 570 python build_scripts/train_tiny.py --out /tmp/retrained --corpus .data/corpus --device cuda \
-        --steps 4000 --stop-after 1497 --time-limit 520 > "$OUT/train_log.txt" 2>&1; echo "train rc=$?"
+        --steps 4000 --stop-after 1497 --time-limit 520 > "$OUT/train_log.txt" 2>&1; note "train"
     python build_scripts/compare_training.py trtllm_bole/assets/qwen35-code-tiny/training.json \
-        /tmp/retrained/training.json --out "$OUT/train_repro_${DEV}.json"; echo "compare rc=$?"
+        /tmp/retrained/training.json --out "$OUT/train_repro_${DEV}.json"; note "compare"
     ;;
 configs)
-    timeout 580 python benchmarks/sweep_verify_configs.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "sweep rc=$?"
+    timeout 580 python benchmarks/sweep_verify_configs.py --out "$OUT" > "$OUT/log.txt" 2>&1; note "sweep"
     ;;
 depth)
-    timeout 280 python benchmarks/factor_depth.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "depth rc=$?"
+    timeout 280 python benchmarks/factor_depth.py --out "$OUT" > "$OUT/log.txt" 2>&1; note "depth"
     tail -9 "$OUT/log.txt"
     ;;
 ops)
     python -m pytest -q -m gpu tests/kernels tests/test_transfer.py tests/spec tests/models tests/test_tree.py \
-        -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+        -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
     python -m pytest -q tests/ops -p no:cacheprovider \
-        > "$OUT/pytest_ops.txt" 2>&1; echo "ops tests rc=$?"; tail -3 "$OUT/pytest_ops.txt"
-    python benchmarks/op_dispatch.py --out "$OUT" > "$OUT/dispatch_log.txt" 2>&1; echo "dispatch rc=$?"
+        > "$OUT/pytest_ops.txt" 2>&1; note "ops tests"; tail -3 "$OUT/pytest_ops.txt"
+    python benchmarks/op_dispatch.py --out "$OUT" > "$OUT/dispatch_log.txt" 2>&1; note "dispatch"
     timeout 240 python benchmarks/ab_executor.py dispatcher --trials 6 --batches 1,8,32 --out "$OUT" \
-        >> "$OUT/dispatch_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/dispatch_log.txt"
+        >> "$OUT/dispatch_log.txt" 2>&1; note "ab"; grep -v "loading\|warm" "$OUT/dispatch_log.txt"
     ;;
 tests)
     python -m pytest -q -m gpu tests/kernels tests/test_transfer.py tests/spec tests/models tests/test_tree.py \
-        -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+        -p no:cacheprovider > "$OUT/pytest_gpu.txt" 2>&1; note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
     ;;
 cuda-tests)
     # Apart from `tests`: the two took 590 s of the device tool's 600 in one call on a fresh machine.
@@ -131,122 +134,122 @@ cuda-tests)
     python -m pytest -q tests/kernels/test_tree_attention.py tests/kernels/test_gdn_prefill.py \
         tests/kernels/test_kv_commit.py tests/kernels/test_forest.py tests/kernels/test_norms.py \
         tests/models/test_cache.py tests/ops tests/test_llm.py -p no:cacheprovider \
-        > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+        > "$OUT/pytest_cuda.txt" 2>&1; note "cuda tests"; tail -3 "$OUT/pytest_cuda.txt"
     ;;
 second-gpu)
     # Triton, CUDA streams, events and graph captures take the thread's current GPU, not their tensors'.
     python -m pytest -q -rs tests/test_devices.py -p no:cacheprovider > "$OUT/pytest_devices.txt" 2>&1
-    echo "device tests rc=$?"; tail -3 "$OUT/pytest_devices.txt"
+    note "device tests"; tail -3 "$OUT/pytest_devices.txt"
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 4 --output-tokens 32
     timeout 240 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda:1 --dtype float32 \
         --modes bole --batch-sizes 1,4 --out "$OUT" --tag bench_throughput_second_gpu > "$OUT/bench_log.txt" 2>&1
-    echo "bench rc=$?"; tail -4 "$OUT/bench_log.txt"
+    note "bench"; tail -4 "$OUT/bench_log.txt"
     python -m trtllm_bole generate --device cuda:1 --max-tokens 32 > "$OUT/generate.txt" 2>&1
-    echo "generate rc=$?"; tail -4 "$OUT/generate.txt"
+    note "generate"; tail -4 "$OUT/generate.txt"
     ;;
 steps)
     timeout 240 python benchmarks/ab_executor.py step-graphs --trials 6 --batches 1,2,4,8,16,32 --out "$OUT" \
-        > "$OUT/ab_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/ab_log.txt"
+        > "$OUT/ab_log.txt" 2>&1; note "ab"; grep -v "loading\|warm" "$OUT/ab_log.txt"
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
     timeout 200 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --modes ar,tree-serial,bole --batch-sizes 8,32 --out "$OUT" > "$OUT/profile_log.txt" 2>&1
-    echo "profile rc=$?"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
+    note "profile"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
     ;;
 long)
     timeout 200 python benchmarks/bench_long_prefill.py --out "$OUT" --bounds 32000,8192,2048 --serve 8x4000 \
-        > "$OUT/long_log.txt" 2>&1; echo "long rc=$?"; tail -8 "$OUT/long_log.txt"
+        > "$OUT/long_log.txt" 2>&1; note "long"; tail -8 "$OUT/long_log.txt"
     ;;
 prefill-tests)
     python -m pytest -q -m gpu tests/models tests/spec tests/kernels/test_gdn_prefill.py \
         tests/kernels/test_tree_conv1d.py tests/kernels/test_kv_commit.py -p no:cacheprovider \
-        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+        > "$OUT/pytest_gpu.txt" 2>&1; note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
     python -m pytest -q tests/kernels/test_gdn_prefill.py tests/kernels/test_kv_commit.py tests/models/test_cache.py \
         tests/ops/test_validation.py -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
-    echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+    note "cuda tests"; tail -3 "$OUT/pytest_cuda.txt"
     ;;
 gdn-inputs)
     python -m pytest -q -m gpu tests/models tests/spec tests/kernels/test_norms.py -p no:cacheprovider \
-        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+        > "$OUT/pytest_gpu.txt" 2>&1; note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
     python -m pytest -q tests/kernels/test_norms.py tests/ops tests/test_llm.py -p no:cacheprovider \
-        > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+        > "$OUT/pytest_cuda.txt" 2>&1; note "cuda tests"; tail -3 "$OUT/pytest_cuda.txt"
     timeout 300 python benchmarks/ab_executor.py gdn-inputs --trials 6 --batches 8,32 --out "$OUT" \
-        > "$OUT/ab_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
+        > "$OUT/ab_log.txt" 2>&1; note "ab"; grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
     ;;
 prefill-graphs)
     python -m pytest -q -m gpu tests/models tests/spec tests/kernels/test_gdn_prefill.py \
         tests/kernels/test_tree_conv1d.py tests/kernels/test_kv_commit.py -p no:cacheprovider \
-        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+        > "$OUT/pytest_gpu.txt" 2>&1; note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
     python -m pytest -q tests/kernels/test_gdn_prefill.py tests/models/test_cache.py tests/ops/test_validation.py \
         tests/test_llm.py -p no:cacheprovider > "$OUT/pytest_cuda.txt" 2>&1
-    echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+    note "cuda tests"; tail -3 "$OUT/pytest_cuda.txt"
     timeout 300 python benchmarks/ab_executor.py prefill-graphs --trials "${TRIALS:-6}" --batches 1,8,16 \
-        --requests 48 --out "$OUT" > "$OUT/ab_log.txt" 2>&1; echo "ab rc=$?"; grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
+        --requests 48 --out "$OUT" > "$OUT/ab_log.txt" 2>&1; note "ab"; grep -v "loading\|warm" "$OUT/ab_log.txt" | tail -5
     ;;
 sampled)
     python -m pytest -q -m gpu tests/models/test_tree_verify.py tests/spec -p no:cacheprovider \
-        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+        > "$OUT/pytest_gpu.txt" 2>&1; note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
     for CHANGE in ${CHANGES:-sampled-acceptance unfiltered-sampling}; do
         timeout 200 python benchmarks/ab_executor.py "$CHANGE" --temperature 0.8 --trials "${TRIALS:-3}" \
             --batches "${BATCHES:-1,8,32}" --out "$OUT" > "$OUT/ab_log_$CHANGE.txt" 2>&1
-        echo "ab $CHANGE rc=$?"; grep -v "loading\|warm" "$OUT/ab_log_$CHANGE.txt" | tail -4
+        note "ab $CHANGE"; grep -v "loading\|warm" "$OUT/ab_log_$CHANGE.txt" | tail -4
     done
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
     timeout 100 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --modes bole --batch-sizes 8,32 --temperature 0.8 --out "$OUT" > "$OUT/profile_log.txt" 2>&1
-    echo "profile rc=$?"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
+    note "profile"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
     ;;
 accept)
     python -m pytest -q -m gpu tests/spec/test_acceptance.py tests/spec/test_executor.py -p no:cacheprovider \
-        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+        > "$OUT/pytest_gpu.txt" 2>&1; note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
     timeout 300 python benchmarks/bench_sampled_accept.py --out "$OUT" > "$OUT/accept_log.txt" 2>&1
-    echo "bench rc=$?"; tail -9 "$OUT/accept_log.txt"
+    note "bench"; tail -9 "$OUT/accept_log.txt"
     timeout 60 python benchmarks/probe_inverse_cdf.py --out "$OUT" > "$OUT/cdf_log.txt" 2>&1
-    echo "probe rc=$?"; tail -4 "$OUT/cdf_log.txt"
+    note "probe"; tail -4 "$OUT/cdf_log.txt"
     ;;
 floor)
     python -m pytest -q tests/kernels/test_filter_floor.py tests/kernels/test_softmax_stats.py tests/ops tests/spec/test_sampling.py \
         -p no:cacheprovider \
-        > "$OUT/pytest_cuda.txt" 2>&1; echo "cuda tests rc=$?"; tail -3 "$OUT/pytest_cuda.txt"
+        > "$OUT/pytest_cuda.txt" 2>&1; note "cuda tests"; tail -3 "$OUT/pytest_cuda.txt"
     python -m pytest -q -m gpu tests/spec/test_acceptance.py tests/spec/test_executor.py -p no:cacheprovider \
-        > "$OUT/pytest_gpu.txt" 2>&1; echo "gpu tests rc=$?"; tail -3 "$OUT/pytest_gpu.txt"
+        > "$OUT/pytest_gpu.txt" 2>&1; note "gpu tests"; tail -3 "$OUT/pytest_gpu.txt"
     timeout 520 python benchmarks/bench_filter_floor.py --sweep --batches 1,2,4,8,32 --out "$OUT" > "$OUT/floor_log.txt" 2>&1
-    echo "bench rc=$?"; grep -v "^sweep" "$OUT/floor_log.txt" | tail -30
+    note "bench"; grep -v "^sweep" "$OUT/floor_log.txt" | tail -30
     ;;
 prefill)
-    timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; echo "prefill rc=$?"
+    timeout 300 python benchmarks/bench_prefill.py --out "$OUT" > "$OUT/prefill_log.txt" 2>&1; note "prefill"
     tail -1 "$OUT/prefill_log.txt"
     ;;
 ratios)
-    timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; echo "ratios rc=$?"
+    timeout 280 python benchmarks/repeat_verify_ratio.py --out "$OUT" > "$OUT/log.txt" 2>&1; note "ratios"
     tail -4 "$OUT/log.txt"
     ;;
 ncu)
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     timeout 300 "$NCU" --clock-control none -k "regex:inverse|path_factors" --launch-skip 2 --launch-count 2 --set full \
         --import-source yes -o /tmp/phases -f python benchmarks/ncu_verify_phases.py launch > "$OUT/ncu_log.txt" 2>&1
-    echo "ncu rc=$?"
+    note "ncu"
     "$NCU" -i /tmp/phases.ncu-rep --page details --csv > /tmp/details.csv
     "$NCU" -i /tmp/phases.ncu-rep --page source --csv --print-source sass > /tmp/source.csv
     python benchmarks/ncu_verify_phases.py summarize /tmp/details.csv /tmp/source.csv --out "$OUT"
     ;;
 attention)
     timeout 300 python benchmarks/bench_tree_attention.py --out "$OUT" > "$OUT/attention_log.txt" 2>&1
-    echo "bench rc=$?"; tail -4 "$OUT/attention_log.txt"
+    note "bench"; tail -4 "$OUT/attention_log.txt"
     timeout 280 python benchmarks/ab_executor.py tree-attention --trials 6 --out "$OUT" > "$OUT/ab_log.txt" 2>&1
-    echo "ab rc=$?"; tail -4 "$OUT/ab_log.txt"
+    note "ab"; tail -4 "$OUT/ab_log.txt"
     ;;
 transposed)
-    python benchmarks/probe_transposed_tiles.py --out "$OUT" > "$OUT/transposed_log.txt" 2>&1; echo "probe rc=$?"
+    python benchmarks/probe_transposed_tiles.py --out "$OUT" > "$OUT/transposed_log.txt" 2>&1; note "probe"
     tail -6 "$OUT/transposed_log.txt"
     ;;
 probe)
-    python benchmarks/probe_value_bytes.py --out "$OUT" > "$OUT/probe_log.txt" 2>&1; echo "probe rc=$?"
+    python benchmarks/probe_value_bytes.py --out "$OUT" > "$OUT/probe_log.txt" 2>&1; note "probe"
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for V in base all; do
         timeout 200 "$NCU" --clock-control none -k regex:inverse --launch-skip 2 --launch-count 1 --set full \
             --import-source yes -o "/tmp/value_$V" -f python benchmarks/probe_value_bytes.py --launch "$V" \
             > "$OUT/ncu_log_$V.txt" 2>&1
-        echo "ncu $V rc=$?"
+        note "ncu $V"
         "$NCU" -i "/tmp/value_$V.ncu-rep" --page details --csv > "/tmp/details_$V.csv"
         "$NCU" -i "/tmp/value_$V.ncu-rep" --page source --csv --print-source sass > "/tmp/source_$V.csv"
         python benchmarks/ncu_verify_phases.py summarize "/tmp/details_$V.csv" "/tmp/source_$V.csv" --out "$OUT" \
@@ -258,3 +261,4 @@ probe)
     echo "usage: bash benchmarks/h200.sh TARGET, one of: kernels engine commit-paths aot serving repeats acceptance realdims train configs depth ops tests steps long prefill-tests gdn-inputs prefill-graphs sampled accept floor prefill ratios ncu attention transposed probe (the header says what each runs)" >&2
     exit 2 ;;
 esac
+exit $RC

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = U.run_meta(config=str(CONFIG), tree={"size": 64, "top_k": 4, "depth": 8}, variants=VARIANTS)
     path = U.write_result(args.out, U.result_name("probe_transposed_tiles"), {"meta": meta, "rows": rows})
     print(f"wrote {path}")
-    return 0
+    return 1 if any(not U.passes(e, 1e-2) for row in rows for e in row["rel_rms"].values()) else 0
 
 
 if __name__ == "__main__":

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     path = U.write_result(args.out, U.result_name("probe_value_bytes"), data)
     plot(data, path.with_suffix(".png"))
     print(f"wrote {path} and its PNG")
-    return 0
+    return 1 if any(not U.passes([row["base_rel_rms_o"]], 1e-2) for row in rows) else 0
 
 
 if __name__ == "__main__":

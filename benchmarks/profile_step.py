@@ -100,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             profile(llm, mode, bole_args, data, batch, args.temperature) for mode in args.modes.split(",")
         ]
         ar = next((r["_outputs"] for r in rows if r["mode"] == "ar" and args.temperature <= 0), None)
-        for r in (
-            rows
-        ):  # greedy speculation must decode what plain decoding does (None: ar not profiled, or sampled)
+        # Greedy speculation must decode what plain decoding does (None: ar not profiled, or sampled).
+        for r in rows:
             r["identical_to_ar"] = None if ar is None else r.pop("_outputs") == ar
             r.pop("_outputs", None)
             phases = " ".join(f"{k} {v:.1f}" for k, v in r["ms_per_step"].items())
@@ -128,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"profile_step_{device_tag(device)}{sampled}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
+    if any(r["identical_to_ar"] is False for r in runs):
+        print(
+            "a speculative mode decoded other tokens than plain decoding: its figures are not valid",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

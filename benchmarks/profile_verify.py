@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = U.run_meta(shape={"model": "qwen3.5-9b", "hv": HV, "tree_size": SIZE, "depth": DEPTH, "top_k": 4})
     path = U.write_result(args.out, U.result_name("profile_verify"), {"meta": meta, "rows": rows})
     print(f"wrote {path}")
-    return 0
+    return 1 if any(isinstance(e, dict) and e.get("failed") for row in rows for e in row.values()) else 0
 
 
 if __name__ == "__main__":

@@ -95,10 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                 return U.make_inputs(tree, U.H, hv, U.DK, U.DV, torch.bfloat16, gen)
 
             point["rounds"].append(one_round(sglang, make, measure, copy, f"{model} B={batch} round {r}"))
-        timed = [row for row in point["rounds"] if "speedup" in row]
-        for key in ("bole_us", "sglang_us", "speedup", "floor_fraction"):
-            values = [row[key] for row in timed]
-            if values:
+        failed = sum("speedup" not in row for row in point["rounds"])
+        if failed:  # a median of the rounds that passed would hide the ones that did not
+            point["error"] = f"{failed} of {args.rounds} rounds failed their float64 check: no ratio"
+        else:
+            for key in ("bole_us", "sglang_us", "speedup", "floor_fraction"):
+                values = [row[key] for row in point["rounds"]]
                 point[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
         points.append(point)
     meta = U.run_meta(
@@ -107,11 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     U.write_result(args.out, U.result_name("verify_ratio_repeats"), {"meta": meta, "points": points})
     for p in points:
-        if "speedup" in p:
-            s, f = p["speedup"], p["floor_fraction"]
-            print(f"{p['model']} B={p['batch']}: {s['median']:.2f}x (range {s['min']:.2f}-{s['max']:.2f}), "
-                  f"floor {f['median']:.1%} ({f['min']:.1%}-{f['max']:.1%}), {p['config']}")  # fmt: skip
-    return 0
+        if "error" in p:
+            print(f"{p['model']} B={p['batch']}: {p['error']}", file=sys.stderr)
+            continue
+        s, f = p["speedup"], p["floor_fraction"]
+        print(f"{p['model']} B={p['batch']}: {s['median']:.2f}x (range {s['min']:.2f}-{s['max']:.2f}), "
+              f"floor {f['median']:.1%} ({f['min']:.1%}-{f['max']:.1%}), {p['config']}")  # fmt: skip
+    return 1 if any("error" in p for p in points) else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The trtllm-bench-style tools run end to end on a tiny checkpoint and check exactness inside."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -126,6 +127,57 @@ def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
     timed = {name for p in result["grid"] for name in p.get("bole_candidates_us", {})}
     checked = {c["what"].split(" HV=")[0].removeprefix("bole ") for c in result["checks"] if c["ok"]}
     assert timed and timed <= checked
+
+
+def test_kernel_bench_exits_1_when_a_check_fails(tmp_path, monkeypatch):
+    """A verify that returns zeros: every Bole check fails, nothing of Bole's is timed or compared, and
+    the run exits 1 (it exited 0, so a runner saw success)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_gdn_verify
+
+    import trtllm_bole.kernels.gdn_tree_verify as verify
+
+    def zeros(q, k, v, *args, **kwargs):
+        n, hv, dv = v.shape
+        return torch.zeros_like(v), torch.zeros(n, hv, dv), torch.zeros(n, hv)
+
+    monkeypatch.setattr(verify, "gdn_tree_verify", zeros)
+    assert bench_gdn_verify.main(["--smoke", "--focus", "headline", "--out", str(tmp_path)]) == 1
+    result = json.loads((tmp_path / "gdn_verify_smoke.json").read_text())
+    assert not any(c["ok"] for c in result["checks"] if c["what"].startswith("bole"))
+    assert result["summary"]["speedup_table_T64"] == [] and not any("bole_us" in p for p in result["grid"])
+
+
+def test_prefill_bench_check_fails_on_nan_states(monkeypatch):
+    """A scheme with the right outputs and NaN final states fails the float64 check (max() and > let the
+    NaN through: it passed)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_prefill
+
+    from trtllm_bole.reference import gdn_tree
+    from trtllm_bole.tree import TreeBatch
+
+    def schemes(lengths, device):
+        chains = TreeBatch.chains(lengths, device=device)
+
+        def exact(q, k, v, g, beta, state, scale):
+            exact = (t.double() for t in (q, k, v, g, beta, state))
+            o, states = gdn_tree.serial_tree_recurrence(*exact, chains, scale=scale)
+            state.copy_(states[chains.cu_seqlens[1:] - 1])
+            return o.to(v.dtype)
+
+        def nan_states(*args):
+            o = exact(*args)
+            args[5].fill_(float("nan"))
+            return o
+
+        return {"one-launch": exact, "rounds": nan_states}
+
+    monkeypatch.setattr(bench_prefill, "schemes", schemes)
+    errors = bench_prefill.check_against_float64(bench_prefill.DIMS["embedded"], torch.float32, "cpu")
+    assert errors["one-launch"]["state"] < 1e-6 and math.isnan(errors["rounds"]["state"])
+    assert not bench_prefill.within_tolerance(errors, torch.float32)
+    assert bench_prefill.within_tolerance({"one-launch": errors["one-launch"]}, torch.float32)
 
 
 def tiny_dataset(tmp_path: Path) -> Path:

@@ -75,6 +75,9 @@ def test_settings_fit_an_engine():
     assert CalibrationSettings().fitted(max_batch=8, max_seq_len=1024, max_tokens=512).capacities == (
         8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512,
     )  # fmt: skip
+    # The default grid reaches a batch of 32 full 64-token trees (it stopped at 512: 16 tokens a request).
+    full = CalibrationSettings().fitted(max_batch=32, max_seq_len=4096, max_tokens=32 * 64)
+    assert full.capacities[-4:] == (768, 1024, 1536, 2048)
     assert CalibrationSettings().fitted(max_batch=12, max_seq_len=4097, max_tokens=100).batch_buckets == (
         1, 2, 4, 8, 12,
     )  # fmt: skip

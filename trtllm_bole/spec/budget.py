@@ -23,7 +23,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-DEFAULT_CAPACITIES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+# Up to 2,048 tree tokens: the largest batch bucket (32) of full 64-token trees (the default draft nodes and
+# the pending token). A build caps the grid at its engine's own largest step (CalibrationSettings.fitted).
+DEFAULT_CAPACITIES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 DEFAULT_KV_BUCKETS = (256, 1024, 4096)
 DEFAULT_EPSILON = 0.2
