@@ -2947,4 +2947,32 @@ MUTANTS = [
         '    if hv % h:\n        raise ValueError(f"value heads HV={hv} must be a multiple of key heads H={h}, at least one")\n    return',
         ["tests/ops/test_validation.py", "-k", "verify_rejects"],
     ),
+    Mutant(
+        "BG1",
+        "benchmarks/bench_gdn_verify.py",
+        '        if failed or self.r.data["errors"]:',
+        "        if False:",
+        ["tests/benchmarks/test_bench.py", "-k", "exits_1_when"],
+    ),
+    Mutant(
+        "BG2",
+        "benchmarks/bench_prefill.py",
+        "    return passes([e for scheme in errors.values() for e in scheme.values()], TOL[dtype])",
+        "    return max(e for scheme in errors.values() for e in scheme.values()) <= TOL[dtype]",
+        ["tests/benchmarks/test_bench.py", "-k", "nan_states"],
+    ),
+    Mutant(
+        "BG3",
+        "benchmarks/_bench_util.py",
+        '    return f"{stem}_{device_tag(torch.cuda.get_device_name())}.{ext}"',
+        '    return f"{stem}_h200.{ext}"',
+        ["tests/benchmarks/test_bench.py", "-k", "gpu_name"],
+    ),
+    Mutant(
+        "BG4",
+        "trtllm_bole/spec/budget.py",
+        "DEFAULT_CAPACITIES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)",
+        "DEFAULT_CAPACITIES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)",
+        ["tests/spec/test_calibration.py", "-k", "fit_an_engine"],
+    ),
 ]
