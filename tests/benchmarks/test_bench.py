@@ -129,6 +129,21 @@ def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
     assert timed and timed <= checked
 
 
+def test_kernel_bench_full_pass_at_smoke_size(tmp_path):
+    """Every section of the full H200 pass (commit, memory, chains, conv among them) runs at smoke size
+    in Triton's interpreter and exits 0; the commit's times each follow their passing check."""
+    script = ROOT / "benchmarks" / "bench_gdn_verify.py"
+    cmd = [sys.executable, str(script), "--smoke", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+    result = json.loads((tmp_path / "gdn_verify_smoke.json").read_text())
+    assert result["errors"] == [] and all(c["ok"] for c in result["checks"])
+    checked = {c["what"] for c in result["checks"]}
+    assert {"gdn_commit None", "conv_state_commit"} <= checked
+    (commit,) = result["commit"]
+    assert {"bole_us", "bole_half_accepted_us", "conv_commit_us"} <= set(commit)
+    assert result["memory"] and result["chains"] and result["conv"]
+
+
 def test_kernel_bench_exits_1_when_a_check_fails(tmp_path, monkeypatch):
     """A verify that returns zeros: every Bole check fails, nothing of Bole's is timed or compared, and
     the run exits 1 (it exited 0, so a runner saw success)."""
