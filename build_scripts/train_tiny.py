@@ -224,8 +224,44 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Values no training can use, refused before the corpus loads (a run of --steps 0 wrote an untrained
+    checkpoint and exited 0; --eval-every 0 failed after the first step, --lr nan after the tokenizer)."""
+    counts = {"--steps": args.steps, "--batch-size": args.batch_size, "--eval-every": args.eval_every}
+    counts |= {"--stop-after": args.stop_after} if args.stop_after is not None else {}
+    for flag, value in counts.items():
+        if value < 1:
+            parser.error(f"{flag} takes a positive integer, got {value}")
+    if args.warmup < 0 or args.mtp_steps < 0:
+        parser.error(f"--warmup and --mtp-steps take integers >= 0, got {args.warmup}, {args.mtp_steps}")
+    if args.seq_len < args.mtp_steps + 2:  # every unrolled MTP step needs a token past the last one's
+        parser.error(
+            f"--seq-len {args.seq_len} is too short for {args.mtp_steps} MTP steps: "
+            f"at least {args.mtp_steps + 2}"
+        )
+    if not (math.isfinite(args.lr) and args.lr > 0) or not (
+        math.isfinite(args.mtp_weight) and args.mtp_weight >= 0
+    ):
+        parser.error(
+            f"--lr takes a number above 0 and --mtp-weight one >= 0, got {args.lr}, {args.mtp_weight}"
+        )
+    if not args.time_limit > 0:  # inf runs every step; NaN would stop nothing and say nothing
+        parser.error(f"--time-limit takes seconds above 0 (inf: no limit), got {args.time_limit}")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, not a checkpoint directory")
+
+
+def check_streams(parser: argparse.ArgumentParser, args: argparse.Namespace, streams: dict) -> None:
+    """Each split holds a window of --seq-len + 1 tokens (training samples them, evaluation needs one)."""
+    for name, stream in streams.items():
+        if stream.numel() < args.seq_len + 2:
+            parser.error(f"--seq-len {args.seq_len}: the {name} split has only {stream.numel()} tokens")
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.manual_seed(args.seed)
@@ -240,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     vocab_size = PRESETS[args.preset]["vocab_size"]
     tokenizer = train_tokenizer(train_text, vocab_size)
     train_stream, heldout_stream = encode(tokenizer, train_text), encode(tokenizer, heldout_text)
+    check_streams(parser, args, {"training": train_stream, "held-out": heldout_stream})
     print(f"tokens: train {train_stream.numel() / 1e6:.1f} M, held-out {heldout_stream.numel() / 1e6:.2f} M")
 
     config_json = model_config(args.preset, tokenizer.token_to_id(EOT))

@@ -57,3 +57,63 @@ def test_compare_training_flags_a_moved_loss_and_another_corpus():
     assert same["per_step"][0]["step"] == 5
     assert not compare(record(2.5), record(2.7), tolerance=0.03)["reproduced"]
     assert not compare(record(2.5), record(2.5, sha="other"), tolerance=0.03)["same_corpus"]
+    # A NaN loss, a loss or a logged step the re-run lacks: not reproduced (each passed: max() kept the
+    # gap before a NaN, and the gaps skipped what the re-run did not hold).
+    nan_step = record(2.5)
+    nan_step["log"][0]["heldout"]["lm"] = float("nan")
+    no_mtp, no_log = record(2.5), record(2.5)
+    del no_mtp["final_heldout"]["mtp1"], no_mtp["log"][0]["heldout"]["mtp1"]
+    no_log["log"] = []
+    for rerun, missing in ((nan_step, []), (no_mtp, ["final mtp1", "step 5 mtp1"]), (no_log, ["step 5"])):
+        result = compare(record(2.5), rerun, tolerance=0.03)
+        assert not result["reproduced"] and result["missing_in_rerun"] == missing
+
+
+def test_compare_training_refuses_what_is_not_a_training_record(tmp_path, capsys):
+    from compare_training import main
+
+    good = {"final_heldout": {"lm": 2.5}, "log": []}
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    for bad in ({"final_heldout": {}}, [], {"final_heldout": {"lm": 2.5}, "log": [{"step": 5}]}):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(tmp_path / "good.json"), str(tmp_path / "bad.json")])
+        assert exit_info.value.code == 2 and "not a training record" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--steps", "0"], "--steps takes a positive integer, got 0"),
+        (["--batch-size", "0"], "--batch-size takes a positive integer, got 0"),
+        (["--eval-every", "0"], "--eval-every takes a positive integer, got 0"),
+        (["--stop-after", "0"], "--stop-after takes a positive integer, got 0"),
+        (["--warmup", "-1"], "--warmup and --mtp-steps take integers >= 0"),
+        (["--seq-len", "4"], "--seq-len 4 is too short for 3 MTP steps: at least 5"),
+        (["--lr", "nan"], "--lr takes a number above 0"),
+        (["--mtp-weight", "-1"], "--mtp-weight one >= 0"),
+        (["--time-limit", "-1"], "--time-limit takes seconds above 0"),
+        (["--time-limit", "nan"], "--time-limit takes seconds above 0"),
+    ],
+)
+def test_training_refuses_values_it_cannot_use(tmp_path, capsys, flags, message):
+    """Refused before the corpus loads: --steps 0 wrote an untrained checkpoint and exited 0, --eval-every 0
+    failed after a step, --lr nan after the tokenizer, a NaN time limit never stopped the loop."""
+    with pytest.raises(SystemExit) as exit_info:
+        train_tiny.main(["--out", str(tmp_path / "out"), "--corpus", str(tmp_path / "none"), *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "none").exists()
+
+
+def test_training_refuses_an_out_file_and_windows_past_a_split(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        train_tiny.main(["--out", str(tmp_path / "afile"), "--corpus", str(tmp_path / "none")])
+    assert exit_info.value.code == 2 and "is a file, not a checkpoint directory" in capsys.readouterr().err
+    corpus = tiny_corpus(tmp_path / "corpus")
+    with pytest.raises(SystemExit) as exit_info:
+        train_tiny.main(["--out", str(tmp_path / "out"), "--corpus", str(corpus), "--device", "cpu",
+                         "--preset", "smoke", "--seq-len", "100000"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "--seq-len 100000: the held-out split has only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
