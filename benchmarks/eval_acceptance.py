@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a GPU, float32 on CPU")  # fmt: skip
-    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=32, help="the first N of --prompt-file")
+    parser.add_argument(
+        "--prompt-file", type=Path, default=PROMPTS, help="JSONL of prompts (default: held out)"
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--out", type=Path, default=HERE / "results", help="folder for the JSON and PNG")
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         help="draft tokens per request for the MAT curve of tree d8 k4 (empty: skip)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    held_out = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines()]
+    held_out = [json.loads(line)["prompt"] for line in args.prompt_file.read_text().splitlines()]
     if not 1 <= args.prompts <= len(held_out) or args.max_tokens < 1 or args.batch < 1:
         parser.error(
             f"--prompts {args.prompts} (1 to the {len(held_out)} held out), --max-tokens {args.max_tokens} "
@@ -124,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     result = {
-        "what": "greedy speculation on held-out code prompts (benchmarks/data/heldout_code_prompts.jsonl)",
+        "what": "greedy speculation on held-out code prompts "
+        f"({os.path.relpath(args.prompt_file, HERE.parent)})",
         "command": "python benchmarks/eval_acceptance.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "device": device,
@@ -139,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         "mat_by_draft_tokens": curve,
         "mat_curve_withheld": curve_errors,
     }
-    tag = device_tag(device)
+    # Named by the device, and by the prompt file where it is not the default one.
+    tag = device_tag(device) + ("" if args.prompt_file == PROMPTS else f"_{args.prompt_file.stem}")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"acceptance_{tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

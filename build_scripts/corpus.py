@@ -3,13 +3,18 @@
 Sources (all permissively licensed, recorded in the model card): CPython 3.11's standard library
 (PSF-2.0) and the installed sympy (BSD-3-Clause), numpy (BSD-3-Clause) and networkx
 (BSD-3-Clause) packages. Files are split deterministically by a hash of their path: 2% are held
-out, never trained on, and the evaluation prompts are cut from them.
+out, never trained on, and the evaluation prompts are cut from them. The split is by file, not by
+text: a held-out file's lines can also stand in a training file (the codec tables of
+``stdlib/encodings`` repeat across files), and 4 of the 64 committed prompts (task ids 3, 27, 28, 29) do;
+``--check-prompts`` lists them.
 
     python build_scripts/corpus.py --out .data/corpus   # writes train.txt.xz, heldout.txt.xz, manifest.json
     python build_scripts/corpus.py --out .data/corpus --prompts benchmarks/data/heldout_code_prompts.jsonl
                                                         # and the 64 evaluation prompts (byte-identical to
                                                         # the committed file on CPython 3.11.7 with the
                                                         # package versions of the model card)
+    python build_scripts/corpus.py --check-prompts benchmarks/data/heldout_code_prompts.jsonl
+                                                        # which prompts' text stands in the training split
 """
 
 from __future__ import annotations
@@ -106,6 +111,12 @@ def heldout_prompts(corpus: Path, count: int, *, seed: int = 0, lines: int = 24)
     return prompts
 
 
+def prompts_in_training(corpus: Path, prompts: list[dict]) -> list[int]:
+    """The task ids of ``prompts`` whose whole text stands in the corpus's training split."""
+    train = read_split(corpus, "train")
+    return [p["task_id"] for p in prompts if p["prompt"] in train]
+
+
 def write_prompts(prompts: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
@@ -120,7 +131,18 @@ def main(argv: list[str] | None = None) -> None:
         "--prompts", type=Path, help="also cut the evaluation prompts from the held-out split into this JSONL"
     )
     parser.add_argument("--prompt-count", type=int, default=64)
+    parser.add_argument(
+        "--check-prompts", type=Path, metavar="JSONL",
+        help="list this file's prompts whose text stands in the training split of --out (built if missing)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.check_prompts:
+        if not (args.out / "train.txt.xz").exists():
+            write_corpus(args.out)
+        prompts = [json.loads(line) for line in args.check_prompts.read_text().splitlines()]
+        found = prompts_in_training(args.out, prompts)
+        print(f"{len(found)} of {len(prompts)} prompts stand in the training split: task ids {found}")
+        return
     manifest = write_corpus(args.out)
     for split, info in manifest["splits"].items():
         files, chars = len(info["files"]), info["chars"] / 1e6

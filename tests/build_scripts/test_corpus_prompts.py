@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "build_scripts"))
 
-from corpus import EOT, heldout_prompts, write_prompts  # noqa: E402
+from corpus import EOT, heldout_prompts, prompts_in_training, write_prompts  # noqa: E402
 
 
 def corpus_with(path: Path, train: list[str], heldout: list[str]) -> Path:
@@ -44,3 +44,15 @@ def test_written_prompts_read_back_as_jsonl(tmp_path):
     write_prompts(prompts, tmp_path / "out" / "p.jsonl")
     lines = (tmp_path / "out" / "p.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == prompts
+
+
+def test_prompts_whose_text_stands_in_training_are_found(tmp_path):
+    """The split is by file: a held-out file's lines can stand in a training file too (4 of the committed
+    64 prompts do); those are the ones listed."""
+    shared = numbered("shared", 30)
+    corpus = corpus_with(tmp_path / "c", [numbered("train", 50) + shared], [numbered("held", 60), shared])
+    prompts = [
+        {"task_id": 7, "prompt": numbered("held", 24)},
+        {"task_id": 9, "prompt": shared[: len(shared) // 2]},
+    ]
+    assert prompts_in_training(corpus, prompts) == [9]
