@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sysconfig
 from pathlib import Path
 
@@ -84,6 +85,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wrapper", action="store_true", help="write the qwen3_5 vision-language layout")
     parser.add_argument("--vocab-size", type=int, default=512, help="BPE vocabulary size to train")
     args = parser.parse_args(argv)
+    # Refused before anything is written (a NaN shard size left a folder holding only config.json).
+    if args.shard_size is not None and not (math.isfinite(args.shard_size) and args.shard_size > 0):
+        parser.error(f"--shard-size takes megabytes above 0, got {args.shard_size}")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is a file, not a checkpoint directory")
 
     tokenizer = train_tokenizer(args.vocab_size)
     eos = tokenizer.token_to_id(_SPECIAL[0])

@@ -410,3 +410,12 @@ def test_a_config_of_the_other_layout_is_named(tmp_path, make_checkpoint):
     (tmp_path / "text" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"tensors are named model\.\*: the text model's layout"):
         _load(tmp_path / "text", mtp=False)
+
+
+@pytest.mark.parametrize("size", ["nan", "0", "-1"])
+def test_make_checkpoint_refuses_a_shard_size_before_writing(tmp_path, capsys, make_checkpoint, size):
+    """A NaN shard size left a folder holding only config.json, then a ValueError."""
+    with pytest.raises(SystemExit) as exit_info:
+        make_checkpoint(["--out", str(tmp_path / "ckpt"), "--shard-size", size])
+    assert exit_info.value.code == 2 and "--shard-size takes megabytes above 0" in capsys.readouterr().err
+    assert not (tmp_path / "ckpt").exists()
