@@ -2975,4 +2975,32 @@ MUTANTS = [
         "DEFAULT_CAPACITIES = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)",
         ["tests/spec/test_calibration.py", "-k", "fit_an_engine"],
     ),
+    Mutant(
+        "TR1",
+        "build_scripts/compare_training.py",
+        "    worst = worst if all(math.isfinite(g) for g in gaps) else math.nan\n",
+        "",
+        ["tests/build_scripts/test_train_tiny.py", "-k", "compare_training_flags"],
+    ),
+    Mutant(
+        "TR2",
+        "build_scripts/compare_training.py",
+        '"reproduced": same_corpus and same_steps and not missing and worst <= tolerance',
+        '"reproduced": same_corpus and same_steps and worst <= tolerance',
+        ["tests/build_scripts/test_train_tiny.py", "-k", "compare_training_flags"],
+    ),
+    Mutant(
+        "TR3",
+        "build_scripts/train_tiny.py",
+        '        if value < 1:\n            parser.error(f"{flag} takes a positive integer, got {value}")',
+        '        if value < 0:\n            parser.error(f"{flag} takes a positive integer, got {value}")',
+        ["tests/build_scripts/test_train_tiny.py", "-k", "values_it_cannot_use"],
+    ),
+    Mutant(
+        "TR4",
+        "build_scripts/corpus.py",
+        '    train = read_split(corpus, "train")\n',
+        '    train = read_split(corpus, "heldout")\n',
+        ["tests/build_scripts/test_corpus_prompts.py"],
+    ),
 ]
