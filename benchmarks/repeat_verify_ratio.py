@@ -9,8 +9,9 @@ and SGLang 0.5.10.post1's tree verify kernel in ``--rounds`` interleaved rounds,
 inputs (rotating sets, L2 flushed, CUDA-graph replays: the timer of bench_gdn_verify.py), at
 Qwen3.5-9B and -27B GDN heads, T = 64, depth 8, batch 1 and 16. Before any timing, every round checks
 both kernels' ``o`` against the float64 serial recurrence (relative RMS <= 1e-2); a round that fails
-is reported and not timed. Per point: every round's times and ratio, their median and range, and the
-fraction of the memory floor (bytes the verify must move at the copy bandwidth measured in this run).
+is reported and not timed, and its point gets no median (the run exits 1). Per point: every round's
+times and ratio, their median and range, and the fraction of the memory floor (bytes the verify must
+move at the copy bandwidth measured in this run).
 Writes ``<out>/verify_ratio_repeats_<device>.json``.
 """
 
