@@ -2915,8 +2915,8 @@ MUTANTS = [
     Mutant(
         "RV15",
         "trtllm_bole/spec/budget.py",
-        "        if not _positive_ints(self.capacities) or list(self.capacities) != sorted(set(self.capacities)):",
-        "        if not _positive_ints(self.capacities):",
+        "        if not positive_ints(self.capacities) or list(self.capacities) != sorted(set(self.capacities)):",
+        "        if not positive_ints(self.capacities):",
         ["tests/spec/test_budget.py", "-k", "hand_edited"],
     ),
     Mutant(
@@ -2929,7 +2929,7 @@ MUTANTS = [
     Mutant(
         "RV17",
         "trtllm_bole/spec/budget.py",
-        "            if not _positive_ints([e.batch_max, e.kv_max]):",
+        "            if not positive_ints([e.batch_max, e.kv_max]):",
         "            if False:",
         ["tests/spec/test_budget.py", "-k", "hand_edited"],
     ),

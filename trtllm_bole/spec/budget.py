@@ -91,10 +91,10 @@ class BudgetTable:
         budget, unsorted capacities paired timings with the wrong ones)."""
         if not self.entries:
             raise ValueError("the budget table has no entries")
-        if not _positive_ints(self.capacities) or list(self.capacities) != sorted(set(self.capacities)):
+        if not positive_ints(self.capacities) or list(self.capacities) != sorted(set(self.capacities)):
             raise ValueError(f"capacities must be increasing positive integers, got {self.capacities!r}")
         for e in self.entries:
-            if not _positive_ints([e.batch_max, e.kv_max]):
+            if not positive_ints([e.batch_max, e.kv_max]):
                 raise ValueError(f"buckets must be positive integers, got {e.batch_max!r} x {e.kv_max!r}")
             times = [e.t_dec_ms, *e.t_ver_ms] if isinstance(e.t_ver_ms, list) else None
             if times is None or not all(_positive_number(t) for t in times):
@@ -162,7 +162,8 @@ class BudgetTable:
             raise ValueError(f"{path}: not a valid budget table ({exc})") from exc
 
 
-def _positive_ints(values: Sequence[object]) -> bool:
+def positive_ints(values: Sequence[object]) -> bool:
+    """Every value an integer of 1 or more (a bool is not one)."""
     return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
 
 

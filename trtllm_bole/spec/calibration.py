@@ -41,6 +41,7 @@ from trtllm_bole.spec.budget import (
     BudgetTable,
     calibrate,
     check_epsilon,
+    positive_ints,
 )
 from trtllm_bole.spec.verify_graphs import VerifyGraphs
 from trtllm_bole.testing import topk_parents
@@ -197,7 +198,7 @@ class CalibrationSettings:
         check_epsilon(self.epsilon)  # before the build times anything
         for name in ("capacities", "batch_buckets", "kv_buckets"):
             values = getattr(self, name)
-            if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            if not values or not positive_ints(values):
                 raise ValueError(f"calibration {name} must be positive integers, got {values!r}")
             if len(set(values)) != len(values):  # a table with two entries of one bucket never loads
                 raise ValueError(f"calibration {name} must not repeat a value, got {values!r}")
