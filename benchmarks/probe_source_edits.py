@@ -1,0 +1,157 @@
+"""The verify's kernels with one textual edit each, timed beside the kept kernels in one process.
+
+    python benchmarks/probe_source_edits.py --out DIR    # H200, about two minutes
+
+Each variant is a list of ``(file, old, new)`` replacements applied to copies of the explicit-inverse
+kernel modules (``_inverse_factors.py``, ``gdn_tree_verify_inverse.py``), which are written to a
+temporary folder and imported under their own names: the variant runs the launcher's default plan at
+each point with its own kernels, the kept package runs the same plan with the committed ones. No kernel
+code is copied here, only the edit, so the probe always measures an edit of today's kernels. Every
+variant is first checked against the float64 serial recurrence (relative RMS of o and u under 1e-2 on
+bf16 inputs; one that fails is not timed). CUDA-graph replays, L2 flushed, inputs rotating, three
+interleaved rounds. Writes ``<out>/probe_source_edits_<device>.json``.
+
+Variants (benchmarks/EXPERIMENTS.md says what each tests):
+
+- ``solve_unrolled``: the factor kernel's back substitution over the depth as a static loop of
+  ``DP - 1`` steps (a step past the tree's depth changes nothing: its loads are masked off), so that the
+  loads of G's rows, which do not depend on the solve, can all be issued before its first step instead of
+  one L2 round trip a step.
+- ``paths_first``: the factor kernel loads K and Q after the paths and the ancestors' gates (whose loads
+  wait for the paths), so that the gates' round trip overlaps K's and Q's instead of following them;
+  ``paths_first_solve_unrolled`` both edits.
+- ``state_evict_first`` / ``state_cg``: the value-tile kernel's state loads (read once) marked to leave
+  the L2 first, or to bypass the L1, so that K, Q and V, read by four tiles each, stay cached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+import _bench_util as U
+import torch
+
+from trtllm_bole.kernels import gdn_tree_verify_inverse as inv
+from trtllm_bole.kernels.gdn_tree_verify import default_plan
+from trtllm_bole.testing import topk_parents
+
+KERNELS = Path(inv.__file__).resolve().parent
+FACTORS, VERIFY = "_inverse_factors.py", "gdn_tree_verify_inverse.py"
+POINTS = (("qwen3.5-9b", 32, 1), ("qwen3.5-9b", 32, 4), ("qwen3.5-9b", 32, 8), ("qwen3.5-9b", 32, 16),
+          ("qwen3.5-9b", 32, 32), ("qwen3.5-27b", 48, 16))  # fmt: skip
+ROUNDS = 3
+STATE_LOAD = "s_c = tl.load(s_req + ((kc + o_k)[:, None] * DV + o_v[None, :])"  # _state_dots' own
+
+
+def _state_hint(hint: str) -> list[tuple[str, str, str]]:
+    return [(VERIFY, STATE_LOAD + ")\n        ks", STATE_LOAD + f", {hint})\n        ks")]
+
+
+KQ_LOADS = """    k_t = _operand(_rows(k + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
+    q_t = _operand(_rows(q + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
+"""
+AFTER_GATES = "RAW_GATES)  # fmt: skip\n    lp = tl.sum(g_p, axis=0)\n"
+SOLVE_UNROLLED = [
+    (
+        FACTORS,
+        "for i in range(0, d - 1):\n        col = d - 2 - i",
+        "for i in tl.static_range(0, DP - 1):\n        col = DP - 2 - i",
+    ),
+]
+PATHS_FIRST = [(FACTORS, KQ_LOADS, ""), (FACTORS, AFTER_GATES, AFTER_GATES + KQ_LOADS)]
+VARIANTS = {
+    "solve_unrolled": SOLVE_UNROLLED,
+    "paths_first": PATHS_FIRST,
+    "paths_first_solve_unrolled": PATHS_FIRST + SOLVE_UNROLLED,
+    "state_evict_first": _state_hint('eviction_policy="evict_first"'),
+    "state_cg": _state_hint('cache_modifier=".cg"'),
+}
+
+
+def edited_module(name: str, edits: list[tuple[str, str, str]], folder: Path):
+    """The explicit-inverse module with ``edits`` applied to copies of its two files, imported as
+    ``<name>_verify`` (its factor helpers from ``<name>_factors``). An edit that matches nothing, or more
+    than once, is refused: the probe would time the kept kernel under another name."""
+    sources = {f: (KERNELS / f).read_text() for f in (FACTORS, VERIFY)}
+    for file, old, new in edits:
+        if sources[file].count(old) != 1:
+            raise ValueError(f"{name}: {old!r} occurs {sources[file].count(old)} times in {file}, not once")
+        sources[file] = sources[file].replace(old, new)
+    factors_import = "from trtllm_bole.kernels._inverse_factors import"
+    sources[VERIFY] = sources[VERIFY].replace(factors_import, f"from {name}_factors import")
+    modules = {}
+    for file, suffix in ((FACTORS, "factors"), (VERIFY, "verify")):
+        path = folder / f"{name}_{suffix}.py"  # triton reads a kernel's source from its file
+        path.write_text(sources[file])
+        spec = importlib.util.spec_from_file_location(f"{name}_{suffix}", path)
+        modules[suffix] = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = modules[suffix]
+        spec.loader.exec_module(modules[suffix])
+    return modules["verify"]
+
+
+def launcher(module, cfg, hv: int, batch: int):
+    """``fn(prepared)``: every kernel of ``cfg``'s path from ``module`` on ``module.inverse_launch_args``."""
+
+    def launch(prepared) -> None:
+        _, kernel_args, consts = prepared
+        for phase in module.phases(cfg):
+            kernel, grid, constexprs, options = module.phase_launch(
+                phase, cfg, consts, hv, consts["DV"], batch
+            )
+            kernel[grid](*kernel_args, **constexprs, **options)
+
+    return launch
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = U.probe_start(__doc__, "probe_source_edits.py", argv)
+    if start is None:
+        return 2
+    args, measure, gen = start
+    folder = Path(tempfile.mkdtemp(prefix="bole_edits_"))
+    sys.path.insert(0, str(folder))
+    modules = {"kept": inv} | {name: edited_module(name, edits, folder) for name, edits in VARIANTS.items()}
+    rows, failed = [], False
+    for model, hv, batch in POINTS:
+        trees = [topk_parents(64, 4, 8)] * batch
+        sets = U.rotations(
+            lambda trees=trees, hv=hv: U.make_inputs(
+                U.tree_of(trees, "cuda"), U.H, hv, U.DK, U.DV, torch.bfloat16, gen
+            )
+        )
+        cfg, precision = default_plan(64 * batch, batch, hv, U.DK, U.DV, torch.bfloat16, torch.bfloat16)
+        exact = U.exact_outputs(sets[0])
+        row = {"model": model, "hv": hv, "batch": batch, "config": f"{cfg} {precision}", "rel_rms": {},
+               "verify_us": {}}  # fmt: skip
+        rows.append(row)
+        timed = {}
+        for name, module in modules.items():
+            prepared = [module.inverse_launch_args(x.call(precision), cfg) for x in sets]
+            launch = launcher(module, cfg, hv, batch)
+            outputs = prepared[0][0]
+            for t in outputs:
+                t.fill_(float("nan"))
+            launch(prepared[0])
+            errors = [U.rel_rms(outputs[0], exact[0]), U.rel_rms(outputs[1], exact[2])]
+            row["rel_rms"][name] = errors
+            if U.passes(errors, 1e-2):
+                timed[name] = U.Rotating(prepared, launch)
+            else:
+                failed = True
+                print(f"{model} B={batch} {name}: failed its check (o {errors[0]:.2e}, u {errors[1]:.2e})")
+        for _ in range(ROUNDS):
+            for name, fn in timed.items():
+                row["verify_us"].setdefault(name, []).append(measure(fn))
+        print(f"{model} B={batch}: " + ", ".join(f"{n} {min(t):.1f}" for n, t in row["verify_us"].items()))
+    meta = U.run_meta(tree={"size": 64, "top_k": 4, "depth": 8}, variants=VARIANTS, rounds=ROUNDS)
+    path = U.write_result(args.out, U.result_name("probe_source_edits"), {"meta": meta, "rows": rows})
+    print(f"wrote {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
