@@ -22,6 +22,9 @@ Variants (benchmarks/EXPERIMENTS.md says what each tests):
   ``paths_first_solve_unrolled`` both edits.
 - ``state_evict_first`` / ``state_cg``: the value-tile kernel's state loads (read once) marked to leave
   the L2 first, or to bypass the L1, so that K, Q and V, read by four tiles each, stay cached.
+- ``gathers_after``: the value-tile kernel gathers its dense ``W'`` and ``C'`` tiles after the state
+  products instead of before them, so that those two ``[64, 64]`` fp32 tiles (64 registers a thread at
+  4 warps) are not live across the products (capped at 128 registers, the kept kernel spills 40 bytes).
 """
 
 from __future__ import annotations
@@ -62,12 +65,25 @@ SOLVE_UNROLLED = [
     ),
 ]
 PATHS_FIRST = [(FACTORS, KQ_LOADS, ""), (FACTORS, AFTER_GATES, AFTER_GATES + KQ_LOADS)]
+GATHERS = """            w = _factor_tile(w_req, o_t, dep_t, d, anc, BT)
+            c_t = _factor_tile(c_req, o_t, dep_t, d, anc, BT)
+"""
+C_AFTER = "            if PHASE == 3:  # C' formed after the state products"
+GATHERS_AFTER = [
+    (VERIFY, GATHERS, ""),
+    (
+        VERIFY,
+        C_AFTER,
+        "            if PHASE == 2:\n" + GATHERS.replace("            ", "                ") + C_AFTER,
+    ),
+]
 VARIANTS = {
     "solve_unrolled": SOLVE_UNROLLED,
     "paths_first": PATHS_FIRST,
     "paths_first_solve_unrolled": PATHS_FIRST + SOLVE_UNROLLED,
     "state_evict_first": _state_hint('eviction_policy="evict_first"'),
     "state_cg": _state_hint('cache_modifier=".cg"'),
+    "gathers_after": GATHERS_AFTER,
 }
 
 
