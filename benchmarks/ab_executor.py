@@ -75,7 +75,8 @@ request (greedy, or sampled at ``--temperature``, request ``i`` seeded with ``i`
 admitted as others end, a prefill in most steps), a model for each side (warmed up and its graphs
 captured under its variant, a sampled batch's too at a temperature; the sampled A/Bs of 2026-12-03 ran
 before that, so their first run of each side captured them), ``--trials`` interleaved pairs (order
-alternating); every run's tokens must equal the first run's, else it stops without a result. Writes the
+alternating); every run's tokens must equal plain greedy decoding's (``ar``, one untimed run a batch) at
+temperature 0, the first run's when sampled, else it stops without a result. Writes the
 tokens/s of every run and the medians as JSON. ``--device cpu`` smoke-runs it (on the CPU both forest
 variants are the torch derivation).
 """
@@ -423,6 +424,13 @@ def sampling(index: int, temperature: float) -> SamplingParams:
     return SamplingParams(max_tokens=96, temperature=temperature, seed=seed)
 
 
+def plain_greedy(dev: str, batch: int, requests: list[str], params: list[SamplingParams]) -> list[list[int]]:
+    """The requests' tokens under plain greedy decoding (``ar``: no speculation), which a greedy A/B's two
+    sides must both equal token for token (they are compared with each other at every trial)."""
+    llm = LLM(speculative_config=BoleConfig(mode="ar"), device=dev, dtype="float32", max_batch_size=batch)
+    return [o.outputs[0].token_ids for o in llm.generate(requests, params, use_tqdm=False)]
+
+
 def _batches(text: str) -> list[int]:
     try:
         values = [int(b) for b in text.split(",")]
@@ -463,21 +471,24 @@ def main() -> None:
                     speculative_config=BoleConfig(), device=dev, dtype="float32", max_batch_size=batch
                 )
                 llms[name].warm_up(sampled=args.temperature > 0, use_tqdm=False)
+        requests = (prompts * 8)[: args.requests or batch]
+        params = [sampling(i, args.temperature) for i in range(len(requests))]
         res, ref = {"old": [], "new": []}, None
+        if args.temperature == 0:
+            ref = plain_greedy(dev, batch, requests, params)
         for trial in range(args.trials):
             for name in ("old", "new") if trial % 2 == 0 else ("new", "old"):
                 with variants[name]():
                     sync()
                     t0 = time.perf_counter()
-                    requests = (prompts * 8)[: args.requests or batch]
-                    params = [sampling(i, args.temperature) for i in range(len(requests))]
                     outs = llms[name].generate(requests, params, use_tqdm=False)
                     sync()
                     dt = time.perf_counter() - t0
                 toks = [o.outputs[0].token_ids for o in outs]
                 ref = ref or toks
                 if toks != ref:
-                    sys.exit(f"batch {batch}, trial {trial}, {name}: outputs differ from the first run's")
+                    first = "plain greedy decoding's" if args.temperature == 0 else "the first run's"
+                    sys.exit(f"batch {batch}, trial {trial}, {name}: outputs differ from {first}")
                 res[name].append(sum(map(len, toks)) / dt)
         out[batch] = {k: {"median": statistics.median(v), "runs": v} for k, v in res.items()}
         ratio = out[batch]["new"]["median"] / out[batch]["old"]["median"]
