@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from triton_harness import LAUNCH, ROOT, free_port, needs_server, start_server, stop_server
+from triton_harness import LAUNCH, ROOT, error_of, free_port, needs_server, start_server, stop_server
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
 
@@ -66,32 +66,6 @@ def generate(url: str, prompt: str | None = None, ids: list[int] | None = None, 
         "first_s": first,
         "total_s": time.perf_counter() - start,
     }
-
-
-def error_of(url: str, inputs, within_s: float = 120.0) -> str:
-    """The error reply's message. The reply must also end the stream: the client closes its stream only
-    after the server's final flag, so an error sent without it would hang every client (checked here in
-    ``within_s``, not by the runner's timeout)."""
-    from client import stream
-    from tritonclient.utils import InferenceServerException
-
-    ended: list = []
-
-    def request() -> None:
-        try:
-            list(stream(url, inputs, timeout=within_s))
-            ended.append(None)
-        except InferenceServerException as e:
-            ended.append(e)
-
-    worker = threading.Thread(target=request, daemon=True)  # a hung stream must not hold pytest's exit
-    worker.start()
-    worker.join(within_s + 10)
-    assert ended, (
-        f"the stream did not end within {within_s:g} s of its request (an error without the final flag?)"
-    )
-    assert ended[0] is not None, "the request was served, not refused"
-    return ended[0].message()
 
 
 def test_server_starts_within_30_seconds(server):

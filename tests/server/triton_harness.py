@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -114,3 +115,29 @@ def stop_server(server: Server) -> None:
     pid = int(log.split("(pid ")[1].split(")")[0]) if "(pid " in log else None
     if pid is not None:
         assert not os.path.exists(f"/proc/{pid}"), f"tritonserver {pid} outlived its launcher"
+
+
+def error_of(url: str, inputs, within_s: float = 120.0) -> str:
+    """The error reply's message. The reply must also end the stream: the client closes its stream only
+    after the server's final flag, so an error sent without it would hang every client (checked here in
+    ``within_s``, not by the runner's timeout)."""
+    from client import stream
+    from tritonclient.utils import InferenceServerException
+
+    ended: list = []
+
+    def request() -> None:
+        try:
+            list(stream(url, inputs, timeout=within_s))
+            ended.append(None)
+        except InferenceServerException as e:
+            ended.append(e)
+
+    worker = threading.Thread(target=request, daemon=True)  # a hung stream must not hold pytest's exit
+    worker.start()
+    worker.join(within_s + 10)
+    assert ended, (
+        f"the stream did not end within {within_s:g} s of its request (an error without the final flag?)"
+    )
+    assert ended[0] is not None, "the request was served, not refused"
+    return ended[0].message()
