@@ -380,7 +380,7 @@ def _path_factors_kernel(
     bos = tl.load(cu_seqlens + i_b).to(tl.int64)
     n_t = (tl.load(cu_seqlens + i_b + 1) - bos).to(tl.int32)
     if n_t <= BT:
-        _path_factors(q, k, g, beta, depth, paths, log_p, a_log, dt_bias, factors, scratch,
+        _path_factors(q, k, g, beta, paths, log_p, a_log, dt_bias, factors, scratch,
                       bos, n_t, i_hv, hv, n_total, d, scale, H, DK, BT, DP, SW, PREC, UPCAST,
                       RAW_GATES)  # fmt: skip
 
@@ -417,7 +417,7 @@ def _compact_one_launch_kernel(
         k_req = k + (bos * H + i_h) * DK
         v_t = _rows(v + (bos * hv + i_hv) * DV, o_t, m_t, hv * DV, o_v)
         tile_factors = factors + i_v * (2 * hv * n_total * d)
-        lp = _path_factors(q, k, g, beta, depth, paths, log_p, a_log, dt_bias, tile_factors,
+        lp = _path_factors(q, k, g, beta, paths, log_p, a_log, dt_bias, tile_factors,
                            scratch + i_v * (n_total * hv * SW), bos, n_t, i_hv, hv, n_total, d, scale,
                            H, DK, BT, DP, SW, PREC, UPCAST, RAW_GATES)  # fmt: skip
         w_req = tile_factors + (i_hv * n_total + bos) * d
