@@ -11,25 +11,19 @@ variant is first checked against the float64 serial recurrence (relative RMS of 
 bf16 inputs; one that fails is not timed). CUDA-graph replays, L2 flushed, inputs rotating, three
 interleaved rounds. Writes ``<out>/probe_source_edits_<device>.json``.
 
-Variants (benchmarks/EXPERIMENTS.md says what each tests):
+Variants that apply to today's kernels (benchmarks/EXPERIMENTS.md, 2026-12-05, has what each measured):
 
-- ``solve_unrolled``: the factor kernel's back substitution over the depth as a static loop of
-  ``DP - 1`` steps (a step past the tree's depth changes nothing: its loads are masked off), so that the
-  loads of G's rows, which do not depend on the solve, can all be issued before its first step instead of
-  one L2 round trip a step.
-- ``paths_first``: the factor kernel loads K and Q after the paths and the ancestors' gates (whose loads
-  wait for the paths), so that the gates' round trip overlaps K's and Q's instead of following them;
-  ``paths_first_solve_unrolled`` both edits.
-- ``no_depth_load``: the factor kernel reads each node's path without its depth first: the path's
-  columns past the depth hold -1, so the path's own entries say where it is (on the path: >= 0; the
-  node's own slot: the entry that is the node). The depth load, the paths' load it masks and the gates'
-  gather they mask were three dependent round trips; now two. ``no_depth_load_solve_unrolled`` with
-  the unrolled solve.
+- ``paths_first``: the factor kernel loads K and Q after the paths and the ancestors' gates (whose
+  loads wait for the paths), so that the gates' round trip overlaps K's and Q's instead of following
+  them.
 - ``state_evict_first`` / ``state_cg``: the value-tile kernel's state loads (read once) marked to leave
   the L2 first, or to bypass the L1, so that K, Q and V, read by four tiles each, stay cached.
 - ``gathers_after``: the value-tile kernel gathers its dense ``W'`` and ``C'`` tiles after the state
   products instead of before them, so that those two ``[64, 64]`` fp32 tiles (64 registers a thread at
   4 warps) are not live across the products (capped at 128 registers, the kept kernel spills 40 bytes).
+
+Kept from its first run (a9d7ff7), so no longer variants here: the factor kernel's back substitution
+unrolled to the padded depth, and each path read without its depth first.
 """
 
 from __future__ import annotations
@@ -62,32 +56,7 @@ KQ_LOADS = """    k_t = _operand(_rows(k + (bos * H + i_h) * DK, o_t, m_t, H * D
     q_t = _operand(_rows(q + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
 """
 AFTER_GATES = "RAW_GATES)  # fmt: skip\n    lp = tl.sum(g_p, axis=0)\n"
-SOLVE_UNROLLED = [
-    (
-        FACTORS,
-        "for i in range(0, d - 1):\n        col = d - 2 - i",
-        "for i in tl.static_range(0, DP - 1):\n        col = DP - 2 - i",
-    ),
-]
 PATHS_FIRST = [(FACTORS, KQ_LOADS, ""), (FACTORS, AFTER_GATES, AFTER_GATES + KQ_LOADS)]
-DEPTH_LOADS = """    dep = tl.load(depth + bos + o_t, mask=m_t, other=1).to(tl.int32)
-    on_path = m_t[None, :] & (o_e[:, None] < dep[None, :])
-    self_row = o_e[:, None] == (dep - 1)[None, :]
-    strict = on_path & ~self_row
-    anc = tl.load(paths + (bos + o_t)[None, :] * d + o_e[:, None], mask=on_path, other=bos)
-    anc = (anc - bos).to(tl.int32)  # local node indices
-"""
-PATHS_ALONE = """    in_table = m_t[None, :] & (o_e[:, None] < d)
-    anc = tl.load(paths + (bos + o_t)[None, :] * d + o_e[:, None], mask=in_table, other=-1)
-    on_path = anc >= 0  # a path's columns past its node's depth hold -1
-    anc = tl.where(on_path, anc - bos, 0).to(tl.int32)  # local node indices
-    self_row = on_path & (anc == o_t[None, :])  # the node itself closes its path
-    strict = on_path & ~self_row
-"""
-NO_DEPTH_LOAD = [
-    (FACTORS, DEPTH_LOADS, PATHS_ALONE),
-    (FACTORS, "(o_e[:, None] == col) & (col < dep - 1)[None, :]", "(o_e[:, None] == col) & strict"),
-]
 GATHERS = """            w = _factor_tile(w_req, o_t, dep_t, d, anc, BT)
             c_t = _factor_tile(c_req, o_t, dep_t, d, anc, BT)
 """
@@ -101,11 +70,7 @@ GATHERS_AFTER = [
     ),
 ]
 VARIANTS = {
-    "solve_unrolled": SOLVE_UNROLLED,
     "paths_first": PATHS_FIRST,
-    "paths_first_solve_unrolled": PATHS_FIRST + SOLVE_UNROLLED,
-    "no_depth_load": NO_DEPTH_LOAD,
-    "no_depth_load_solve_unrolled": NO_DEPTH_LOAD + SOLVE_UNROLLED,
     "state_evict_first": _state_hint('eviction_policy="evict_first"'),
     "state_cg": _state_hint('cache_modifier=".cg"'),
     "gathers_after": GATHERS_AFTER,

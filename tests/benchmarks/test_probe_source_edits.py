@@ -1,6 +1,6 @@
 """The source-edit probe (GPU-only to time): every variant's edits apply to today's kernels exactly once,
 and each edited module computes what the kept one does, checked in Triton's interpreter at small heads
-against the float64 serial recurrence (a tree of depth 12 too: the unrolled solve's steps past the depth)."""
+against the float64 serial recurrence (a tree of depth 12 among them: the padded depth is 16)."""
 
 import sys
 from pathlib import Path

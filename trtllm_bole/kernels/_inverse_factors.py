@@ -157,7 +157,7 @@ def _path_factors(
     # The path alone says where it is (its columns past the node's depth hold -1, the node closes it), so
     # its load waits for nothing: with the depth read first, the depth, the path it masked and the gates
     # gathered at the path were three dependent round trips. With the unrolled solve below, the verify
-    # took 0.9-2.4 % less time at every point measured (an H100, benchmarks/EXPERIMENTS.md, 2026-12-05).
+    # took 0.7-2.5 % less time at every point measured (an H100, benchmarks/EXPERIMENTS.md, 2026-12-05).
     anc = tl.load(paths + (bos + o_t)[None, :] * d + o_e[:, None], mask=m_t[None, :] & (o_e[:, None] < d),
                   other=-1)  # fmt: skip
     on_path = anc >= 0
