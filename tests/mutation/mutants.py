@@ -3003,4 +3003,32 @@ MUTANTS = [
         '    train = read_split(corpus, "heldout")\n',
         ["tests/build_scripts/test_corpus_prompts.py"],
     ),
+    Mutant(
+        "KF1",
+        "trtllm_bole/kernels/_inverse_factors.py",
+        "    on_path = anc >= 0\n",
+        "    on_path = anc > 0\n",
+        ["tests/kernels/test_gdn_tree_verify.py", "-k", "inverse"],
+    ),
+    Mutant(
+        "KF2",
+        "trtllm_bole/kernels/_inverse_factors.py",
+        "for i in tl.static_range(0, DP - 1):",
+        "for i in tl.static_range(0, DP - 2):",
+        ["tests/kernels/test_gdn_tree_verify.py", "-k", "inverse"],
+    ),
+    Mutant(
+        "AB2",
+        "benchmarks/ab_executor.py",
+        "        if args.temperature == 0:\n            ref = plain_greedy(",
+        "        if args.temperature < 0:\n            ref = plain_greedy(",
+        ["tests/benchmarks/test_ab_executor.py"],
+    ),
+    Mutant(
+        "PE1",
+        "benchmarks/probe_source_edits.py",
+        "if sources[file].count(old) != 1:",
+        "if sources[file].count(old) == 0:",
+        ["tests/benchmarks/test_probe_source_edits.py"],
+    ),
 ]
