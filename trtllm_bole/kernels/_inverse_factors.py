@@ -187,9 +187,10 @@ def _path_factors(
     tl.debug_barrier()
     x = tl.where(self_row, 1.0, 0.0)  # x (I + M) = e_last, column by column from the deepest
     g_rows = w_req + anc * d
-    # Unrolled to the padded depth (a step past the tree's depth loads nothing and changes nothing): the
-    # loads of G's rows do not depend on the solve, so they all go out before its first step instead of one
-    # round trip a step.
+    # Unrolled to the padded depth (a step past the tree's depth loads nothing and changes nothing, but its
+    # arithmetic runs: the engine's trees of depth 9 take 15 steps): the loads of G's rows do not depend on
+    # the solve, so they all go out before its first step instead of one round trip a step. Measured at
+    # depth 8 only (benchmarks/factor_depth.py measures by depth).
     for i in tl.static_range(0, DP - 1):
         col = DP - 2 - i
         m_col = tl.load(g_rows + col, mask=on_path & (o_e[:, None] > col), other=0.0)
