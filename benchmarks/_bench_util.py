@@ -262,15 +262,17 @@ def cuda_missing(script: str, device: str) -> bool:
 
 
 def probe_start(
-    doc: str, script: str, argv: list[str] | None
+    doc: str, script: str, argv: list[str] | None, add_args: Callable[[Any], None] | None = None
 ) -> tuple[Any, Callable, torch.Generator] | None:
-    """A GPU probe's start: its command line (``--out``, default ``benchmarks/results``), a graph timer
-    (:func:`graph_timer`, 50 ms) and a CUDA generator seeded 0; None where there is no CUDA (said on
-    stderr)."""
+    """A GPU probe's start: its command line (``--out``, default ``benchmarks/results``, and what
+    ``add_args(parser)`` adds), a graph timer (:func:`graph_timer`, 50 ms) and a CUDA generator seeded 0;
+    None where there is no CUDA (said on stderr)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    if add_args is not None:
+        add_args(ap)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print(f"{script} times on a GPU: it needs CUDA", file=sys.stderr)

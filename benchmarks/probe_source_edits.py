@@ -1,6 +1,7 @@
 """The verify's kernels with one textual edit each, timed beside the kept kernels in one process.
 
     python benchmarks/probe_source_edits.py --out DIR    # H200, about two minutes
+    python benchmarks/probe_source_edits.py --depth 9 --batches 1,16 --variants solve_rolled
 
 Each variant is a list of ``(file, old, new)`` replacements applied to copies of the explicit-inverse
 kernel modules (``_inverse_factors.py``, ``gdn_tree_verify_inverse.py``), which are written to a
@@ -12,6 +13,10 @@ bf16 inputs; one that fails is not timed). CUDA-graph replays, L2 flushed, input
 interleaved rounds. Writes ``<out>/probe_source_edits_<device>.json``.
 
 Variants that apply to today's kernels (benchmarks/EXPERIMENTS.md, 2026-12-05, has what each measured):
+
+- ``solve_rolled``: the factor kernel's back substitution as the loop it was before a9d7ff7, to the tree's
+  depth (``d - 1`` steps, one round trip each) instead of unrolled to the padded depth (``DP - 1`` steps
+  whose loads all go out at once): the two differ most at depth 9, which pads to 16 (``--depth 9``).
 
 - ``paths_first``: the factor kernel loads K and Q after the paths and the ancestors' gates (whose
   loads wait for the paths), so that the gates' round trip overlaps K's and Q's instead of following
@@ -28,6 +33,7 @@ unrolled to the padded depth, and each path read without its depth first.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 import tempfile
@@ -69,7 +75,10 @@ GATHERS_AFTER = [
         "            if PHASE == 2:\n" + GATHERS.replace("            ", "                ") + C_AFTER,
     ),
 ]
+UNROLLED = "for i in tl.static_range(0, DP - 1):\n        col = DP - 2 - i"
+SOLVE_ROLLED = [(FACTORS, UNROLLED, "for i in range(0, d - 1):\n        col = d - 2 - i")]
 VARIANTS = {
+    "solve_rolled": SOLVE_ROLLED,
     "paths_first": PATHS_FIRST,
     "state_evict_first": _state_hint('eviction_policy="evict_first"'),
     "state_cg": _state_hint('cache_modifier=".cg"'),
@@ -113,17 +122,43 @@ def launcher(module, cfg, hv: int, batch: int):
     return launch
 
 
+def _choices(allowed: list, convert=str):
+    """An argparse type: a comma-separated list of ``allowed`` values, or its error."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [convert(v) for v in text.split(",")]
+        except ValueError:
+            values = [text]
+        if not set(values) <= set(allowed):
+            raise argparse.ArgumentTypeError(f"expected some of {allowed}, comma-separated; got {text!r}")
+        return values
+
+    return parse
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    batches = sorted({p[2] for p in POINTS})
+    parser.add_argument("--depth", type=int, choices=range(1, 17), default=8, metavar="1-16",
+                        help="the top-4 trees' depth (64 nodes each)")  # fmt: skip
+    parser.add_argument("--batches", type=_choices(batches, int), default=batches,
+                        help="the points of these batch sizes only (comma-separated)")  # fmt: skip
+    parser.add_argument("--variants", type=_choices(list(VARIANTS)), default=list(VARIANTS),
+                        help="these variants only (comma-separated)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    start = U.probe_start(__doc__, "probe_source_edits.py", argv)
+    start = U.probe_start(__doc__, "probe_source_edits.py", argv, _options)
     if start is None:
         return 2
     args, measure, gen = start
     folder = Path(tempfile.mkdtemp(prefix="bole_edits_"))
     sys.path.insert(0, str(folder))
-    modules = {"kept": inv} | {name: edited_module(name, edits, folder) for name, edits in VARIANTS.items()}
+    chosen, depth = args.variants, args.depth
+    modules = {"kept": inv} | {name: edited_module(name, VARIANTS[name], folder) for name in chosen}
     rows, failed = [], False
-    for model, hv, batch in POINTS:
-        trees = [topk_parents(64, 4, 8)] * batch
+    for model, hv, batch in [p for p in POINTS if p[2] in args.batches]:
+        trees = [topk_parents(64, 4, depth)] * batch
         sets = U.rotations(
             lambda trees=trees, hv=hv: U.make_inputs(
                 U.tree_of(trees, "cuda"), U.H, hv, U.DK, U.DV, torch.bfloat16, gen
@@ -153,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, fn in timed.items():
                 row["verify_us"].setdefault(name, []).append(measure(fn))
         print(f"{model} B={batch}: " + ", ".join(f"{n} {min(t):.1f}" for n, t in row["verify_us"].items()))
-    meta = U.run_meta(tree={"size": 64, "top_k": 4, "depth": 8}, variants=VARIANTS, rounds=ROUNDS)
+    variants = {name: VARIANTS[name] for name in chosen}
+    meta = U.run_meta(tree={"size": 64, "top_k": 4, "depth": depth}, variants=variants, rounds=ROUNDS)
     path = U.write_result(args.out, U.result_name("probe_source_edits"), {"meta": meta, "rows": rows})
     print(f"wrote {path}")
     return 1 if failed else 0

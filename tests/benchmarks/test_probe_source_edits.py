@@ -54,3 +54,12 @@ def test_refuses_to_run_without_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert P.main([]) == 2
     assert "needs CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args", [["--variants", "no_such_edit"], ["--depth", "17"], ["--batches", "3"], ["--batches", "x"]]
+)
+def test_refuses_options_it_cannot_run_by_name(args, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        P.main(args)
+    assert exit_.value.code == 2 and f"argument {args[0]}" in capsys.readouterr().err
