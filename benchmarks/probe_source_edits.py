@@ -1,7 +1,7 @@
 """The verify's kernels with one textual edit each, timed beside the kept kernels in one process.
 
     python benchmarks/probe_source_edits.py --out DIR    # H200, about two minutes
-    python benchmarks/probe_source_edits.py --depth 9 --batches 1,16 --variants solve_rolled
+    python benchmarks/probe_source_edits.py --depth 9 --batches 1,16 --variants solve_unrolled
 
 Each variant is a list of ``(file, old, new)`` replacements applied to copies of the explicit-inverse
 kernel modules (``_inverse_factors.py``, ``gdn_tree_verify_inverse.py``), which are written to a
@@ -14,9 +14,10 @@ interleaved rounds. Writes ``<out>/probe_source_edits_<device>.json``.
 
 Variants that apply to today's kernels (benchmarks/EXPERIMENTS.md, 2026-12-05, has what each measured):
 
-- ``solve_rolled``: the factor kernel's back substitution as the loop it was before a9d7ff7, to the tree's
-  depth (``d - 1`` steps, one round trip each) instead of unrolled to the padded depth (``DP - 1`` steps
-  whose loads all go out at once): the two differ most at depth 9, which pads to 16 (``--depth 9``).
+- ``solve_unrolled``: the factor kernel's back substitution unrolled to the padded depth (``DP - 1``
+  steps whose loads all go out at once) instead of a loop to the tree's depth (``d - 1`` steps, one round
+  trip each). Kept at a9d7ff7 on depth-8 trees, reverted when depth 9 (the engine's, padded to 16) read
+  2-4% slower with it (``--depth 9``).
 
 - ``paths_first``: the factor kernel loads K and Q after the paths and the ancestors' gates (whose
   loads wait for the paths), so that the gates' round trip overlaps K's and Q's instead of following
@@ -27,8 +28,7 @@ Variants that apply to today's kernels (benchmarks/EXPERIMENTS.md, 2026-12-05, h
   products instead of before them, so that those two ``[64, 64]`` fp32 tiles (64 registers a thread at
   4 warps) are not live across the products (capped at 128 registers, the kept kernel spills 40 bytes).
 
-Kept from its first run (a9d7ff7), so no longer variants here: the factor kernel's back substitution
-unrolled to the padded depth, and each path read without its depth first.
+Kept from its first run, so no longer a variant here: each path read without its depth first (a9d7ff7).
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ GATHERS_AFTER = [
         "            if PHASE == 2:\n" + GATHERS.replace("            ", "                ") + C_AFTER,
     ),
 ]
-UNROLLED = "for i in tl.static_range(0, DP - 1):\n        col = DP - 2 - i"
-SOLVE_ROLLED = [(FACTORS, UNROLLED, "for i in range(0, d - 1):\n        col = d - 2 - i")]
+ROLLED = "for i in range(0, d - 1):\n        col = d - 2 - i"
+SOLVE_UNROLLED = [(FACTORS, ROLLED, "for i in tl.static_range(0, DP - 1):\n        col = DP - 2 - i")]
 VARIANTS = {
-    "solve_rolled": SOLVE_ROLLED,
+    "solve_unrolled": SOLVE_UNROLLED,
     "paths_first": PATHS_FIRST,
     "state_evict_first": _state_hint('eviction_policy="evict_first"'),
     "state_cg": _state_hint('cache_modifier=".cg"'),

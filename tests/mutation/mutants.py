@@ -3013,8 +3013,8 @@ MUTANTS = [
     Mutant(
         "KF2",
         "trtllm_bole/kernels/_inverse_factors.py",
-        "for i in tl.static_range(0, DP - 1):",
-        "for i in tl.static_range(0, DP - 2):",
+        "for i in range(0, d - 1):",
+        "for i in range(0, d - 2):",
         ["tests/kernels/test_gdn_tree_verify.py", "-k", "inverse"],
     ),
     Mutant(

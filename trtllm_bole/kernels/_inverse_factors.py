@@ -156,8 +156,9 @@ def _path_factors(
     q_t = _operand(_rows(q + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
     # The path alone says where it is (its columns past the node's depth hold -1, the node closes it), so
     # its load waits for nothing: with the depth read first, the depth, the path it masked and the gates
-    # gathered at the path were three dependent round trips. With the unrolled solve below, the verify
-    # took 0.7-2.5 % less time at every point measured (an H100, benchmarks/EXPERIMENTS.md, 2026-12-05).
+    # gathered at the path were three dependent round trips: the verify takes 0.5-3.1 % less time (an H100,
+    # depth-8 trees, benchmarks/EXPERIMENTS.md, 2026-12-05). The solve below stays a loop to the tree's
+    # depth: unrolled to the padded depth it was 2-4 % slower at the engine's depth 9.
     anc = tl.load(paths + (bos + o_t)[None, :] * d + o_e[:, None], mask=m_t[None, :] & (o_e[:, None] < d),
                   other=-1)  # fmt: skip
     on_path = anc >= 0
@@ -187,12 +188,8 @@ def _path_factors(
     tl.debug_barrier()
     x = tl.where(self_row, 1.0, 0.0)  # x (I + M) = e_last, column by column from the deepest
     g_rows = w_req + anc * d
-    # Unrolled to the padded depth (a step past the tree's depth loads nothing and changes nothing, but its
-    # arithmetic runs: the engine's trees of depth 9 take 15 steps): the loads of G's rows do not depend on
-    # the solve, so they all go out before its first step instead of one round trip a step. Measured at
-    # depth 8 only (benchmarks/factor_depth.py measures by depth).
-    for i in tl.static_range(0, DP - 1):
-        col = DP - 2 - i
+    for i in range(0, d - 1):
+        col = d - 2 - i
         m_col = tl.load(g_rows + col, mask=on_path & (o_e[:, None] > col), other=0.0)
         x_col = -tl.sum(x * m_col, axis=0)
         x = tl.where((o_e[:, None] == col) & strict, x_col[None, :], x)
