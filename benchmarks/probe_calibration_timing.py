@@ -3,11 +3,12 @@ times them and with the host's enqueueing hidden from the events.
 
     python benchmarks/probe_calibration_timing.py --out DIR    # a GPU, under a minute
 
-:class:`~trtllm_bole.spec.calibration.StepTimer` records a CUDA event, launches the step (its graph's
-replay and its commit's kernels, from Python) and records another, each time onto an idle GPU: the
-events then also bracket the host's time to enqueue the step. Held busy (``torch.cuda._sleep`` before the
-start event, longer than the host takes to enqueue), the GPU meets the start event with the whole step
-already queued, so the events bracket its work alone. At batch 16 and 256 positions (the bucket that two
+:class:`~trtllm_bole.spec.calibration.StepTimer` recorded a CUDA event, launched the step (its graph's
+replay and its commit's kernels, from Python) and recorded another, each time onto an idle GPU: the
+events then also bracketed the host's time to enqueue the step. Held busy (``torch.cuda._sleep`` before
+the start event, longer than the host takes to enqueue), the GPU meets the start event with the whole step
+already queued, so the events bracket its work alone: what the timer does since this probe's first run
+(``idle GPU`` below reproduces the timer before it). At batch 16 and 256 positions (the bucket that two
 H100 builds of 2026-12-05 calibrated at 384 and at 16 tree tokens), bfloat16 as an engine builds: the
 decoding step and verify steps of 16-768 tree tokens, each timed ``ROUNDS`` times both ways, interleaved
 (each time the median of the timer's five repeats); per step and way the median, min and max, and the
@@ -27,23 +28,21 @@ from trtllm_bole.config import on_device
 from trtllm_bole.llm import DEFAULT_MODEL
 from trtllm_bole.models.loader import load_model
 from trtllm_bole.spec.budget import DEFAULT_EPSILON, budget_from_timings
-from trtllm_bole.spec.calibration import StepTimer
+from trtllm_bole.spec.calibration import HOST_HIDING_CYCLES, StepTimer
 
 BATCH, KV_LEN = 16, 256
 CAPACITIES = (16, 32, 64, 128, 256, 512, 768)
 ROUNDS = 5
-SLEEP_CYCLES = 4_000_000  # ~2 ms at the H100's and H200's clocks: longer than the host takes to enqueue
 
 
 @torch.no_grad()
-def _time_host_hidden(timer: StepTimer, step) -> float:
-    """``StepTimer._time`` on a GPU with the GPU held busy while the host enqueues each timed step."""
+def _time_idle(timer: StepTimer, step) -> float:
+    """``StepTimer._time`` on a GPU as it was before this probe: each timed step enqueued onto an idle GPU."""
     for _ in range(timer.settings.warmup):
         step()
     times = []
     for _ in range(timer.settings.repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(SLEEP_CYCLES)
         start.record()
         step()
         end.record()
@@ -66,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(ROUNDS):
             for name, step in steps.items():
                 for way in times:
-                    if way == "host hidden":
-                        timer._time = types.MethodType(_time_host_hidden, timer)
+                    if way == "idle GPU":
+                        timer._time = types.MethodType(_time_idle, timer)
                     times[way][name].append(step(timer) * 1e3)
                     timer.__dict__.pop("_time", None)
     summary = {}
@@ -79,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         summary[way] = {"budget": budget, "median_ms": medians,
                         "spread_ms": {n: [min(ms), max(ms)] for n, ms in by_step.items()}}  # fmt: skip
         print(f"{way}: budget {budget}; " + ", ".join(f"{n} {m:.3f} ms" for n, m in medians.items()))
-    meta = U.run_meta(batch=BATCH, kv_len=KV_LEN, rounds=ROUNDS, sleep_cycles=SLEEP_CYCLES, dtype="bfloat16")
+    meta = U.run_meta(
+        batch=BATCH, kv_len=KV_LEN, rounds=ROUNDS, sleep_cycles=HOST_HIDING_CYCLES, dtype="bfloat16"
+    )
     data = {"meta": meta, "summary": summary, "times_ms": times}
     print(f"wrote {U.write_result(args.out, U.result_name('probe_calibration_timing'), data)}")
     return 0

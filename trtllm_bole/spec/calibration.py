@@ -6,7 +6,12 @@ without drafting: a verify step is a forest of ``tokens`` nodes spread over ``ba
 request a draft-like top-k tree (:func:`trtllm_bole.testing.topk_parents`), verified and then
 committed along its spine; a decode step is one token per request, verified and committed. Only the
 model's own work is timed (the forest and its metadata are built beforehand): CUDA events around
-the step after warm-up, the median of the repeats (``time.perf_counter`` on CPU).
+the step after warm-up, the median of the repeats (``time.perf_counter`` on CPU). Before each timed
+step the GPU is held busy (:data:`HOST_HIDING_CYCLES`) while the host enqueues the step, so that the
+events bracket the GPU's work alone: timed from an idle GPU they also bracketed the host's enqueueing,
+and the embedded model's budgets followed its jitter (H100, batch 16, 256 positions: the decoding step
+read 0.56-0.81 ms over five rounds from an idle GPU, 0.470-0.473 held busy;
+benchmarks/results/h100_40a4caa/probe_calibration_timing.json).
 
 On a GPU the forward is replayed from a CUDA graph (:class:`~trtllm_bole.spec.verify_graphs.VerifyGraphs`:
 one graph per forest shape, captured by the warm-up), as the executor replays its steps (whose graphs,
@@ -46,6 +51,11 @@ from trtllm_bole.spec.budget import (
 from trtllm_bole.spec.verify_graphs import VerifyGraphs
 from trtllm_bole.testing import topk_parents
 from trtllm_bole.tree import TreeBatch
+
+HOST_HIDING_CYCLES = 4_000_000
+"""GPU clock cycles the timer keeps the GPU busy (``torch.cuda._sleep``) before each timed step's start
+event: ~2 ms on an H100 or H200, longer than the host takes to enqueue a step's graph replay and its
+commit's launches (~0.25 ms for the embedded model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +182,7 @@ class StepTimer:
             times = []
             for _ in range(s.repeats):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(HOST_HIDING_CYCLES)  # the step is queued before the GPU meets `start`
                 start.record()
                 step()
                 end.record()
