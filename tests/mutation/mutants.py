@@ -3031,4 +3031,11 @@ MUTANTS = [
         "if sources[file].count(old) == 0:",
         ["tests/benchmarks/test_probe_source_edits.py"],
     ),
+    Mutant(
+        "CT1",
+        "trtllm_bole/spec/calibration.py",
+        "                torch.cuda._sleep(HOST_HIDING_CYCLES)  # the step is queued before the GPU meets `start`\n",
+        "",
+        ["tests/spec/test_calibration.py"],
+    ),
 ]
