@@ -3032,7 +3032,7 @@ MUTANTS = [
         ["tests/benchmarks/test_probe_source_edits.py"],
     ),
     Mutant(
-        "CT1",
+        "HT1",
         "trtllm_bole/spec/calibration.py",
         "                torch.cuda._sleep(HOST_HIDING_CYCLES)  # the step is queued before the GPU meets `start`\n",
         "",
