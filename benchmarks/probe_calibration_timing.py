@@ -6,20 +6,20 @@ times them and with the host's enqueueing hidden from the events.
 :class:`~trtllm_bole.spec.calibration.StepTimer` recorded a CUDA event, launched the step (its graph's
 replay and its commit's kernels, from Python) and recorded another, each time onto an idle GPU: the
 events then also bracketed the host's time to enqueue the step. Held busy (``torch.cuda._sleep`` before
-the start event, longer than the host takes to enqueue), the GPU meets the start event with the whole step
-already queued, so the events bracket its work alone: what the timer does since this probe's first run
-(``idle GPU`` below reproduces the timer before it). At batch 16 and 256 positions (the bucket that two
-H100 builds of 2026-12-05 calibrated at 384 and at 16 tree tokens), bfloat16 as an engine builds: the
-decoding step and verify steps of 16-768 tree tokens, each timed ``ROUNDS`` times both ways, interleaved
-(each time the median of the timer's five repeats); per step and way the median, min and max, and the
-budget each way's medians give at ε = 0.2. Writes ``<out>/probe_calibration_timing_<device>.json``.
+the start event, longer than the host takes to enqueue), the GPU meets the start event with the whole
+step already queued, so the events bracket its work alone: what the timer does since this probe's first
+run (``idle GPU`` below reproduces the timer before it: a wait of 0 cycles, over before the step is
+queued). At batch 16 and 256 positions (the bucket that two H100 builds of 2026-12-05 calibrated at 384
+and at 16 tree tokens), bfloat16 as an engine builds: the decoding step and verify steps of 16-768 tree
+tokens, each timed ``ROUNDS`` times both ways, interleaved (each time the median of the timer's five
+repeats); per step and way the median, min and max, and the budget each way's medians give at ε = 0.2.
+Writes ``<out>/probe_calibration_timing_<device>.json``.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
-import types
 
 import _bench_util as U
 import torch
@@ -27,28 +27,13 @@ import torch
 from trtllm_bole.config import on_device
 from trtllm_bole.llm import DEFAULT_MODEL
 from trtllm_bole.models.loader import load_model
+from trtllm_bole.spec import calibration
 from trtllm_bole.spec.budget import DEFAULT_EPSILON, budget_from_timings
 from trtllm_bole.spec.calibration import HOST_HIDING_CYCLES, StepTimer
 
 BATCH, KV_LEN = 16, 256
 CAPACITIES = (16, 32, 64, 128, 256, 512, 768)
 ROUNDS = 5
-
-
-@torch.no_grad()
-def _time_idle(timer: StepTimer, step) -> float:
-    """``StepTimer._time`` on a GPU as it was before this probe: each timed step enqueued onto an idle GPU."""
-    for _ in range(timer.settings.warmup):
-        step()
-    times = []
-    for _ in range(timer.settings.repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,11 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         timer = StepTimer(model, max_batch=BATCH, max_kv_len=KV_LEN, max_tokens=max(CAPACITIES))
         for _ in range(ROUNDS):
             for name, step in steps.items():
-                for way in times:
-                    if way == "idle GPU":
-                        timer._time = types.MethodType(_time_idle, timer)
+                for way in times:  # a wait of 0 cycles ends before the host enqueues: the timer before
+                    calibration.HOST_HIDING_CYCLES = 0 if way == "idle GPU" else HOST_HIDING_CYCLES
                     times[way][name].append(step(timer) * 1e3)
-                    timer.__dict__.pop("_time", None)
+    calibration.HOST_HIDING_CYCLES = HOST_HIDING_CYCLES
     summary = {}
     for way, by_step in times.items():
         medians = {name: statistics.median(ms) for name, ms in by_step.items()}
