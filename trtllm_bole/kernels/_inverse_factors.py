@@ -155,10 +155,10 @@ def _path_factors(
     k_t = _operand(_rows(k + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
     q_t = _operand(_rows(q + (bos * H + i_h) * DK, o_t, m_t, H * DK, o_d), UPCAST)
     # The path alone says where it is (its columns past the node's depth hold -1, the node closes it), so
-    # its load waits for nothing: with the depth read first, the depth, the path it masked and the gates
-    # gathered at the path were three dependent round trips: the verify takes 0.5-3.1 % less time (an H100,
-    # depth-8 trees, benchmarks/EXPERIMENTS.md, 2026-12-05). The solve below stays a loop to the tree's
-    # depth: unrolled to the padded depth it was 2-4 % slower at the engine's depth 9.
+    # its load waits for nothing. With the depth read first, the depth, the path it masked and the gates
+    # gathered at the path were three dependent round trips; two now take 0.5-3.1 % off the verify (an
+    # H100, depth-8 trees, benchmarks/EXPERIMENTS.md, 2026-12-05). The solve below stays a loop to the
+    # tree's depth: unrolled to the padded depth it was 2-4 % slower at the engine's depth 9.
     anc = tl.load(paths + (bos + o_t)[None, :] * d + o_e[:, None], mask=m_t[None, :] & (o_e[:, None] < d),
                   other=-1)  # fmt: skip
     on_path = anc >= 0
