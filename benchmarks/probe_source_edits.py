@@ -91,12 +91,13 @@ def edited_module(name: str, edits: list[tuple[str, str, str]], folder: Path):
     ``<name>_verify`` (its factor helpers from ``<name>_factors``). An edit that matches nothing, or more
     than once, is refused: the probe would time the kept kernel under another name."""
     sources = {f: (KERNELS / f).read_text() for f in (FACTORS, VERIFY)}
-    for file, old, new in edits:
+    # The copy of the verify module imports the edited factor helpers, checked like every edit: were the
+    # import not found, the variant would run the package's helpers and time the kept kernel.
+    relink = (VERIFY, "from trtllm_bole.kernels._inverse_factors import", f"from {name}_factors import")
+    for file, old, new in [*edits, relink]:
         if sources[file].count(old) != 1:
             raise ValueError(f"{name}: {old!r} occurs {sources[file].count(old)} times in {file}, not once")
         sources[file] = sources[file].replace(old, new)
-    factors_import = "from trtllm_bole.kernels._inverse_factors import"
-    sources[VERIFY] = sources[VERIFY].replace(factors_import, f"from {name}_factors import")
     modules = {}
     for file, suffix in ((FACTORS, "factors"), (VERIFY, "verify")):
         path = folder / f"{name}_{suffix}.py"  # triton reads a kernel's source from its file

@@ -30,6 +30,7 @@ def folder(tmp_path_factory):
 def test_edited_kernels_match_the_serial_recurrence(name, folder):
     module = P.edited_module(name, P.VARIANTS[name], folder)
     assert module is not inv and module.__name__ == f"{name}_verify"
+    assert module._path_factors is sys.modules[f"{name}_factors"]._path_factors  # the edited helpers
     gen = torch.Generator().manual_seed(0)
     trees = [topk_parents(40, 2, 12), topk_parents(33, 4, 6)]
     x = U.make_inputs(U.tree_of(trees, "cpu"), 2, 4, 32, 64, torch.float32, gen)
