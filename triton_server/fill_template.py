@@ -4,10 +4,10 @@
     python triton_server/fill_template.py -i model_repository/bole/config.pbtxt \\
         triton_max_batch_size:16,instance_kind:KIND_CPU,engine_dir:/path/to/engine,max_batch_size:16
 
-Placeholders not named stay as they are; the Bole model reads a parameter still holding ``${...}``
-(or ``""``) as unset and uses its default. A placeholder outside a quoted ``string_value`` (Triton's
-own fields: ``triton_max_batch_size``, ``instance_kind``) has no default: left unfilled, it is an
-error here rather than a config Triton cannot parse.
+Placeholders not named stay as they are (a name the template lacks is an error); the Bole model reads a
+parameter still holding ``${...}`` (or ``""``) as unset and uses its default. A placeholder outside a
+quoted ``string_value`` (Triton's own fields: ``triton_max_batch_size``, ``instance_kind``) has no
+default: left unfilled, it is an error here rather than a config Triton cannot parse.
 """
 
 from __future__ import annotations
@@ -34,7 +34,12 @@ def parse_substitutions(text: str) -> dict[str, str]:
 
 def fill(template: str, values: dict[str, str]) -> str:
     """Values are escaped for the quoted strings of protobuf's text format (a path with a ``"`` ended
-    its ``string_value`` early, a ``\\`` started an escape)."""
+    its ``string_value`` early, a ``\\`` started an escape). A name with no ``${name}`` in the template
+    is refused: misspelt, it left the placeholder to its default without a word."""
+    unknown = sorted(set(values) - set(Template(template).get_identifiers()))
+    if unknown:
+        names = ", ".join(f"${{{name}}}" for name in unknown)
+        raise ValueError(f"the template has no placeholder {names} (misspelt, or filled already?)")
     escaped = {k: v.replace("\\", "\\\\").replace('"', '\\"') for k, v in values.items()}
     filled = Template(template).safe_substitute(escaped)
     blank = {name for name in _UNQUOTED.findall(template) if name in values and not values[name]}

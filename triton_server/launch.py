@@ -1,5 +1,5 @@
 """Start a real Triton Inference Server (the ``tritonserver`` bundled in the nvidia-pytriton wheel)
-serving the Bole model, wait until it is ready, print the endpoints, and stop it on SIGTERM/SIGINT::
+serving the Bole model, wait until it is ready, print the endpoints, and stop it on SIGTERM/SIGINT/SIGHUP::
 
     python triton_server/launch.py                        # embedded tiny model, CPU, ports 8000/8001/8002
     python triton_server/launch.py --engine-dir DIR --http-port 0 --grpc-port 0   # 0: any free port
@@ -18,7 +18,7 @@ the package index once). Needs ``pip install --no-deps nvidia-pytriton==0.7.0`` 
 with Triton").
 
 Stopping drains: Triton neither unloads a model nor calls its ``finalize`` while requests are in
-flight, so on SIGTERM/SIGINT the launcher first writes ``--drain-grace`` into the model's drain file
+flight, so on SIGTERM/SIGINT/SIGHUP the launcher first writes ``--drain-grace`` into the model's drain file
 (the ``drain_file`` parameter of the repository it fills, or of the ``bole`` model of one served as it
 is with ``--model-repository``; such a repository that sets none is not drained): the model refuses new
 requests, lets those in flight run for up to that many seconds, then ends the rest with an
@@ -222,7 +222,7 @@ def check_ports_free(ports: dict[str, int]) -> None:
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT once :meth:`install` ran. Its handler only sets it: one that raised (as
+    """Set by SIGTERM/SIGINT/SIGHUP once :meth:`install` ran. Its handler only sets it: one that raised (as
     KeyboardInterrupt) could cut the launcher's own stop short, and a ``threading.Event`` set in a
     handler can deadlock on its lock."""
 
@@ -230,7 +230,7 @@ class StopFlag:
         self.asked = False
 
     def install(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: its terminal closed
             signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
@@ -407,14 +407,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--ready-timeout",
         type=float,
-        default=120.0,
-        help="seconds to wait for the server to be ready (default: 120)",
+        default=1800.0,
+        help="seconds to wait for the server to be ready: the model's weights load and it warms up (minutes "
+        "for a real model on a GPU); past them tritonserver is stopped, the launcher exits 1 (default: 1800)",
     )
     p.add_argument(
         "--drain-grace",
         type=float,
         default=10.0,
-        help="on SIGTERM/SIGINT: seconds in-flight requests may still run (default: 10)",
+        help="on SIGTERM/SIGINT/SIGHUP: seconds in-flight requests may still run (default: 10)",
     )
     p.add_argument(
         "--engine-watch",
@@ -523,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not 0 <= args.drain_grace <= 3600:
         raise SystemExit(f"error: --drain-grace must lie in [0, 3600] seconds, got {args.drain_grace}")
+    if not 0 < args.ready_timeout <= 86400:  # nan or <= 0 failed at once as "not ready within nan s"
+        raise SystemExit(f"error: --ready-timeout must lie in (0, 86400] seconds, got {args.ready_timeout}")
     if not 0 <= args.engine_watch <= 3600:
         raise SystemExit(f"error: --engine-watch must lie in [0, 3600] seconds, got {args.engine_watch}")
     if args.max_batch_size is not None and args.max_batch_size < 1:  # 0 used to serve the default batch

@@ -3038,4 +3038,25 @@ MUTANTS = [
         "",
         ["tests/spec/test_calibration.py"],
     ),
+    Mutant(
+        "SV21",
+        "triton_server/launch.py",
+        "(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)",
+        "(signal.SIGTERM, signal.SIGINT)",
+        ["tests/server/test_triton_server.py::test_a_stop_while_the_model_loads_exits_0"],
+    ),
+    Mutant(
+        "SV22",
+        "triton_server/launch.py",
+        "if not 0 < args.ready_timeout <= 86400:",
+        "if not 0 <= args.ready_timeout <= 86400:",
+        ["tests/server/test_triton_server.py::test_launch_refuses_a_ready_timeout_out_of_range"],
+    ),
+    Mutant(
+        "SV23",
+        "triton_server/fill_template.py",
+        "    if unknown:\n",
+        "    if unknown and False:\n",
+        ["tests/server/test_fill_template.py"],
+    ),
 ]

@@ -16,13 +16,23 @@ TEMPLATE = ROOT / "triton_server" / "model_repository_template" / "bole" / "conf
 def test_substitutions_parse_and_fill_only_what_is_named():
     values = parse_substitutions("engine_dir:/a:b, triton_max_batch_size:16,")
     assert values == {"engine_dir": "/a:b", "triton_max_batch_size": "16"}
-    assert fill('x: "${engine_dir}" y: "${device}"', values) == 'x: "/a:b" y: "${device}"'
+    assert fill('x: "${engine_dir}" y: "${device}" z: ${triton_max_batch_size}', values) == (
+        'x: "/a:b" y: "${device}" z: 16'
+    )
     with pytest.raises(ValueError, match="kind must be filled"):
-        fill("kind: ${kind}  # Triton's own field", values)
+        fill("kind: ${kind}  # Triton's own field", {})
     with pytest.raises(ValueError, match="kind must be filled"):  # wrote "kind: ", which Triton cannot parse
         fill("kind: ${kind}", {"kind": ""})
     with pytest.raises(ValueError, match="key:value"):
         parse_substitutions("engine_dir")
+
+
+def test_a_name_the_template_lacks_is_refused():
+    """``max_batch_sise:4`` exited 0 and left ``${max_batch_size}`` to the model's default."""
+    template = 'a: "${max_batch_size}" b: "${device}"'
+    with pytest.raises(ValueError, match=r"no placeholder \$\{max_batch_sise\}, \$\{z\} \(misspelt"):
+        fill(template, {"max_batch_sise": "4", "device": "cpu", "z": ""})
+    assert fill(template, {"max_batch_size": "4"}) == 'a: "4" b: "${device}"'
 
 
 def test_filled_values_reach_triton_as_given(tmp_path):
@@ -65,6 +75,12 @@ def test_fill_template_cli_in_place(tmp_path):
         [sys.executable, str(tool), "-i", str(config), "engine_dir:/e"], capture_output=True, text=True
     )
     assert partial.returncode == 1 and "instance_kind, triton_max_batch_size must be filled" in partial.stderr
+    assert config.read_text() == TEMPLATE.read_text()
+    misspelt = subprocess.run(
+        [sys.executable, str(tool), "-i", str(config), "triton_max_batch_size:4,instance_kind:KIND_CPU,"
+         "max_batch_sise:4"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert misspelt.returncode == 1 and "no placeholder ${max_batch_sise}" in misspelt.stderr
     assert config.read_text() == TEMPLATE.read_text()
 
 

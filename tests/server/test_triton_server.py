@@ -514,9 +514,12 @@ def test_signals_during_the_launcher_s_own_stop_do_not_cut_it_short(tmp_path):
     assert "tritonserver stopped (exit code 0)" in log, server.log_tail()
 
 
-def test_a_stop_while_the_model_loads_exits_0(tmp_path):
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
+def test_a_stop_while_the_model_loads_exits_0(tmp_path, signum):
     """SIGTERM before the server is ready: tritonserver, still loading the model, dies of the SIGTERM the
-    launcher forwards (-15); that stop was asked for, so the launcher exits 0 (it exited 1)."""
+    launcher forwards (-15); that stop was asked for, so the launcher exits 0 (it exited 1). SIGHUP (the
+    launcher's terminal closed) stops it the same way: it used to end the launcher unhandled, leaving its
+    temporary repository behind."""
     import signal
 
     log = tmp_path / "launch.log"
@@ -530,7 +533,7 @@ def test_a_stop_while_the_model_loads_exits_0(tmp_path):
         while '"loading: bole:1"' not in log.read_text(errors="replace"):
             assert time.monotonic() < deadline and launcher.poll() is None, log.read_text(errors="replace")
             time.sleep(0.05)
-        launcher.send_signal(signal.SIGTERM)
+        launcher.send_signal(getattr(signal, signum))
         assert launcher.wait(60) == 0, log.read_text(errors="replace")[-3000:]
     finally:
         if launcher.poll() is None:
@@ -706,6 +709,14 @@ def test_launch_refuses_an_engine_watch_out_of_range(value):
     command = [sys.executable, str(LAUNCH), "--engine-watch", value]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 1 and "--engine-watch must lie in [0, 3600] seconds" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "86401"])
+def test_launch_refuses_a_ready_timeout_out_of_range(value):
+    """nan and -5 started tritonserver, then stopped it at once: "not ready within nan s"."""
+    command = [sys.executable, str(LAUNCH), "--ready-timeout", value]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 1 and "--ready-timeout must lie in (0, 86400] seconds" in done.stderr
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])

@@ -1,6 +1,7 @@
 """Ahead-of-time compilation of the Bole kernels: what a TensorRT AOT plugin launches, without TensorRT.
 
-For each plugin (``bole::gdn_tree_verify``, ``bole::gdn_commit``, ``bole::tree_conv1d``) a
+For each plugin (``bole::gdn_tree_verify``; ``bole::gdn_tree_factors`` and ``bole::gdn_tree_values``,
+the explicit-inverse verify's two launches; ``bole::gdn_commit``; ``bole::tree_conv1d``) a
 :class:`PluginSpec` says, as plain functions:
 
 - the I/O: input and output names in TensorRT's launch order and the dtypes each accepts;
