@@ -46,6 +46,17 @@ def test_a_budget_table_that_cannot_serve_the_epsilon_asked_is_refused_at_once(t
         LLM(speculative_config=BoleConfig(budget_table=path, epsilon=0.3))
 
 
+def test_a_budget_setting_that_nothing_would_read_is_refused(tmp_path):
+    """Both were dropped without a word: an epsilon with no table to re-derive (the embedded checkpoint has
+    none), and a table or epsilon for a mode that verifies every tree in full."""
+    with pytest.raises(ValueError, match=r"epsilon=0\.5 re-derives a budget table's budgets, and there is"):
+        LLM(speculative_config=BoleConfig(epsilon=0.5))
+    for mode in ("ar", "chain", "tree-serial"):
+        for setting in ({"epsilon": 0.5}, {"budget_table": tmp_path / "budget.json"}):
+            with pytest.raises(ValueError, match=f"mode 'bole' only; mode '{mode}' has none"):
+                BoleConfig(mode=mode, **setting)
+
+
 def test_a_chain_may_be_deeper_than_the_tree_node_limit():
     """``max_nodes`` bounds trees; a chain drafts ``max_depth`` tokens whatever it says."""
     chain = BoleConfig(mode="chain", max_depth=8, max_nodes=4)
@@ -54,6 +65,13 @@ def test_a_chain_may_be_deeper_than_the_tree_node_limit():
         BoleConfig(mode="bole", max_depth=8, max_nodes=4)
     assert BoleConfig(mode="bole", max_depth=8, max_nodes=8).draft_tokens == 8
     assert BoleConfig(mode="ar").draft_tokens == 0
+
+
+@pytest.mark.parametrize(("depth", "top_k", "drafts"), [(2, 3, 12), (4, 2, 14), (3, 4, 20), (8, 4, 20)])
+def test_draft_tokens_are_what_a_shallow_tree_drafts_where_that_is_fewer(depth, top_k, drafts):
+    """A step of depth-2 top-3 trees verifies 12 drafts a request (3 + 3 x 3), not max_nodes 20: the CUDA
+    graphs captured ahead of traffic were of 21 nodes a request, a shape no step met."""
+    assert BoleConfig(max_depth=depth, max_nodes=20, top_k=top_k).draft_tokens == drafts
 
 
 def test_an_unset_depth_fits_the_node_limit_and_stays_unset():

@@ -168,6 +168,11 @@ class BoleConfig(BaseModel):
 
     @model_validator(mode="after")
     def _tree_fits_depth(self) -> BoleConfig:
+        if self.mode != "bole" and (self.epsilon is not None or self.budget_table is not None):
+            raise ValueError(
+                f"epsilon and budget_table set the verify budget of mode 'bole' only; mode {self.mode!r} "
+                "has none (each request verifies its own tree in full)"
+            )
         if self.mode == "ar":
             return self
         if self.max_nodes < self.max_depth and self.mode != "chain":
@@ -188,10 +193,14 @@ class BoleConfig(BaseModel):
 
     @property
     def draft_tokens(self) -> int:
-        """Most draft tokens one request verifies in a step."""
+        """Most draft tokens one request verifies in a step: ``max_nodes``, or all a shallow tree drafts
+        where that is fewer (``top_k`` children at the first level, ``top_k`` of each of the ``top_k``
+        best at every further one: the graphs captured ahead of traffic are of this size)."""
         if self.mode == "ar":
             return 0
-        return self.max_depth if self.mode == "chain" else self.max_nodes
+        if self.mode == "chain":
+            return self.max_depth
+        return min(self.max_nodes, self.top_k + (self.max_depth - 1) * self.top_k**2)
 
 
 def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> str:

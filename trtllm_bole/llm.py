@@ -64,9 +64,10 @@ class LLM:
     ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
     each; default 8); ``max_seq_len`` bounds prompt + output (at most ``max_seq_len - 1`` tokens in
     every mode; default 1024); ``kv_cache_tokens`` sizes the paged KV cache (default: every slot can hold
-    ``max_seq_len - 1`` tokens and one draft tree past them). ``max_prefill_tokens``: prompt tokens a
-    step prefills at most, in one forward (default 8,192); prompts beyond it, a longer one included, go
-    on over the next steps, each piece on top of the last, while the running requests decode in between.
+    ``max_seq_len - 1`` tokens and the longest path a step accepts past them, ``max_depth + 1``).
+    ``max_prefill_tokens``: prompt tokens a step prefills at most, in one forward (default 8,192);
+    prompts beyond it, a longer one included, go on over the next steps, each piece on top of the last,
+    while the running requests decode in between.
     ``cuda_graphs``: on a GPU, drafting replays a CUDA graph per batch size, greedy or sampled
     (:mod:`trtllm_bole.spec.draft_graphs`), the tree selection one per pool shape, and the target's
     verify one per forest shape and kind of batch (greedy, sampled, sampled with top-k/top-p), with its
@@ -393,9 +394,15 @@ def _find_budget(config: BoleConfig, engine: Engine | None, device: torch.device
     """The table ``config`` names, else the one the engine's config lists (built with ``--calibrate``).
     A table calibrated for another tree depth or device still loads (exactness does not depend on
     it) but warns: its budgets were measured for other costs. One that cannot give a budget at the
-    ``epsilon`` asked (no timings to re-derive it from) is refused here, not at the first step."""
+    ``epsilon`` asked (no timings to re-derive it from) is refused here, not at the first step, and so
+    is an ``epsilon`` without a table."""
     path = config.budget_table or (engine.budget_path if engine is not None else None)
     if path is None:
+        if config.epsilon is not None:  # it was dropped without a word
+            raise ValueError(
+                f"epsilon={config.epsilon} re-derives a budget table's budgets, and there is none: give "
+                "budget_table=, or an engine built by build_scripts/build_engine.py --calibrate"
+            )
         return None
     table = BudgetTable.load(path)
     for entry in table.entries:

@@ -1542,8 +1542,8 @@ MUTANTS = [
     Mutant(
         "U2",
         "trtllm_bole/config.py",
-        'return self.max_depth if self.mode == "chain" else self.max_nodes',
-        "return self.max_nodes",
+        '        if self.mode == "chain":\n            return self.max_depth\n',
+        "",
         [
             "tests/test_llm_settings.py",
             "tests/test_llm.py",
@@ -3058,5 +3058,26 @@ MUTANTS = [
         "    if unknown:\n",
         "    if unknown and False:\n",
         ["tests/server/test_fill_template.py"],
+    ),
+    Mutant(
+        "U4",
+        "trtllm_bole/config.py",
+        "return min(self.max_nodes, self.top_k + (self.max_depth - 1) * self.top_k**2)",
+        "return self.max_nodes",
+        ["tests/test_llm_settings.py", "tests/spec/test_executor.py"],
+    ),
+    Mutant(
+        "U5",
+        "trtllm_bole/config.py",
+        'if self.mode != "bole" and (self.epsilon is not None or self.budget_table is not None):',
+        'if self.mode == "ar" and (self.epsilon is not None or self.budget_table is not None):',
+        ["tests/test_llm_settings.py"],
+    ),
+    Mutant(
+        "U6",
+        "trtllm_bole/llm.py",
+        "        if config.epsilon is not None:  # it was dropped without a word\n",
+        "        if False:\n",
+        ["tests/test_llm_settings.py"],
     ),
 ]

@@ -303,6 +303,18 @@ def test_the_default_cache_serves_a_full_batch_of_full_length_requests(config):
     assert len(spec.scheduler.running) == 2
 
 
+@pytest.mark.parametrize("bole", [BoleConfig(max_depth=4, max_nodes=10, top_k=2),
+                                  BoleConfig(max_depth=2, max_nodes=20, top_k=3)])  # fmt: skip
+def test_a_step_without_a_budget_verifies_draft_tokens_a_request(config, bole):
+    """``draft_tokens`` is the tree a step verifies (what ``capture_graphs`` captures for): ``max_nodes``,
+    or the 12 drafts a depth-2 top-3 tree makes where ``max_nodes`` is more."""
+    spec = Executor(random_model(config, seed=3), bole, max_batch_size=3)
+    requests = [spec.submit(p, SamplingParams(max_tokens=6)) for p in PROMPTS[:3]]
+    spec.step()  # prefill
+    spec.step()
+    assert [r.stats.drafted for r in requests] == [bole.draft_tokens] * 3
+
+
 @pytest.mark.parametrize("budget", [6, 14])
 def test_budget_caps_tree_tokens_per_step(config, budget):
     """The running requests share the budget's tree tokens (each request's pool holds far more: the budget,
@@ -601,12 +613,15 @@ def test_greedy_on_the_kernels_is_token_for_token_autoregressive(gpu_config, mod
 
 
 @pytest.mark.gpu
-def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config):
+@pytest.mark.parametrize("bole", [BoleConfig(max_depth=4, max_nodes=10, top_k=3),
+                                  BoleConfig(max_depth=2, max_nodes=20, top_k=3)])  # fmt: skip
+def test_capture_graphs_covers_full_trees_of_every_batch_size(gpu_config, bole):
     """After ``capture_graphs`` a greedy run of full trees meets no new draft, selection or verify shape,
     and after ``capture_graphs(sampled=True)`` a sampled run neither (the prefills' graphs are captured as
-    prompts arrive)."""
+    prompts arrive). The second tree drafts 12 tokens a request, fewer than its ``max_nodes``: its steps'
+    graphs were captured for 21 nodes a request, and met at 13."""
     model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
-    spec = Executor(model, BoleConfig(max_depth=4, max_nodes=10, top_k=3), max_batch_size=3)
+    spec = Executor(model, bole, max_batch_size=3)
     assert spec.capture_graphs() == 12  # per batch size: draft, selection, greedy verify step, MTP
     assert spec.capture_graphs() == 0
     graphs = [g for g in spec.graph_sets if g not in (spec.prefill_graphs, spec.mtp_prefill_graphs)]
