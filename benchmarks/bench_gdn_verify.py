@@ -22,8 +22,9 @@ of triton's do_bench (warm-up, L2 flushed between runs, CUDA events) over rotati
 from the host (``--timing eager``, the full run's default) or replayed from CUDA graphs (``--timing
 graph``, the focused run's default: the host's launch overhead, tens of µs of Python per call, is out of
 the window, as in an engine that captures its verify step). Results
-go to <out>/gdn_verify_<device>.json (rewritten after every section) and its .png; <device> is
-``h200`` on the H200, ``smoke`` in Triton's interpreter (``--smoke``), else the GPU's name.
+go to <out>/gdn_verify_<device>.json (``_focus.json`` for ``--focus``; rewritten after every section) and
+its .png; <device> is ``h200`` on the H200, ``smoke`` in Triton's interpreter (``--smoke``), else the GPU's
+name.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class Bench:
         import triton
 
         device = torch.cuda.get_device_name(0) if self.cuda else f"CPU interpreter ({platform.machine()})"
-        stem = Path(args.out) / f"gdn_verify_{result_tag(device)}"
+        # A focused run is named apart: it has no memory section, and it overwrote the full run's file.
+        stem = Path(args.out) / f"gdn_verify_{result_tag(device)}{'_focus' if args.focus else ''}"
         self.png = stem.with_suffix(".png")
         self.r = U.Results(
             stem.with_suffix(".json"),

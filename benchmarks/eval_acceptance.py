@@ -48,7 +48,7 @@ def run(llm: LLM, prompts: list[str], max_tokens: int) -> tuple[list[list[int]],
     accepted = sum(o.stats.accepted for o in outs)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     stats = {
-        "mean_accepted_tokens": (accepted + steps) / steps,
+        "mean_accepted_tokens": (accepted + steps) / steps if steps else 1.0,  # --max-tokens 1: no step
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "tokens_per_target_forward": tokens / (steps + len(outs)),  # + one prefill per request
         "steps": steps,

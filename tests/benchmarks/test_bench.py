@@ -117,6 +117,18 @@ def test_a_speedup_needs_every_token_equal_to_plain_decoding():
     assert runs[3]["error"] == "greedy output parts from ar (beyond near-ties): no speed-up reported"
 
 
+def test_acceptance_eval_of_one_token_takes_no_step():
+    """``--max-tokens 1`` passed the check, then divided by zero steps (the prompt's prefill makes it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from eval_acceptance import run
+
+    from trtllm_bole import LLM
+
+    outputs, stats, _ = run(LLM(max_batch_size=2, max_seq_len=64), ["def f(x):", "import os"], 1)
+    assert [len(o) for o in outputs] == [1, 1] and stats["steps"] == 0
+    assert stats["mean_accepted_tokens"] == 1.0
+
+
 def test_divergence_names_the_first_differing_token():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench import divergence
@@ -161,8 +173,9 @@ def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_gdn_verify.py"), "--smoke", "--focus", "headline",
            "--out", str(tmp_path)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert not (tmp_path / "gdn_verify_h200.json").exists()  # a smoke run never takes the GPU's name
-    result = json.loads((tmp_path / "gdn_verify_smoke.json").read_text())
+    assert not (tmp_path / "gdn_verify_h200_focus.json").exists()  # a smoke run never takes the GPU's name
+    assert not (tmp_path / "gdn_verify_smoke.json").exists()  # nor the full run's file
+    result = json.loads((tmp_path / "gdn_verify_smoke_focus.json").read_text())
     assert result["errors"] == []
     assert result["checks"] and all(c["ok"] for c in result["checks"] if c["what"].startswith("bole"))
     assert {p["tree_size"] for p in result["grid"]} >= {8, 20} and result["depth"]
@@ -200,7 +213,7 @@ def test_kernel_bench_exits_1_when_a_check_fails(tmp_path, monkeypatch):
 
     monkeypatch.setattr(verify, "gdn_tree_verify", zeros)
     assert bench_gdn_verify.main(["--smoke", "--focus", "headline", "--out", str(tmp_path)]) == 1
-    result = json.loads((tmp_path / "gdn_verify_smoke.json").read_text())
+    result = json.loads((tmp_path / "gdn_verify_smoke_focus.json").read_text())
     assert not any(c["ok"] for c in result["checks"] if c["what"].startswith("bole"))
     assert result["summary"]["speedup_table_T64"] == [] and not any("bole_us" in p for p in result["grid"])
 
