@@ -46,3 +46,20 @@ def test_a_step_refused_for_its_blocks_leaves_every_state_as_it_was():
             step()
         after = (cache.gdn_state, cache.conv_state, cache.k_cache, cache.v_cache)
         assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True)), name
+
+
+def test_a_prefill_refused_for_its_slot_writes_no_cache():
+    """With attention as the first layer, a prefill on a slot past the pool wrote that layer's K/V before
+    the first GDN layer refused the slot."""
+    from trtllm_bole.models.cache import StepContext
+    from trtllm_bole.models.config import load_config
+    from trtllm_bole.models.loader import random_model
+    from trtllm_bole.testing import TINY_CONFIG
+
+    config = {**TINY_CONFIG, "num_hidden_layers": 2, "layer_types": ["full_attention", "linear_attention"]}
+    model = random_model(load_config(config), seed=1, dtype=torch.float32)
+    cache = model.allocate_cache(2, 8, 4)
+    ctx = StepContext.chains([4], torch.tensor([7]), block_table([[1]]), torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"state_indices must lie in \[0, 2\), got \[7\]"):
+        model.prefill(torch.arange(4), ctx)
+    assert not cache.k_cache.any() and not cache.v_cache.any() and not cache.gdn_state.any()

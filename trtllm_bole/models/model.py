@@ -139,8 +139,12 @@ class Qwen35Model(EmptyInitModule):
         nothing waits for the device.
         """
         fs = self._forward_state(input_ids, ctx, "prefill", check)
-        if check and self.config.attn_layer_ids:  # before the GDN layers update their state
-            ops.check_kv_room(fs.k_cache, ctx.tree, fs.plan.ends, ctx.block_tables, ctx.context_lens)
+        if check:  # before any layer writes a cache (the GDN layers check the slots too: after any
+            # attention layer before the first of them wrote its K/V)
+            cache = self.cache
+            ops.check_slots(cache.num_slots, ctx.tree.num_requests, ctx.slots, cache.gdn_state.device)
+            if self.config.attn_layer_ids:
+                ops.check_kv_room(fs.k_cache, ctx.tree, fs.plan.ends, ctx.block_tables, ctx.context_lens)
         hidden = self._forward(input_ids, fs)  # its layers wrote every cache: no commit
         return hidden, self.logits(hidden[ctx.tree.cu_seqlens[1:] - 1])
 
