@@ -44,8 +44,11 @@ def test_values_laid_out_head_major(gen, nan_outputs):
     assert o.is_contiguous() and torch.equal(o, expected)
 
 
-def test_slot_pool_and_commit(gen, nan_outputs):
-    tree, x = make(TREES, 2, 4, 16, 16, gen, num_slots=6)
+@pytest.mark.parametrize("heads", [(2, 4), (3, 3)], ids=["HV=4", "HV=3"])
+def test_slot_pool_and_commit(heads, gen, nan_outputs):
+    """Three value heads of 16 x 16 (768 elements a state, no multiple of the copy block) were refused on
+    CUDA, after the step's K/V had been committed; the CPU took them."""
+    tree, x = make(TREES, *heads, 16, 16, gen, num_slots=6)
     slots = torch.tensor([4, 0, 5, 2], device=DEVICE)
     before = x.state.clone()
     o, snaps = gdn_tree_verify_serial(

@@ -111,9 +111,10 @@ def _snapshot_commit_kernel(
     )
     if accepted:
         offs = i_blk * BLOCK + tl.arange(0, BLOCK)
+        m = offs < ENTRY  # a state that is no multiple of the block (3 value heads of 16 x 16: 768)
         src = snapshots + (i_l.to(tl.int64) * num_nodes + node) * ENTRY
         dst = state + (i_l.to(tl.int64) * num_slots + slot) * ENTRY
-        tl.store(dst + offs, tl.load(src + offs))
+        tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
 
 
 def gdn_tree_verify_serial(
@@ -192,9 +193,7 @@ def gdn_snapshot_commit(
     layers = state.shape[0] if state.dim() == 5 else 1
     entry = state.shape[-3] * state.shape[-2] * state.shape[-1]
     block = min(4096, triton.next_power_of_2(entry))
-    if entry % block:
-        raise ValueError(f"a state of {entry} elements is not a multiple of the copy block {block}")
-    grid = (entry // block, layers * tree.num_requests)
+    grid = (triton.cdiv(entry, block), layers * tree.num_requests)
     _snapshot_commit_kernel[grid](
         state, snapshots, leaves, slots, tree.cu_seqlens,
         tree.num_requests, num_slots, tree.num_nodes,
