@@ -53,6 +53,24 @@ def test_dispatch_checks_the_weight_and_keeps_gradients(gen):
     assert x.grad is not None and x.grad.shape == x.shape
 
 
+def test_the_norms_refuse_integer_tensors():
+    """An integer x came back truncated from rms_norm and gated_rms_norm, and an integer qk gave
+    gdn_inputs q and k of zeros, without a word."""
+    x, w = torch.ones(3, 2, 8, dtype=torch.long, device=DEVICE), torch.zeros(8, device=DEVICE)
+    f = x.float()
+    cos = torch.ones(3, 4, device=DEVICE)
+    calls = {
+        "x": [lambda: ops.rms_norm(x, w, 1e-6), lambda: ops.rms_norm_rope(x, w, 1e-6, cos, cos),
+              lambda: ops.gated_rms_norm(x, f, w, 1e-6)],
+        "gate": [lambda: ops.gated_rms_norm(f, x, w, 1e-6)],
+        "qk": [lambda: ops.gdn_inputs(x[:, 0], f[:, 0, :2], f[:, 0, :2], w[:2], w[:2], 2)],
+    }  # fmt: skip
+    for name, fns in calls.items():
+        for fn in fns:
+            with pytest.raises(ValueError, match=f"{name} must be a floating-point tensor, got torch.int64"):
+                fn()
+
+
 @pytest.mark.gpu
 def test_cuda_inference_runs_the_kernel_and_training_the_reference(gen):
     x = torch.randn(3, 16, generator=gen).cuda()

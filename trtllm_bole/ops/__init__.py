@@ -41,6 +41,7 @@ from trtllm_bole.kernels._common import (
     check_conv_shapes,
     check_depth,
     check_device,
+    check_floating,
     check_kv_shapes,
 )
 from trtllm_bole.ops import library
@@ -134,6 +135,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm weight must be [{x.shape[-1]}], got {list(weight.shape)}")
     check_beside("x", x, weight=weight)
+    check_floating(x=x, weight=weight)  # an integer x came back truncated
     if differentiated(x, weight):
         return norms.rms_norm(x, weight, eps)
     return library.rms_norm(x, weight, eps)
@@ -151,6 +153,7 @@ def rms_norm_rope(
             f"rms_norm_rope takes x [N, heads, head_dim] and weight [head_dim], got {list(x.shape)} and "
             f"{list(weight.shape)}"
         )
+    check_floating(x=x, weight=weight)
     half = cos.shape[-1] if cos.dim() == 2 else 0
     if cos.shape != sin.shape or cos.shape != (x.shape[0], half) or not 0 < 2 * half <= x.shape[-1]:
         raise ValueError(
@@ -184,6 +187,7 @@ def gdn_inputs(
         if t.shape != want:
             raise ValueError(f"gdn_inputs: {name} must be {list(want)}, got {list(t.shape)}")
     check_beside("qk", qk, a=a, b=b, a_log=a_log, dt_bias=dt_bias)
+    check_floating(qk=qk, a=a, b=b, a_log=a_log, dt_bias=dt_bias)  # an integer qk gave q and k of zeros
     if differentiated(qk, a, b, a_log, dt_bias):
         return norms.gdn_inputs(qk, a, b, a_log, dt_bias, heads)
     flat = (t.reshape(-1, t.shape[-1]) for t in (qk, a, b))
@@ -201,6 +205,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
             f"{list(x.shape)}, {list(gate.shape)} and {list(weight.shape)}"
         )
     check_beside("x", x, gate=gate, weight=weight)
+    check_floating(x=x, gate=gate, weight=weight)
     if differentiated(x, gate, weight):
         return norms.gated_rms_norm(x, gate, weight, eps)
     rows = x.shape[-2:]
