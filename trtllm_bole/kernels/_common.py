@@ -12,10 +12,9 @@ import torch
 from trtllm_bole.tree import MAX_TREE_DEPTH, TreeBatch
 
 MAX_DEPTH = MAX_TREE_DEPTH
-"""Deepest tree (root-to-node nodes) the kernels accept, the deepest a :class:`TreeBatch` holds: a
-compile-time constant of the verify, commit and conv kernels (depth buckets below it are compiled
-separately). Deeper trees raise ValueError; long chains such as prompt chunks go through the chunked
-prefill path instead."""
+"""Deepest tree (root-to-node nodes) the kernels accept (:func:`check_depth`), the deepest whose paths a
+:class:`TreeBatch` holds, and the chunked prefill's largest chunk. Deeper trees raise ValueError; long
+chains such as prompts go through the chunked prefill instead."""
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -73,10 +72,11 @@ def num_sms(device: torch.device) -> int:
 
 
 def check_contiguous(**tensors: torch.Tensor) -> None:
-    """Tensors written in place (states) must be contiguous: a copy would be updated instead."""
+    """States and caches must be contiguous: the kernels index them flat (and a commit updating a copy
+    would leave them as they were)."""
     for name, t in tensors.items():
         if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (it is updated in place), got strides {t.stride()}")
+            raise ValueError(f"{name} must be contiguous (the kernels index it flat), strides {t.stride()}")
 
 
 def gdn_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:

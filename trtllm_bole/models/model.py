@@ -169,7 +169,8 @@ class Qwen35Model(EmptyInitModule):
     def commit(self, pending: PendingCommit, accepted_leaf: torch.Tensor, *, check: bool = True) -> None:
         """Keep each request's path to ``accepted_leaf[b]`` (local node index, -1 = nothing).
 
-        GDN state (all layers in one call), conv state (one call) and the accepted K/V at positions
+        GDN state (Bole's factors: all layers in one call; the serial baseline's snapshots, one tensor a
+        layer: a call a layer), conv state (one call) and the accepted K/V at positions
         ``context_len .. context_len + depth - 1``. ``ctx`` is not changed: the executor advances
         ``context_lens`` by the accepted depth. ``check=False``: see :meth:`PendingCommit.commit`.
         """

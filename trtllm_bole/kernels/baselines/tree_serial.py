@@ -6,8 +6,9 @@ node starts from its parent's state: still in registers when the parent is the p
 chain), otherwise re-read from the parent's snapshot (L2-hot) or from the committed state. Every
 node's full fp32 state is written as a snapshot ``[N, HV, dk, dv]`` (BOLE.md §1, L1–L2).
 
-Commit: copy the accepted node's snapshot into the state slot, all layers of all requests in one
-launch (requests with nothing accepted are skipped).
+Commit: copy the accepted node's snapshot into the state slot, all requests in one launch, all layers
+too where the snapshots are stacked ``[L, N, ...]`` (the benchmarks'; the model keeps a tensor a layer
+and commits them a launch each); requests with nothing accepted are skipped.
 """
 
 from __future__ import annotations
