@@ -654,8 +654,8 @@ MUTANTS = [
     Mutant(
         "PF12",
         "trtllm_bole/models/model.py",
-        "        if check and self.config.attn_layer_ids:",
-        "        if self.config.attn_layer_ids:",
+        "        if check:  # before any layer writes a cache",
+        "        if True:  # before any layer writes a cache",
         ["tests/models/test_tree_verify.py"],
     ),
     Mutant(
@@ -2245,8 +2245,8 @@ MUTANTS = [
     Mutant(
         "FF1",
         "trtllm_bole/kernels/filter_floor.py",
-        "    temperature, top_k, top_p = (t.contiguous() for t in (temperature, top_k, top_p))",
-        "    temperature, top_k, top_p = temperature, top_k, top_p.contiguous()",
+        "    temperature, top_p = temperature.contiguous(), top_p.contiguous()",
+        "    temperature, top_p = temperature, top_p.contiguous()",
         ["tests/kernels/test_filter_floor.py"],
     ),
     Mutant(
@@ -3079,5 +3079,26 @@ MUTANTS = [
         "        if config.epsilon is not None:  # it was dropped without a word\n",
         "        if False:\n",
         ["tests/test_llm_settings.py"],
+    ),
+    Mutant(
+        "PF13",
+        "trtllm_bole/models/model.py",
+        "            ops.check_slots(cache.num_slots, ctx.tree.num_requests, ctx.slots, cache.gdn_state.device)\n",
+        "",
+        ["tests/models/test_cache.py"],
+    ),
+    Mutant(
+        "FL8",
+        "trtllm_bole/kernels/filter_floor.py",
+        "    top_k = top_k.clamp(max=vocab)",
+        "    top_k = top_k.contiguous()",
+        ["tests/kernels/test_filter_floor.py"],
+    ),
+    Mutant(
+        "N27",
+        "trtllm_bole/ops/__init__.py",
+        "    check_floating(qk=qk, a=a, b=b, a_log=a_log, dt_bias=dt_bias)",
+        "    check_floating(a=a, b=b, a_log=a_log, dt_bias=dt_bias)",
+        ["tests/kernels/test_norms.py"],
     ),
 ]
