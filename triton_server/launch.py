@@ -266,7 +266,8 @@ _SERVING_SAMPLE = re.compile(r'^bole_engine_status\{[^}]*\bstate="serving"[^}]*\
 _HEARTBEAT_SAMPLE = re.compile(r"^bole_engine_heartbeat_seconds\{[^}]*\} (\S+)$", re.MULTILINE)
 HEARTBEAT_STALE_S = 15.0
 """A heartbeat this much older than the launcher's clock is a model process that died (killed for its
-memory, a crash in native code) or hangs: Triton keeps its last samples, and reports it ready."""
+memory, a crash in native code) or hangs whole (the metrics thread publishes it, so an engine thread
+stuck alone in a GPU call does not stop it): Triton keeps its last samples, and reports it ready."""
 
 
 def serving_gauge(metrics: str, now: float | None = None) -> bool | None:
