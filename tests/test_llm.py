@@ -314,11 +314,15 @@ def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
 
 
 def test_a_prompt_that_is_no_sequence_is_named(llm):
-    for prompt in (5, torch.tensor(5), None):  # were TypeError tracebacks from list() or len()
+    # 5 and None were TypeError tracebacks from list() or len(); a dict's keys were served as the prompts,
+    # a set's prompts in no order
+    for prompt in (5, torch.tensor(5), None, {"prompt": "def f():"}, {"def f():", "import os"}):
         with pytest.raises(ValueError, match="prompts are a string, token ids or a list of them, got"):
             llm.generate(prompt, use_tqdm=False)
         with pytest.raises(ValueError, match="prompts are a string, token ids or a list of them, got"):
             next(llm.generate_stream(prompt))
+    with pytest.raises(ValueError, match="sampling_params must be SamplingParams or a list of them, got 5"):
+        llm.generate("def f():", 5, use_tqdm=False)  # was a TypeError from list()
 
 
 def test_bytes_are_refused_rather_than_read_as_token_ids(llm):

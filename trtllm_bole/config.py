@@ -68,8 +68,9 @@ class SamplingParams(BaseModel):
     stop: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]] = Field(
         default_factory=list,
         max_length=MAX_STOPS,
-        description=f"Stop when the text ends with any of these (at most {MAX_STOPS}, of at most "
-        f"{MAX_STOP_LENGTH} characters each: every new token is checked against them).",
+        description=f"Stop once the new text holds any of these, the text cut before it (at most "
+        f"{MAX_STOPS}, of at most {MAX_STOP_LENGTH} characters each: every new token is checked against "
+        "them; the token that completes one stays in the output's ids).",
     )
     ignore_eos: bool = Field(False, description="Keep generating past the tokenizer's end-of-text token.")
 

@@ -13,7 +13,7 @@ import dataclasses
 import numbers
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -435,6 +435,11 @@ def _check_settings(
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str | bytes | bytearray):
         return [prompts]  # bytes: one prompt, that encode refuses
+    if isinstance(prompts, Mapping | Set):  # a dict's keys became the prompts, a set's order is none
+        raise ValueError(
+            f"prompts are a string, token ids or a list of them, got a {type(prompts).__name__}: "
+            f"{short_repr(prompts)}"
+        )
     try:
         prompts = list(prompts.tolist() if hasattr(prompts, "tolist") else prompts)  # tensors, arrays
     except TypeError:
@@ -451,7 +456,12 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n:
         return [SamplingParams()] * n
     if isinstance(params, SamplingParams):
         return [params] * n
-    params = list(params)
+    try:
+        params = list(params)
+    except TypeError:
+        raise ValueError(
+            f"sampling_params must be SamplingParams or a list of them, got {short_repr(params)}"
+        ) from None
     if len(params) != n:
         raise ValueError(f"got {len(params)} sampling params for {n} prompts")
     bad = [p for p in params if not isinstance(p, SamplingParams)]

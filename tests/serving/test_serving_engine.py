@@ -265,6 +265,26 @@ def test_a_failing_callback_loses_only_its_request(engine):
     assert settled(engine)
 
 
+def test_params_changed_after_submit_do_not_reach_the_queued_request(engine, monkeypatch):
+    """A caller reusing one SamplingParams for its next request: the queued request took the changed
+    max_tokens (3 asked, 20 served), the executor having copied it only when the request started."""
+    real_step, stepping, release = engine.executor.step, threading.Event(), threading.Event()
+
+    def held_step():
+        stepping.set()
+        assert release.wait(30)
+        return real_step()
+
+    monkeypatch.setattr(engine.executor, "step", held_step)
+    engine.submit(PROMPTS[1], SamplingParams(max_tokens=2, ignore_eos=True), Collector())
+    assert stepping.wait(30)  # the engine thread is inside a step: the next request stays queued
+    params, queued = SamplingParams(max_tokens=3, ignore_eos=True), Collector()
+    engine.submit(PROMPTS[0], params, queued)
+    params.max_tokens = 20
+    release.set()
+    assert queued.final.finish_reason == "length" and len(queued.ids) == 3
+
+
 def test_a_failing_step_fails_its_batch_not_the_engine(engine, monkeypatch):
     real_step = engine.executor.step
     calls = []

@@ -39,8 +39,8 @@ class Update:
     """What one request gained since its previous update; ``finished`` on the last one.
 
     ``token_ids`` and ``text`` are deltas; ``stats`` are running totals. ``finish_reason`` is
-    ``"length"``, ``"stop"``, ``"abort"`` (cancelled or engine shut down) or ``"error"`` (then
-    ``error`` says why).
+    ``"length"``, ``"stop"``, ``"abort"`` (cancelled, or the engine shut down: then ``error`` says so,
+    which the protocol answers as UNAVAILABLE rather than CANCELLED) or ``"error"`` (``error`` says why).
     """
 
     key: int
@@ -192,7 +192,9 @@ class ServingEngine:
         has ``finished=True``), ``is_cancelled`` is polled once per step while the request is in the
         batch or next in line for it (every ``WAITING_POLL_S`` further back in the queue) and aborts the
         request when it returns true. Raises :class:`RuntimeError` once the engine is closed, or while
-        ``max_queue_size`` requests wait (retry later)."""
+        ``max_queue_size`` requests wait (retry later). ``params`` is copied here: the executor took its
+        copy only when the request started, so a caller reusing the object changed requests it had queued."""
+        params = params.model_copy(deep=True)
         live = _Live(0, on_update, is_cancelled, TextDelta(self.decode, params.stop, prompt_ids))
         with self._cv:
             if self._closing or not self.alive:
