@@ -3101,4 +3101,18 @@ MUTANTS = [
         "    check_floating(a=a, b=b, a_log=a_log, dt_bias=dt_bias)",
         ["tests/kernels/test_norms.py"],
     ),
+    Mutant(
+        "SV24",
+        "trtllm_bole/serving/engine.py",
+        "        params = params.model_copy(deep=True)\n",
+        "",
+        ["tests/serving/test_serving_engine.py"],
+    ),
+    Mutant(
+        "U7",
+        "trtllm_bole/llm.py",
+        "    if isinstance(prompts, Mapping | Set):",
+        "    if isinstance(prompts, Set):",
+        ["tests/test_llm.py"],
+    ),
 ]
