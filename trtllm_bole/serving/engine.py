@@ -219,11 +219,15 @@ class ServingEngine:
     def _queued(self) -> int:
         """Requests waiting beyond those the next step admits (a place in the batch and, in order, their
         KV blocks: :meth:`Scheduler.admissible`). Under ``self._cv``; the scheduler's queue is copied in
-        one step (``list`` of a deque runs no Python code, so the engine thread cannot interleave)."""
+        one step (``list`` of a deque runs no Python code, so the engine thread cannot interleave). Not
+        under the scheduler's own updates: while the engine thread admits (requests off the queue, then
+        into the batch and their slots and blocks taken, in several steps), a submit may see them in
+        neither place and their places still free, so the bound can be passed for that moment by up to
+        ``max_batch_size`` requests (never lost: they wait their turn)."""
         scheduler = self.executor.scheduler
         sizes = [(len(r.prompt_ids), r.params.max_tokens) for r in list(scheduler.waiting)]
         # Then those the engine thread is handing to the scheduler: out of the inbox, not yet in its queue
-        # (or just now, counted twice for that moment: a refusal a moment early, never a place too many).
+        # (or just now, counted twice for that moment: a refusal a moment early).
         starting = [(ids, params) for live, ids, params in self._starting if live.request is None]
         sizes += [(len(ids), params.max_tokens) for ids, params in starting]
         sizes += [(len(ids), params.max_tokens) for _, ids, params in self._inbox]
