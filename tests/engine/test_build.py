@@ -340,6 +340,18 @@ def test_other_schema_or_package_version(engine, tmp_path):
         LLM(path)
 
 
+def test_an_engine_of_other_sources_is_refused_and_rebuilt(engine, tmp_path, monkeypatch):
+    """The package's version never moved: after a change to how the weights are fused, rebuilding said
+    "nothing to do" and the old engine loaded its weights into the wrong rows without an error."""
+    path = copy_of(engine, tmp_path)
+    assert json.loads((path / "config.json").read_text())["environment"]["source"] == fmt.source_fingerprint()
+    monkeypatch.setattr(fmt, "source_fingerprint", lambda: "f" * 64)  # the code after a pull
+    with pytest.raises(ValueError, match=r"other trtllm_bole sources .*this is ffffffffffff.*rebuild"):
+        LLM(path)
+    with pytest.raises(ValueError, match=r"different engine.*--force"):
+        build_engine(DEFAULT_MODEL, path, device="cpu", progress=False)
+
+
 def test_other_gpu_arch_or_triton_version():
     gpu_build = {
         "environment": {"arch": "sm_90"},

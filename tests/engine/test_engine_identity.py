@@ -26,7 +26,7 @@ def build_id(*key_parts) -> str:
 
 def test_an_engine_is_identified_by_the_gpu_it_was_built_for():
     """A build for another GPU architecture (its kernels compiled for it) is another engine."""
-    env = {"trtllm_bole": "1", "torch": "2", "triton": "3", "arch": "sm_90"}
+    env = {"trtllm_bole": "1", "source": "s", "torch": "2", "triton": "3", "arch": "sm_90"}
     ids = {build_id({}, SMALL, None, False, {**env, "arch": arch}) for arch in ("sm_90", "sm_100", "cpu")}
     assert len(ids) == 3
 
@@ -34,7 +34,7 @@ def test_an_engine_is_identified_by_the_gpu_it_was_built_for():
 def test_a_calibrated_engine_is_identified_by_its_gpu_too():
     """A budget is its GPU's own: an H100's and an H200's (both sm_90) were one engine, so the second
     build kept the first's budget; an uncalibrated engine is the same on any GPU of the arch."""
-    env = {"trtllm_bole": "1", "torch": "2", "triton": "3", "arch": "sm_90"}
+    env = {"trtllm_bole": "1", "source": "s", "torch": "2", "triton": "3", "arch": "sm_90"}
     on = [{**env, "device_name": name} for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200")]
     calibrated = {build_id({}, SMALL, CalibrationSettings(), False, e) for e in on}
     assert len(calibrated) == 2 and len({build_id({}, SMALL, None, False, e) for e in on}) == 1

@@ -199,7 +199,7 @@ def _build_key(
 ) -> dict[str, Any]:
     """What makes an engine: its inputs' hashes, settings, calibration, TensorRT, environment (as JSON
     reads it back: lists, not tuples)."""
-    names = ["trtllm_bole", "torch", "triton", "arch"]
+    names = ["trtllm_bole", "source", "torch", "triton", "arch"]
     if calibration is not None:  # a budget is its GPU's own: another GPU of the arch, another engine
         names.append("device_name")
     key = {

@@ -3,7 +3,8 @@
 ::
 
     <engine>/
-      config.json            engine config: format, schema, versions, device, model, build, Bole settings,
+      config.json            engine config: format, schema, versions and the package's source hash
+                             (:func:`source_fingerprint`), device, model, build, Bole settings,
                              the files below with their SHA-256, and its own hash (``config_sha256``)
       weights/               model weights in the runtime layout (our fused parameters, in the
                              engine's dtype): model.safetensors, or shards + model.safetensors.index.json
@@ -18,6 +19,7 @@ its own canonical JSON. Anything edited, truncated or swapped after the build is
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -70,8 +72,24 @@ def file_entries(root: Path, *, progress: bool = True) -> dict[str, dict[str, An
     return {p.relative_to(root).as_posix(): {"bytes": p.stat().st_size, "sha256": digests[p]} for p in files}
 
 
+@functools.cache
+def source_fingerprint() -> str:
+    """SHA-256 of the package's Python sources (each file's path and contents). An engine is tied to it,
+    as a TensorRT engine to its TensorRT: ``trtllm_bole.__version__`` does not move between commits, and
+    the weights are stored in the layout this code fuses them into and reads them back in (names, shapes
+    and dtypes are checked, not which rows went where), so an engine of other sources could load its
+    weights into the wrong places without an error."""
+    import trtllm_bole
+
+    root = Path(trtllm_bole.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def environment(device: str) -> dict[str, Any]:
-    """Versions and the device an engine is built for (or loaded on): ``arch`` is ``"cpu"`` or
+    """Versions, sources and the device an engine is built for (or loaded on): ``arch`` is ``"cpu"`` or
     ``"sm_<major><minor>"``."""
     import torch
 
@@ -79,6 +97,7 @@ def environment(device: str) -> dict[str, Any]:
 
     env: dict[str, Any] = {
         "trtllm_bole": trtllm_bole.__version__,
+        "source": source_fingerprint(),
         "torch": torch.__version__,
         "triton": _triton_version(),
         "python": platform.python_version(),

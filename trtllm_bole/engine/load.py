@@ -186,6 +186,12 @@ def load_engine(
             f"{path}: built by trtllm_bole {built['trtllm_bole']}, this is trtllm_bole {env['trtllm_bole']}; "
             f"{_REBUILD}"
         )
+    if built.get("source") != env["source"]:  # the weights' layout is the code's: see source_fingerprint
+        raise ValueError(
+            f"{path}: built by other trtllm_bole sources ({str(built.get('source', 'not recorded'))[:12]}, "
+            f"this is {env['source'][:12]}): its weights may not be laid out as this code reads them; "
+            f"{_REBUILD}"
+        )
     if check_files:
         _check_files(path, config, progress)
     if check_device and str(device).startswith("cuda"):
