@@ -1844,8 +1844,8 @@ MUTANTS = [
     Mutant(
         "G1",
         "trtllm_bole/engine/build.py",
-        'names = ["trtllm_bole", "torch", "triton", "arch"]',
-        'names = ["trtllm_bole", "torch", "triton"]',
+        'names = ["trtllm_bole", "source", "torch", "triton", "arch"]',
+        'names = ["trtllm_bole", "source", "torch", "triton"]',
         ["tests/engine/test_engine_identity.py", "tests/engine/test_build.py", "tests/test_llm.py"],
     ),
     Mutant(
@@ -3114,5 +3114,19 @@ MUTANTS = [
         "    if isinstance(prompts, Mapping | Set):",
         "    if isinstance(prompts, Set):",
         ["tests/test_llm.py"],
+    ),
+    Mutant(
+        "E16",
+        "trtllm_bole/engine/load.py",
+        '    if built.get("source") != env["source"]:',
+        '    if built.get("source") != env["source"] and False:',
+        ["tests/engine/test_build.py"],
+    ),
+    Mutant(
+        "E17",
+        "trtllm_bole/engine/build.py",
+        'names = ["trtllm_bole", "source", "torch", "triton", "arch"]',
+        'names = ["trtllm_bole", "torch", "triton", "arch"]',
+        ["tests/engine/test_build.py"],
     ),
 ]
