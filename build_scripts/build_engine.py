@@ -240,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted: nothing was written", file=sys.stderr)
+        # The swap is one rename: the output holds the engine it held, or, interrupted at the very end,
+        # this build's whole (a Ctrl-C while the replaced one was deleted came after the swap).
+        print("interrupted: no engine was half-written", file=sys.stderr)
         return 130
     config = json.loads((path / "config.json").read_text())
     summary = {

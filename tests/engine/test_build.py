@@ -175,6 +175,28 @@ def test_an_engine_being_replaced_is_put_back_if_the_new_one_cannot_take_its_pla
     assert sorted(p.name for p in tmp_path.iterdir()) == [".engine.building-1", "engine"]
 
 
+def test_an_engine_moved_aside_is_put_back_when_the_swap_is_interrupted(tmp_path, monkeypatch):
+    """A Ctrl-C right after the engine being replaced was renamed aside (before the new one took its
+    place) left no engine at the output, the old one under a hidden name."""
+    output, staging = tmp_path / "engine", tmp_path / ".engine.building-1"
+    for folder, text in ((output, "old"), (staging, "new")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+    rename = Path.rename
+
+    def interrupted(self, target):
+        done = rename(self, target)
+        if self == output:
+            raise KeyboardInterrupt
+        return done
+
+    monkeypatch.setattr(Path, "rename", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_mod._swap_in(staging, output)
+    assert (output / "config.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".engine.building-1", "engine"]
+
+
 def test_an_interrupted_build_leaves_no_half_written_engine(engine, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise KeyboardInterrupt  # e.g. Ctrl-C after the weights are written

@@ -284,15 +284,15 @@ def _make_readable(root: Path) -> None:
 
 
 def _swap_in(staging: Path, output: Path) -> None:
-    """``staging`` becomes ``output``; an engine already there is put back if that fails."""
-    old = None
-    if output.exists():
-        old = output.parent / f".{output.name}.old-{os.getpid()}-{time.time_ns()}"
-        output.rename(old)
+    """``staging`` becomes ``output``; an engine already there is put back if that fails, or is
+    interrupted (a Ctrl-C right after it was moved aside left no engine at ``output``)."""
+    old = output.parent / f".{output.name}.old-{os.getpid()}-{time.time_ns()}" if output.exists() else None
     try:
+        if old is not None:
+            output.rename(old)
         staging.rename(output)
     except BaseException:
-        if old is not None:
+        if old is not None and old.exists() and not output.exists():
             old.rename(output)
         raise
     if old is not None:
