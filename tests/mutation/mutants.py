@@ -3129,4 +3129,11 @@ MUTANTS = [
         'names = ["trtllm_bole", "torch", "triton", "arch"]',
         ["tests/engine/test_build.py"],
     ),
+    Mutant(
+        "E18",
+        "trtllm_bole/engine/build.py",
+        "        if old is not None and old.exists() and not output.exists():",
+        "        if old is not None and old.exists() and not output.exists() and False:",
+        ["tests/engine/test_build.py"],
+    ),
 ]
