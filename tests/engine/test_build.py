@@ -156,7 +156,12 @@ def test_a_failed_plan_is_a_named_build_error_and_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_engine_being_replaced_is_put_back_if_the_new_one_cannot_take_its_place(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", ["disk full", "interrupt"])
+def test_an_engine_being_replaced_is_put_back_if_the_new_one_cannot_take_its_place(
+    tmp_path, monkeypatch, failure
+):
+    """The new engine's rename failing (the old one used to stay under a hidden .old-* name), or a Ctrl-C
+    right after the old one was moved aside (that left no engine at the output)."""
     output, staging = tmp_path / "engine", tmp_path / ".engine.building-1"
     for folder, text in ((output, "old"), (staging, "new")):
         folder.mkdir()
@@ -164,34 +169,15 @@ def test_an_engine_being_replaced_is_put_back_if_the_new_one_cannot_take_its_pla
     rename = Path.rename
 
     def failing(self, target):
-        if self == staging:
+        if failure == "disk full" and self == staging:
             raise OSError("disk full")
-        return rename(self, target)
-
-    monkeypatch.setattr(Path, "rename", failing)
-    with pytest.raises(OSError, match="disk full"):
-        build_mod._swap_in(staging, output)
-    assert (output / "config.json").read_text() == "old"  # it used to stay under a hidden .old-* name
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".engine.building-1", "engine"]
-
-
-def test_an_engine_moved_aside_is_put_back_when_the_swap_is_interrupted(tmp_path, monkeypatch):
-    """A Ctrl-C right after the engine being replaced was renamed aside (before the new one took its
-    place) left no engine at the output, the old one under a hidden name."""
-    output, staging = tmp_path / "engine", tmp_path / ".engine.building-1"
-    for folder, text in ((output, "old"), (staging, "new")):
-        folder.mkdir()
-        (folder / "config.json").write_text(text)
-    rename = Path.rename
-
-    def interrupted(self, target):
         done = rename(self, target)
-        if self == output:
+        if failure == "interrupt" and self == output:
             raise KeyboardInterrupt
         return done
 
-    monkeypatch.setattr(Path, "rename", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(Path, "rename", failing)
+    with pytest.raises(OSError if failure == "disk full" else KeyboardInterrupt):
         build_mod._swap_in(staging, output)
     assert (output / "config.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".engine.building-1", "engine"]
