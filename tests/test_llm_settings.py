@@ -46,6 +46,24 @@ def test_a_budget_table_that_cannot_serve_the_epsilon_asked_is_refused_at_once(t
         LLM(speculative_config=BoleConfig(budget_table=path, epsilon=0.3))
 
 
+def test_a_budget_table_of_another_model_warns(tmp_path):
+    """A table names the architecture it was timed on: one of another model's was taken without a word
+    (its budgets fit other costs; the output stays exact)."""
+    import warnings
+
+    from trtllm_bole.spec.budget import BudgetEntry, BudgetTable
+
+    path, llm = tmp_path / "budget.json", LLM(max_batch_size=1)
+    entries = [BudgetEntry(64, 10**6, 8, 1.0, [1.0])]
+    for model, warns in (("0123456789abcdef", True), (llm.model.config.architecture_id, False), ("", False)):
+        BudgetTable(0.2, [8], 9, "cpu", entries, model=model).save(path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            LLM(speculative_config=BoleConfig(budget_table=path))
+        said = [w for w in caught if "another model (0123456789abcdef, this is" in str(w.message)]
+        assert bool(said) == warns, (model, [str(w.message) for w in caught])
+
+
 def test_a_budget_setting_that_nothing_would_read_is_refused(tmp_path):
     """Both were dropped without a word: an epsilon with no table to re-derive (the embedded checkpoint has
     none), and a table or epsilon for a mode that verifies every tree in full."""

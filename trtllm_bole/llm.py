@@ -24,6 +24,7 @@ from trtllm_bole.config import BoleConfig, SamplingParams, check_device, short_r
 from trtllm_bole.engine.load import Engine, is_engine_dir, load_engine
 from trtllm_bole.models.config import eos_token_ids, load_config, load_json, read_generation_config
 from trtllm_bole.models.loader import load_model, missing_mtp
+from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor, no_mtp_error, token_id
@@ -111,7 +112,7 @@ class LLM:
             )
             hf_config, generation_config = load_json(path / "config.json"), read_generation_config(path)
         self.tokenizer = Tokenizer.find(path)
-        budget = _find_budget(self.speculative_config, self.engine, self.model.device)
+        budget = _find_budget(self.speculative_config, self.engine, self.model)
         num_blocks = None if kv_cache_tokens is None else -(-kv_cache_tokens // block_size)
         self.executor = Executor(
             self.model,
@@ -390,12 +391,12 @@ def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return choices[dtype]
 
 
-def _find_budget(config: BoleConfig, engine: Engine | None, device: torch.device) -> BudgetTable | None:
+def _find_budget(config: BoleConfig, engine: Engine | None, model: Qwen35Model) -> BudgetTable | None:
     """The table ``config`` names, else the one the engine's config lists (built with ``--calibrate``).
-    A table calibrated for another tree depth or device still loads (exactness does not depend on
-    it) but warns: its budgets were measured for other costs. One that cannot give a budget at the
-    ``epsilon`` asked (no timings to re-derive it from) is refused here, not at the first step, and so
-    is an ``epsilon`` without a table."""
+    A table calibrated for another tree depth, device or model architecture still loads (exactness does
+    not depend on it) but warns: its budgets were measured for other costs. One that cannot give a
+    budget at the ``epsilon`` asked (no timings to re-derive it from) is refused here, not at the first
+    step, and so is an ``epsilon`` without a table."""
     path = config.budget_table or (engine.budget_path if engine is not None else None)
     if path is None:
         if config.epsilon is not None:  # it was dropped without a word
@@ -407,12 +408,14 @@ def _find_budget(config: BoleConfig, engine: Engine | None, device: torch.device
     table = BudgetTable.load(path)
     for entry in table.entries:
         table.lookup(entry.batch_max, entry.kv_max, epsilon=config.epsilon)
-    depth, here = config.max_depth + 1, device_name(device)
-    if config.mode == "bole" and (table.max_depth, table.device) != (depth, here):
+    depth, here, arch = config.max_depth + 1, device_name(model.device), model.config.architecture_id
+    other_model = table.model not in ("", arch)  # "": a table from before tables named their model
+    if config.mode == "bole" and ((table.max_depth, table.device) != (depth, here) or other_model):
+        of_model = f" of another model ({table.model}, this is {arch})" if other_model else ""
         warnings.warn(
-            f"{path}: a budget calibrated for trees of depth {table.max_depth} on {table.device}, used "
-            f"for depth {depth} on {here}: its budgets may not fit this run's costs (recalibrate with "
-            "build_scripts/build_engine.py --calibrate)",
+            f"{path}: a budget calibrated{of_model} for trees of depth {table.max_depth} on {table.device}, "
+            f"used for depth {depth} on {here}: its budgets may not fit this run's costs (recalibrate "
+            "with build_scripts/build_engine.py --calibrate)",
             stacklevel=3,
         )
     return table

@@ -137,6 +137,7 @@ def test_a_budget_table_serves_at_the_epsilon_it_was_calibrated_for(tmp_path):
     path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", SMALL, device="cpu", calibration=calibration)
     own = LLM(path).executor
     assert own.budget.epsilon == 0.5 and own.bole.epsilon is None  # None: the table's own
+    assert own.budget.model == own.model.config.architecture_id  # what it was timed on
     assert LLM(path, speculative_config=BoleConfig(top_k=2)).executor.bole.epsilon is None
     assert LLM(path, speculative_config=BoleConfig(epsilon=0.1)).executor.bole.epsilon == 0.1
     with pytest.warns(UserWarning, match="a budget calibrated for trees of depth 3"):  # the default's is 9

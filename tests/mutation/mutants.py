@@ -1466,8 +1466,8 @@ MUTANTS = [
     Mutant(
         "L4",
         "trtllm_bole/llm.py",
-        "depth, here = config.max_depth + 1, device_name(device)",
-        "depth, here = config.max_depth, device_name(device)",
+        "depth, here, arch = config.max_depth + 1, device_name(model.device),",
+        "depth, here, arch = config.max_depth, device_name(model.device),",
         ["tests/test_llm.py", "tests/test_cli.py", "tests/engine/test_build.py"],
     ),
     Mutant(
@@ -3135,5 +3135,19 @@ MUTANTS = [
         "        if old is not None and old.exists() and not output.exists():",
         "        if old is not None and old.exists() and not output.exists() and False:",
         ["tests/engine/test_build.py"],
+    ),
+    Mutant(
+        "BG5",
+        "trtllm_bole/llm.py",
+        '    other_model = table.model not in ("", arch)',
+        '    other_model = False',
+        ["tests/test_llm_settings.py"],
+    ),
+    Mutant(
+        "BG6",
+        "trtllm_bole/spec/calibration.py",
+        "            model=model.config.architecture_id,\n",
+        "",
+        ["tests/engine/test_engine_identity.py"],
     ),
 ]

@@ -14,6 +14,7 @@ half-loaded. Every error names the file and the field.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,15 @@ class Qwen35Config:
     @property
     def num_attn_layers(self) -> int:
         return len(self.attn_layer_ids)
+
+    @property
+    def architecture_id(self) -> str:
+        """A short hash of the fields that say what the model computes (not where they were read from):
+        what a step's cost depends on (the weights' values do not), so a budget table calibrated on
+        this config fits any checkpoint of it."""
+        where = ("source", "weight_prefix")
+        fields = {n: getattr(self, n) for n in self.__dataclass_fields__ if n not in where}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def check_seq_len(self, max_seq_len: int) -> None:
         """Refuse to serve sequences longer than the model's positions were trained for."""

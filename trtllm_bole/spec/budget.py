@@ -78,6 +78,7 @@ class BudgetTable:
     device: str
     entries: list[BudgetEntry] = field(default_factory=list)
     gpu_seconds: float = 0.0  # what calibration cost
+    model: str = ""  # the calibrated model's Qwen35Config.architecture_id ("": a table from before it)
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -193,9 +194,11 @@ def calibrate(
     batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
     kv_buckets: Sequence[int] = DEFAULT_KV_BUCKETS,
     per_request: int | None = None,
+    model: str = "",
     progress: bool = True,
 ) -> BudgetTable:
-    """Measure every bucket with the given timers (seconds per step) and build the table.
+    """Measure every bucket with the given timers (seconds per step) and build the table (``model``: the
+    timed model's architecture id, recorded).
 
     ``time_verify(batch, kv_len, capacity)``: a full-model verify step of ``capacity`` tree tokens
     spread over ``batch`` requests with ``kv_len`` committed tokens each; ``time_decode(batch,
@@ -206,7 +209,7 @@ def calibrate(
     start = time.perf_counter()
     # Sorted: an entry's timings are a prefix of the table's capacities from its batch on.
     capacities = sorted(capacities)
-    table = BudgetTable(epsilon, capacities, max_depth, device)
+    table = BudgetTable(epsilon, capacities, max_depth, device, model=model)
     buckets = [(b, kv) for b in batch_buckets for kv in kv_buckets]
     for batch, kv_len in tqdm(
         buckets, desc="calibrating verification budget", unit="bucket", disable=not progress

@@ -266,5 +266,6 @@ def calibrate_model(
             batch_buckets=s.batch_buckets,
             kv_buckets=s.kv_buckets,
             per_request=per_request,
+            model=model.config.architecture_id,
             progress=progress,
         )
