@@ -3140,7 +3140,7 @@ MUTANTS = [
         "BG5",
         "trtllm_bole/llm.py",
         '    other_model = table.model not in ("", arch)',
-        '    other_model = False',
+        "    other_model = False",
         ["tests/test_llm_settings.py"],
     ),
     Mutant(
