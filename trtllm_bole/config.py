@@ -193,15 +193,20 @@ class BoleConfig(BaseModel):
         return 1 if self.mode == "chain" else self.top_k
 
     @property
+    def pool_size(self) -> int:
+        """Candidates drafting makes per request: the pending token, its ``branching`` children, then
+        ``branching`` children of each of the ``branching`` beam nodes at every further level."""
+        return 1 + self.branching + (self.max_depth - 1) * self.branching**2
+
+    @property
     def draft_tokens(self) -> int:
         """Most draft tokens one request verifies in a step: ``max_nodes``, or all a shallow tree drafts
-        where that is fewer (``top_k`` children at the first level, ``top_k`` of each of the ``top_k``
-        best at every further one: the graphs captured ahead of traffic are of this size)."""
+        where that is fewer (the graphs captured ahead of traffic are of this size)."""
         if self.mode == "ar":
             return 0
         if self.mode == "chain":
             return self.max_depth
-        return min(self.max_nodes, self.top_k + (self.max_depth - 1) * self.top_k**2)
+        return min(self.max_nodes, self.pool_size - 1)
 
 
 def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> str:

@@ -3062,7 +3062,7 @@ MUTANTS = [
     Mutant(
         "U4",
         "trtllm_bole/config.py",
-        "return min(self.max_nodes, self.top_k + (self.max_depth - 1) * self.top_k**2)",
+        "return min(self.max_nodes, self.pool_size - 1)",
         "return self.max_nodes",
         ["tests/test_llm_settings.py", "tests/spec/test_executor.py"],
     ),

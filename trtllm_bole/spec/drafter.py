@@ -176,12 +176,6 @@ def draft(
     return pool
 
 
-def pool_size(top_k: int, depth: int) -> int:
-    """Candidates :func:`draft` makes per request: the pending token, its ``top_k`` children, then
-    ``top_k`` children of each of the ``top_k`` beam nodes at every further level."""
-    return 1 + top_k + (depth - 1) * top_k * top_k
-
-
 def _best_per_request(pool: CandidatePool, nodes: torch.Tensor, num_requests: int, beam: int) -> torch.Tensor:
     """The ``beam`` best of ``nodes`` by ρ in each request (best first), as columns ``[B, beam]`` of
     their ``[B, children]`` grid.

@@ -46,7 +46,7 @@ from trtllm_bole.models.model import Qwen35Model
 from trtllm_bole.spec.acceptance import Sampling, accept, draw_coins
 from trtllm_bole.spec.budget import BudgetTable
 from trtllm_bole.spec.draft_graphs import DraftGraphs, SelectGraphs
-from trtllm_bole.spec.drafter import DraftSettings, draft, pool_size, select_tree
+from trtllm_bole.spec.drafter import DraftSettings, draft, select_tree
 from trtllm_bole.spec.prefill_graphs import MTPPrefillGraphs, TargetPrefillGraphs
 from trtllm_bole.spec.sampling import request_generator
 from trtllm_bole.spec.scheduler import (
@@ -504,9 +504,10 @@ class Executor:
         if self.draft_graphs is not None:
             new += [b for kind in kinds for b in self.draft_graphs.capture(sizes, kind)]
         if self.select_graphs is not None:
-            branching, depth = self.bole.branching, self.bole.max_depth
-            pool = pool_size(branching, depth)
-            shapes = [(b, b * pool, depth + 1, branching, self.bole.draft_tokens) for b in sizes]
+            bole = self.bole
+            shapes = [
+                (b, b * bole.pool_size, bole.max_depth + 1, bole.branching, bole.draft_tokens) for b in sizes
+            ]
             new += self.select_graphs.capture(shapes, budget=self._budgeted)
         if self.step_graphs is not None:
             per_request = self.bole.draft_tokens + 1
