@@ -36,12 +36,13 @@ def fill(template: str, values: dict[str, str]) -> str:
     """Values are escaped for the quoted strings of protobuf's text format (a path with a ``"`` ended
     its ``string_value`` early, a ``\\`` started an escape). A name with no ``${name}`` in the template
     is refused: misspelt, it left the placeholder to its default without a word."""
-    unknown = sorted(set(values) - set(Template(template).get_identifiers()))
+    parsed = Template(template)
+    unknown = sorted(set(values) - set(parsed.get_identifiers()))
     if unknown:
         names = ", ".join(f"${{{name}}}" for name in unknown)
         raise ValueError(f"the template has no placeholder {names} (misspelt, or filled already?)")
     escaped = {k: v.replace("\\", "\\\\").replace('"', '\\"') for k, v in values.items()}
-    filled = Template(template).safe_substitute(escaped)
+    filled = parsed.safe_substitute(escaped)
     blank = {name for name in _UNQUOTED.findall(template) if name in values and not values[name]}
     missing = sorted(blank | set(_UNQUOTED.findall(filled)))
     if missing:

@@ -3,8 +3,8 @@
 A request is admitted only when a GDN/conv state slot is free and enough KV blocks can be reserved
 for its whole life (prompt + max_tokens + the longest path a step can accept, ``max_depth + 1`` tokens:
 only the accepted path's K/V is written), so a running request can never run out of cache mid-generation
-and nothing has to be preempted. Slots and blocks return to their
-pools the moment a request finishes, is aborted or fails.
+and nothing has to be preempted. Slots and blocks return to their pools the moment a request finishes,
+is aborted or fails.
 """
 
 from __future__ import annotations
