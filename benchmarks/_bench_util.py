@@ -286,6 +286,18 @@ def device_tag(device: str) -> str:
     return "h200" if "H200" in device else "cpu" if device == "cpu" else device.replace(" ", "_").lower()
 
 
+def tagged_stem(stem: str, device: str, tag: str | None) -> str:
+    """``<stem>_<device tag>``, then ``_<tag>`` where a run has a ``--tag``: the tag names the run, never the
+    device (an H100's run tagged ``h200_repeats`` once read as the H200's)."""
+    return f"{stem}_{device_tag(device)}" + (f"_{tag}" if tag else "")
+
+
+def check_tag(parser, tag: str | None) -> None:
+    """A ``--tag`` is part of a file name: no folder separator."""
+    if tag is not None and "/" in tag:
+        parser.error(f"--tag {tag}: a file name suffix, without '/'")
+
+
 def result_name(stem: str, ext: str = "json") -> str:
     """``<stem>_<device tag>.<ext>`` for this process's GPU: a result named by the device that measured it."""
     return f"{stem}_{device_tag(torch.cuda.get_device_name())}.{ext}"

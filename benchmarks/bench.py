@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 import triton
-from _bench_util import device_tag
+from _bench_util import check_tag, tagged_stem
 from pydantic import ValidationError
 from tqdm import tqdm
 
@@ -434,8 +434,7 @@ def check_args(
             f"--depth {args.depth}, --branching {args.branching}, --max-nodes {args.max_nodes}: "
             f"{one_line(e, SPECULATION_FLAGS)}"
         )
-    if args.tag is not None and "/" in args.tag:
-        parser.error(f"--tag {args.tag}: a file name stem, without '/'")
+    check_tag(parser, args.tag)
     check_out(parser, args.out)
     return modes, [1] if args.kind == "latency" else batches, bole_args
 
@@ -464,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="timed runs per (batch, mode), modes interleaved; median kept")  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--tag", default=None, help="file name stem (default: bench_<kind>_<device>)")
+    parser.add_argument("--tag", default=None, help="names the run: bench_<kind>_<device>_<tag>.json")
     args = parser.parse_args(argv)
 
     modes, batches, bole_args = check_args(parser, args)
@@ -521,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         add_speedups(runs)
 
     device = device_name(llm.model.device)  # the GPU asked for (cuda:1 named GPU 0), or "cpu"
-    tag = args.tag or f"bench_{args.kind}_{device_tag(device)}"
+    stem = tagged_stem(f"bench_{args.kind}", device, args.tag)
     result = {
         "kind": args.kind,
         "command": "python benchmarks/bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -545,9 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         "near_tie_logits": NEAR_TIE_LOGITS,
         "runs": runs,
     }
-    (args.out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out / f'{tag}.json'}")
-    plot(runs, modes, args.out / f"{tag}.png", device)
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out / f'{stem}.json'}")
+    plot(runs, modes, args.out / f"{stem}.png", device)
     return 0 if result["all_identical_to_ar"] else 1
 
 

@@ -1,7 +1,7 @@
 """Long prompts through the whole model's prefill on the GPU: peak memory and time, checked first.
 
     python benchmarks/bench_long_prefill.py --out DIR [--tag NAME] [--bounds 32000,8192,2048]  # H200: ~1 min
-    python benchmarks/bench_long_prefill.py --out DIR --tag NAME --compare BEFORE.json AFTER.json  # the PNG
+    python benchmarks/bench_long_prefill.py --out DIR --compare BEFORE.json AFTER.json  # the PNG
 
 The embedded checkpoint (6 GDN and 2 attention layers, 4,096-token context, float32) prefills batches of
 prompts of 512 to 4,096 tokens through ``Qwen35Model.prefill``, as the executor admits them (one chain a
@@ -11,13 +11,14 @@ weights are); ``ms``, the median wall time of three such (synchronised; the host
 included). Before timing, every point's logits at the prompts' last tokens are checked against the
 training forward (``forward_sequences``, the chunked closed form in torch, no cache) of each prompt
 alone: relative RMS within 1e-3; a point that fails is reported and not timed. Run from two checkouts
-(``--tag``), it records what a change did to the same points.
+(``--tag before`` in the first), it records what a change did to the same points.
 
 ``--bounds``: the executor (``ar``) admits ``--serve`` prompts at once under each ``max_prefill_tokens``
 and steps until every request has its first token (a step prefills at most the bound; the requests
 whose prompts are in decode in between): the peak memory of those steps above the executor's caches,
 their count and time. Every bound's outputs (four tokens a request) must equal the first bound's, or
-its figures are dropped. Writes ``<out>/bench_long_prefill_<tag>.json``.
+its figures are dropped. Writes ``<out>/bench_long_prefill_<device>[_<tag>].json`` (``h200``, ``cpu``, else
+the GPU's name).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_util import device_tag, rel_rms, run_meta, write_result
+from _bench_util import check_tag, rel_rms, run_meta, tagged_stem, write_result
 
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.llm import DEFAULT_MODEL
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--tag",
         default=None,
-        help="suffix of the JSON's name, e.g. the checkout measured (default: h200 or cpu)",
+        help="names the run, after the device: bench_long_prefill_<device>_<tag>.json",
     )
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no memory figures)")
     p.add_argument(
@@ -64,7 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compare", nargs=2, metavar=("BEFORE", "AFTER"), help="plot two runs' JSONs, run nothing"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_tag(p, args.tag)
+    return args
 
 
 def fresh_cache(model, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.compare:
         before, after = (json.loads(Path(f).read_text()) for f in args.compare)
-        tag = args.tag or after.get("tag", "compare")
-        print(plot(before, after, Path(args.out) / f"bench_long_prefill_{tag}.png"))
+        print(plot(before, after, Path(args.out) / f"{Path(args.compare[1]).stem}.png"))
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU here: pass --device cpu for a smoke run", file=sys.stderr)
@@ -181,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(DEFAULT_MODEL, dtype=torch.float32, device=args.device, mtp=False, progress=False)
     gen = torch.Generator().manual_seed(0)
     point(model, 2, 100, gen, 1)  # warm-up: compiles, allocations, cuBLAS handles
-    args.tag = args.tag or device_tag(torch.cuda.get_device_name() if args.device == "cuda" else "cpu")
-    meta = run_meta(model=DEFAULT_MODEL.name, dtype="float32", tag=args.tag) if args.device == "cuda" else {}
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    stem = tagged_stem("bench_long_prefill", device, args.tag)
+    label = stem.removeprefix("bench_long_prefill_")  # the comparison plot's legend: h200_before, h200
+    meta = run_meta(model=DEFAULT_MODEL.name, dtype="float32", tag=label) if args.device == "cuda" else {}
     results = [point(model, b, n, gen, args.repeats) for b, n in points]
     served = []
     if args.bounds:
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     ms_to_first_tokens=None, peak_mib=None, error="outputs differ from the first bound's"
                 )
     data = {**meta, "points": results, "admission": {"prompts x tokens": args.serve, "runs": served}}
-    path = write_result(args.out, f"bench_long_prefill_{args.tag}.json", data)
+    path = write_result(args.out, f"{stem}.json", data)
     for r in [*results, *served]:
         print({k: v for k, v in r.items() if k != "outputs"})
     print(f"wrote {path}")

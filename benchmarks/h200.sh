@@ -90,7 +90,7 @@ repeats)
     # so that decoding, not the prompts' prefill, is most of a run.
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
     timeout 480 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
-        --batch-sizes 8,16,32 --repeats 4 --tag "bench_throughput_${DEV}_repeats" --out "$OUT" \
+        --batch-sizes 8,16,32 --repeats 4 --tag repeats --out "$OUT" \
         > "$OUT/log.txt" 2>&1; note "throughput"; grep "tok/s" "$OUT/log.txt" | sed 's/.*\r//' | tail -12
     ;;
 acceptance)
@@ -144,7 +144,7 @@ second-gpu)
     note "device tests"; tail -3 "$OUT/pytest_devices.txt"
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 4 --output-tokens 32
     timeout 240 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda:1 --dtype float32 \
-        --modes bole --batch-sizes 1,4 --out "$OUT" --tag bench_throughput_second_gpu > "$OUT/bench_log.txt" 2>&1
+        --modes bole --batch-sizes 1,4 --out "$OUT" --tag second_gpu > "$OUT/bench_log.txt" 2>&1
     note "bench"; tail -4 "$OUT/bench_log.txt"
     python -m trtllm_bole generate --device cuda:1 --max-tokens 32 > "$OUT/generate.txt" 2>&1
     note "generate"; tail -4 "$OUT/generate.txt"

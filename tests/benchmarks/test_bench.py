@@ -50,7 +50,7 @@ def test_throughput_bench_reports_and_checks_exactness(tmp_path, checkpoint):
            "--max-nodes", "6", "--warmup", "1", "--repeats", "3", "--out", str(tmp_path),
            "--tag", "t"]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
-    result = json.loads((tmp_path / "t.json").read_text())
+    result = json.loads((tmp_path / "bench_throughput_cpu_t.json").read_text())  # the device, then the tag
     assert result["all_identical_to_ar"]
     (ar, bole) = result["runs"]
     assert ar["mode"] == "ar" and bole["mode"] == "bole" and bole["output_tokens"] == 20
@@ -428,7 +428,7 @@ def test_bench_refuses_a_bad_command_line_before_the_model_loads(tmp_path, monke
         (["--batch-sizes", "8,8"], "--batch-sizes 8,8: comma-separated integers of 1 or more, each at most"),
         (["--batch-sizes", "1,01"], "each at most once"),
         (["--modes", "ar,bole,ar"], "--modes ar,bole,ar: each of ar, chain, tree-serial, bole at most once"),
-        (["--tag", "a/b"], "--tag a/b: a file name stem, without '/'"),
+        (["--tag", "a/b"], "--tag a/b: a file name suffix, without '/'"),
         (["--out", str(file)], f"--out {file}: not a directory that can be created"),
         (["--out", str(file / "results")], f"--out {file / 'results'}: not a directory that can be created"),
     ):

@@ -10,11 +10,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_smoke_run_checks_the_logits_and_writes_its_points(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_long_prefill.py"), "--out", str(tmp_path),
-           "--tag", "cpu", "--device", "cpu", "--points", "2x70,1x9", "--repeats", "1",
+           "--tag", "smoke", "--device", "cpu", "--points", "2x70,1x9", "--repeats", "1",
            "--bounds", "200,7", "--serve", "3x24"]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    data = json.loads((tmp_path / "bench_long_prefill_cpu.json").read_text())
+    data = json.loads((tmp_path / "bench_long_prefill_cpu_smoke.json").read_text())
     points = data["points"]
     assert [(p["prompts"], p["tokens_each"]) for p in points] == [(2, 70), (1, 9)]
     assert all(p["logits_rel_rms"] <= 1e-3 and p["ms"] > 0 and p["peak_mib"] is None for p in points)
