@@ -3150,4 +3150,11 @@ MUTANTS = [
         "",
         ["tests/engine/test_engine_identity.py"],
     ),
+    Mutant(
+        "BG7",
+        "benchmarks/_bench_util.py",
+        '    return f"{stem}_{device_tag(device)}" + (f"_{tag}" if tag else "")\n',
+        '    return f"{stem}_{tag}" if tag else f"{stem}_{device_tag(device)}"\n',
+        ["tests/benchmarks/test_bench.py::test_throughput_bench_reports_and_checks_exactness"],
+    ),
 ]
