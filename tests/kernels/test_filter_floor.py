@@ -44,7 +44,8 @@ def rows(gen: torch.Generator, n: int, vocab: int) -> torch.Tensor:
 )
 def test_top_k_alone_is_the_kth_largest_with_its_ties(vocab, cap, gen):
     x = rows(gen, 6, vocab)
-    for k in sorted({1, 2, 5, vocab - 1, vocab, vocab + 4, 2**32 + 5}):  # the last read as 5 (int32)
+    # ±2**32 + 5 would be read as 5 (int32): off, as any k <= 0 or >= vocab
+    for k in sorted({1, 2, 5, vocab - 1, vocab, vocab + 4, 2**32 + 5, -(2**32) + 5}):
         top_k = torch.full((6,), k, device=DEVICE)
         found = filter_floor(x, ones(6), top_k, ones(6), cap=cap)
         assert torch.equal(found, sampling.filter_floor(x, ones(6), top_k, ones(6)))

@@ -105,9 +105,9 @@ def test_positions_past_the_table_are_left_out_and_negative_entries_read_block_0
     entry reads block 0."""
     q, k, v, k_cache, v_cache, tables, _, tree = case(gen)
     tables[2, 1] = -1
-    # Request 3's table holds 9 pages; request 0's int64 length would wrap to 5 if cast to int32 first;
-    # request 1's negative length attends to no committed position.
-    lens = torch.tensor([2**32 + 5, -3, 13, 10 * PAGE], device=DEVICE)
+    # Request 3's table holds 9 pages; requests 0's and 1's int64 lengths would wrap to 5 if cast to int32
+    # first; request 1's negative length attends to no committed position.
+    lens = torch.tensor([2**32 + 5, -(2**32) + 5, 13, 10 * PAGE], device=DEVICE)
     args = (q, k, v, k_cache, v_cache, tables, lens, tree)
     assert rel_rms(tree_attention(*args, 16**-0.5), float64_reference(*args)) < 1e-5
 

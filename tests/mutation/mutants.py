@@ -3090,7 +3090,7 @@ MUTANTS = [
     Mutant(
         "FL8",
         "trtllm_bole/kernels/filter_floor.py",
-        "    top_k = top_k.clamp(max=vocab)",
+        "    top_k = top_k.clamp(0, vocab)",
         "    top_k = top_k.contiguous()",
         ["tests/kernels/test_filter_floor.py"],
     ),
@@ -3149,6 +3149,20 @@ MUTANTS = [
         "            model=model.config.architecture_id,\n",
         "",
         ["tests/engine/test_engine_identity.py"],
+    ),
+    Mutant(
+        "FL9",
+        "trtllm_bole/kernels/filter_floor.py",
+        "    top_k = top_k.clamp(0, vocab)",
+        "    top_k = top_k.clamp(max=vocab)",
+        ["tests/kernels/test_filter_floor.py", "-k", "top_k_alone"],
+    ),
+    Mutant(
+        "TA11",
+        "trtllm_bole/kernels/tree_attention.py",
+        "        ctx = tl.maximum(tl.minimum(ctx, table_width * PAGE), 0).to(tl.int32)",
+        "        ctx = tl.maximum(tl.minimum(ctx, table_width * PAGE).to(tl.int32), 0)",
+        ["tests/kernels/test_tree_attention.py", "-k", "past_the_table"],
     ),
     Mutant(
         "BG7",

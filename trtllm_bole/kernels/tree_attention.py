@@ -73,8 +73,8 @@ def _tree_attention_kernel(
         acc = tl.zeros([BM, BD], dtype=tl.float32)
         # The committed positions inside the table (as the torch path's window), through the block table;
         # an entry out of range reads a clamped block (the reference gathers the same).
-        ctx = tl.minimum(tl.load(context_lens + i_b), table_width * PAGE).to(tl.int32)  # clamped, then cast
-        ctx = tl.maximum(ctx, 0)
+        ctx = tl.load(context_lens + i_b)
+        ctx = tl.maximum(tl.minimum(ctx, table_width * PAGE), 0).to(tl.int32)  # clamped both ways, then cast
         # Shares of the request's own length, not of the table's (which a CUDA graph sizes for the longest).
         chunk = tl.cdiv(tl.cdiv(ctx, splits), BN) * BN
         end = tl.minimum(ctx, (i_s + 1) * chunk)
