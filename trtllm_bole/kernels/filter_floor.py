@@ -322,7 +322,7 @@ def filter_floor(
     # its neighbours' values).
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     temperature, top_p = temperature.contiguous(), top_p.contiguous()
-    top_k = top_k.clamp(0, vocab)  # the kernel reads it as int32: 2**32 + 5 and -2**32 + 5 were top-5, not off
+    top_k = top_k.clamp(0, vocab)  # read as int32 by the kernel: ±2**32 + 5 were top-5, not off
     floor = torch.empty(rows, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
     scratch = torch.empty((rows, cap) if vocab > cap else (1,), dtype=torch.float32, device=logits.device)
     if shape is None:
