@@ -1144,8 +1144,8 @@ MUTANTS = [
     Mutant(
         "TA3",
         "trtllm_bole/kernels/tree_attention.py",
-        "ctx = tl.minimum(tl.load(context_lens + i_b), table_width * PAGE).to(tl.int32)",
-        "ctx = tl.load(context_lens + i_b).to(tl.int32)",
+        "ctx = tl.maximum(tl.minimum(ctx, table_width * PAGE), 0).to(tl.int32)",
+        "ctx = tl.maximum(ctx, 0).to(tl.int32)",
         ["tests/kernels/test_tree_attention.py"],
     ),
     Mutant(
@@ -1172,8 +1172,8 @@ MUTANTS = [
     Mutant(
         "TA7",
         "trtllm_bole/kernels/tree_attention.py",
-        "ctx = tl.minimum(tl.load(context_lens + i_b), table_width * PAGE).to(tl.int32)",
-        "ctx = tl.minimum(tl.load(context_lens + i_b).to(tl.int32), table_width * PAGE)",
+        "ctx = tl.maximum(tl.minimum(ctx, table_width * PAGE), 0).to(tl.int32)",
+        "ctx = tl.maximum(tl.minimum(ctx.to(tl.int32), table_width * PAGE), 0)",
         ["tests/kernels/test_tree_attention.py"],
     ),
     Mutant(
