@@ -99,3 +99,12 @@ def test_an_unset_depth_fits_the_node_limit_and_stays_unset():
     assert small.max_depth == 3 and small.model_fields_set == {"max_nodes"}
     assert BoleConfig().max_depth == BoleConfig(max_nodes=20).max_depth == 8
     assert BoleConfig(mode="chain", max_nodes=3).max_depth == 8
+
+
+@pytest.mark.parametrize("field", ["top_k", "max_nodes", "max_depth", "epsilon"])
+def test_speculative_settings_refuse_booleans(field):
+    """``BoleConfig(top_k=True)`` was one child a node, ``epsilon=True`` a slack of 1.0: numbers to pydantic's
+    lax mode, refused as SamplingParams' are."""
+    extra = {"budget_table": "budget.json"} if field == "epsilon" else {}
+    with pytest.raises(ValueError, match=f"{field}\n.*not booleans: got True"):
+        BoleConfig(**{field: True}, **extra)

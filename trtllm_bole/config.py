@@ -28,6 +28,17 @@ MIN_TOP_P = 2.0**-126  # float32's smallest normal: below it top_p reads 0 (or a
 MAX_STOPS, MAX_STOP_LENGTH = 16, 1024  # stop strings are matched on the engine thread, after every token
 
 
+def no_bools(value: object, info: ValidationInfo) -> object:
+    """A field validator (``mode="before"``): ``True`` is a number to Python and to pydantic's lax mode
+    (``max_tokens=True`` was one token, ``temperature=True`` sampling at 1, ``BoleConfig(top_k=True)`` one
+    child a node): refused, as the server refuses a BOOL tensor or parameter."""
+    items = value if isinstance(value, list | tuple) else [value]
+    if any(isinstance(v, bool) for v in items):
+        kind = "numbers" if info.field_name in ("temperature", "top_p", "epsilon") else "integers"
+        raise ValueError(f"takes {kind}, not booleans: got {value!r}")
+    return value
+
+
 class SamplingParams(BaseModel):
     """How one request is decoded. ``temperature == 0`` (the default) is greedy decoding."""
 
@@ -74,16 +85,9 @@ class SamplingParams(BaseModel):
     )
     ignore_eos: bool = Field(False, description="Keep generating past the tokenizer's end-of-text token.")
 
-    @field_validator("max_tokens", "top_k", "seed", "stop_token_ids", "temperature", "top_p", mode="before")
-    @classmethod
-    def _no_bools(cls, value: object, info: ValidationInfo) -> object:
-        """``True`` is a number to Python and to pydantic's lax mode (``max_tokens=True`` was one token,
-        ``temperature=True`` sampling at 1): refused, as the server refuses a BOOL tensor or parameter."""
-        items = value if isinstance(value, list | tuple) else [value]
-        if any(isinstance(v, bool) for v in items):
-            kind = "numbers" if info.field_name in ("temperature", "top_p") else "integers"
-            raise ValueError(f"takes {kind}, not booleans: got {value!r}")
-        return value
+    _no_bools = field_validator(
+        "max_tokens", "top_k", "seed", "stop_token_ids", "temperature", "top_p", mode="before"
+    )(no_bools)
 
     @field_validator("temperature")
     @classmethod
@@ -135,12 +139,15 @@ class BoleConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: Mode = Field("bole", description="Decoding scheme: ar, chain, tree-serial or bole.")
-    top_k: int = Field(4, ge=1, le=16, description="Children expanded per draft node (and beam width).")
+    top_k: int = Field(
+        4, ge=1, le=16, description="Children expanded per draft node (and beam width); a chain has one."
+    )
     max_nodes: int = Field(
         63,
         ge=1,
         le=512,
-        description="Draft tokens per request and step, at most. 63 + the pending token = 64 tree tokens, "
+        description="Draft tokens per request and step in a tree, at most (a chain drafts max_depth). "
+        "63 + the pending token = 64 tree tokens, "
         "one tile of the GPU verify's explicit-inverse path (65 send every request to the blocked kernel, "
         "which is already 1.2-1.3x slower at 64 nodes on the H200).",
     )
@@ -166,6 +173,8 @@ class BoleConfig(BaseModel):
         description="Calibrated budget table (JSON); an engine's own table is used when omitted. "
         "Without any, each request keeps up to max_nodes draft tokens.",
     )
+
+    _no_bools = field_validator("top_k", "max_nodes", "max_depth", "epsilon", mode="before")(no_bools)
 
     @model_validator(mode="after")
     def _tree_fits_depth(self) -> BoleConfig:

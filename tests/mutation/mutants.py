@@ -2406,8 +2406,8 @@ MUTANTS = [
     Mutant(
         "SP2",
         "trtllm_bole/config.py",
-        "        if any(isinstance(v, bool) for v in items):",
-        "        if False:",
+        "    if any(isinstance(v, bool) for v in items):",
+        "    if False:",
         ["tests/test_llm.py::test_bad_inputs_are_refused_by_name"],
     ),
     Mutant(
@@ -2831,8 +2831,8 @@ MUTANTS = [
     Mutant(
         "RV2",
         "trtllm_bole/config.py",
-        '"stop_token_ids", "temperature", "top_p", mode="before")',
-        '"stop_token_ids", mode="before")',
+        '"stop_token_ids", "temperature", "top_p", mode="before"',
+        '"stop_token_ids", mode="before"',
         ["tests/test_llm.py", "-k", "bad_inputs_are_refused"],
     ),
     Mutant(
@@ -3163,6 +3163,20 @@ MUTANTS = [
         "        ctx = tl.maximum(tl.minimum(ctx, table_width * PAGE), 0).to(tl.int32)",
         "        ctx = tl.maximum(tl.minimum(ctx, table_width * PAGE).to(tl.int32), 0)",
         ["tests/kernels/test_tree_attention.py", "-k", "past_the_table"],
+    ),
+    Mutant(
+        "U8",
+        "trtllm_bole/config.py",
+        '    _no_bools = field_validator("top_k", "max_nodes", "max_depth", "epsilon", mode="before")(no_bools)\n',
+        "",
+        ["tests/test_llm_settings.py", "-k", "booleans"],
+    ),
+    Mutant(
+        "DM1",
+        "trtllm_bole/demo.py",
+        "    exact = err_o <= TOLERANCE and err_s <= TOLERANCE",
+        "    exact = max(err_o, err_s) <= TOLERANCE",
+        ["tests/test_cli.py", "-k", "demo"],
     ),
     Mutant(
         "BG7",
