@@ -13,6 +13,21 @@ def test_demo_command_verifies_exactly():
     assert "EXACT (<= 1e-10)" in out
 
 
+def test_demo_reports_a_nan_commit_as_a_mismatch(monkeypatch, capsys):
+    """``max(1e-17, nan)`` is 1e-17: a commit that wrote NaN once printed EXACT and exited 0."""
+    from trtllm_bole import __main__, ops
+
+    real_commit = ops.gdn_commit
+
+    def nan_commit(state, *args, **kwargs):
+        real_commit(state, *args, **kwargs)
+        state.fill_(float("nan"))
+
+    monkeypatch.setattr(ops, "gdn_commit", nan_commit)
+    assert __main__.main(["demo"]) == 1
+    assert "MISMATCH: outputs" in capsys.readouterr().out
+
+
 def test_demo_refuses_a_seed_past_the_generators_range():
     """2**64 was torch's "Overflow when unpacking long long" traceback."""
     done = subprocess.run([sys.executable, "-m", "trtllm_bole", "demo", "--seed", str(2**64)],

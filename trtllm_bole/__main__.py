@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         return _generate(args)
     from trtllm_bole.demo import run_demo
 
-    return 0 if run_demo(args.seed) <= 1e-10 else 1
+    return 0 if run_demo(args.seed) else 1
 
 
 if __name__ == "__main__":
