@@ -4,11 +4,12 @@ Each mutant of :mod:`mutants` (a one-place edit a developer could make: an off-b
 swapped argument, another request's settings) is applied, alone, to a clone of the committed ``HEAD``
 (the working tree is never touched), and the tests it names run against it (``pytest -x``, Triton's
 kernels in its interpreter). A mutant is *killed* when a test fails, *survived* when all pass, and
-*stale* when its text is no longer found exactly once (the code moved on: update or drop it). A
+*stale* when its text is no longer found exactly once (the code moved on: update or drop it) or its
+tests select nothing (a renamed test or a ``-k`` that matches none). A
 survivor is a test to write; an edit that changes no result is marked ``equivalent`` (with the reason)
 and reported so, not as a failure.
 
-    python tests/mutation/run.py                 # every mutant (~25 minutes on two cores)
+    python tests/mutation/run.py                 # every mutant (about an hour on two cores)
     python tests/mutation/run.py --only A5 E4    # some of them
     python tests/mutation/run.py --out mutants.json
 """
@@ -33,6 +34,18 @@ sys.path.insert(0, str(HERE))
 
 from mutants import MUTANTS, Mutant  # noqa: E402
 
+# pytest's exit codes that say no test ran: a usage error (a node id not found) and nothing collected.
+NOTHING_RAN = {4: "stale (a named test not found)", 5: "stale (no test selected)"}
+
+
+def outcome(returncode: int, equivalent: str | None) -> str:
+    """A mutant's status from its tests' exit code: killed only when tests ran and one failed (or the
+    collection broke: a mutant that cannot be imported is caught); a selection that ran nothing says
+    so instead of counting as a kill."""
+    if returncode in NOTHING_RAN:
+        return NOTHING_RAN[returncode]
+    return "killed" if returncode else "equivalent" if equivalent else "survived"
+
 
 def run_mutant(clone: Path, mutant: Mutant, timeout: float) -> dict:
     """Apply ``mutant`` in ``clone``, run its tests, restore the file; the outcome as a record."""
@@ -52,7 +65,7 @@ def run_mutant(clone: Path, mutant: Mutant, timeout: float) -> dict:
                              text=True, start_new_session=True)  # fmt: skip
     try:
         stdout, _ = tests.communicate(timeout=timeout)
-        status = "killed" if tests.returncode else "equivalent" if mutant.equivalent else "survived"
+        status = outcome(tests.returncode, mutant.equivalent)
         failed = [line for line in stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     except subprocess.TimeoutExpired:
         os.killpg(tests.pid, signal.SIGKILL)
