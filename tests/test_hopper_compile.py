@@ -1,12 +1,15 @@
 """The compile check of tests/hopper_compile.py: a launch's signature as the compiler takes it, and a
 kernel the interpreter runs but the compiler refuses, reported."""
 
+import os
+
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from tests.hopper_compile import Compiler, launch
+from tests.hopper_compile import Compiler, Launches, launch
+from trtllm_bole.kernels.norms import rms_norm
 
 
 def _scaled(x, out, n, factor, BLOCK: tl.constexpr, SHIFT: tl.constexpr):
@@ -49,3 +52,17 @@ def test_the_compiler_builds_a_good_kernel_and_reports_a_refused_one():
     finally:
         compiler.close()
     assert "branch_types" in failure and "Mismatched type for _" in failure
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("BOLE_COMPILE_CHECK", "1") == "0",
+    reason="the launches are noted in Triton's interpreter, with the compile check on",
+)
+def test_the_interpreter_notes_each_launch_of_this_packages_kernels(monkeypatch):
+    """The check of every test rests on this: were no launch noted (a hook left uninstalled, a module
+    filter that matches nothing), every test would pass it without a kernel compiled."""
+    noted = []
+    monkeypatch.setattr(Launches, "note", lambda self, record: noted.append(record))
+    rms_norm(torch.randn(3, 8), torch.ones(8), 1e-6)
+    branch_types[(1,)](torch.zeros(1), 1)  # a kernel of the tests: not the package's, not noted
+    assert [(r["module"], r["name"]) for r in noted] == [("trtllm_bole.kernels.norms", "_rms_norm_kernel")]

@@ -3179,6 +3179,13 @@ MUTANTS = [
         ["tests/test_cli.py", "-k", "demo"],
     ),
     Mutant(
+        "HC1",
+        "tests/hopper_compile.py",
+        'if self.fn.__module__.startswith("trtllm_bole."):',
+        'if self.fn.__module__.startswith("trtllm_bole_"):',
+        ["tests/test_hopper_compile.py"],
+    ),
+    Mutant(
         "BG7",
         "benchmarks/_bench_util.py",
         '    return f"{stem}_{device_tag(device)}" + (f"_{tag}" if tag else "")\n',
