@@ -16,6 +16,8 @@ import math
 import sys
 from pathlib import Path
 
+from trtllm_bole.cli_help import HelpWithDefaults
+
 
 def relative_gaps(committed: dict[str, float], rerun: dict[str, float]) -> dict[str, float]:
     """``(rerun - committed) / committed`` for each loss both records hold."""
@@ -71,13 +73,11 @@ def compare(committed: dict, rerun: dict, tolerance: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("committed", type=Path)
-    parser.add_argument("rerun", type=Path)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpWithDefaults)
+    parser.add_argument("committed", type=Path, help="the committed training.json")
+    parser.add_argument("rerun", type=Path, help="the re-run's training.json")
     parser.add_argument("--tolerance", type=float, default=0.03, help="largest relative held-out loss gap")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="also write the comparison here (JSON)")
     args = parser.parse_args(argv)
     records = {
         "committed": json.loads(args.committed.read_text()),

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from corpus import EOT, read_split, write_corpus  # build_scripts/ is on sys.path when run as a script
 from tqdm import tqdm
 
+from trtllm_bole.cli_help import HelpWithDefaults
 from trtllm_bole.models.checkpoint import export_tensors, write_safetensors
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
@@ -198,26 +199,26 @@ def _write_checkpoint(out: Path, model, config, config_json: dict, tokenizer) ->
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpWithDefaults)
     parser.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     parser.add_argument("--corpus", type=Path, default=Path(".data/corpus"), help="built if missing")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="code-tiny")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="code-tiny", help="the model's shape")
+    parser.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="where to train"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="weights' initialisation and batches' order")
+    parser.add_argument("--steps", type=int, default=4000, help="optimiser steps (the LR schedule's length)")
+    parser.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
     parser.add_argument(
         "--stop-after", type=int, default=None,
         help="stop the loop after this many steps (the LR schedule still spans --steps)",
     )  # fmt: skip
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--warmup", type=int, default=200, help="linear warm-up steps")
     parser.add_argument("--mtp-steps", type=int, default=3, help="unrolled MTP steps in the loss")
     parser.add_argument("--mtp-weight", type=float, default=0.5, help="total weight of the MTP losses")
-    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations")
     parser.add_argument(
         "--time-limit", type=float, default=450.0, help="stop the training loop early after this many seconds"
     )

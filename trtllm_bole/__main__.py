@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     gen.add_argument("--top-k", type=int, default=0, help="0: off")
     gen.add_argument("--top-p", type=float, default=1.0, help="1: off")
-    gen.add_argument("--seed", type=int, default=None, help="a sampled request's seed")
+    gen.add_argument(
+        "--seed", type=int, default=None, help="a sampled request's seed (unset: a fresh draw each run)"
+    )
     gen.add_argument(
         "--max-seq-len", type=int, default=None,
         help="the context: prompt + output hold at most this - 1 tokens (unset: the engine's, else 1024)",
