@@ -73,3 +73,35 @@ def test_the_output_is_read_after_the_prompts_last_whole_character():
         delta = TextDelta(decode, prompt_ids=prompt)
         pieces = [delta(output[:n], n == len(output)) for n in range(1, len(output) + 1)]
         assert "".join(pieces) == text and all(not p.endswith("\ufffd") for p in pieces[:-1])
+
+
+def test_encoding_a_long_text_lets_other_threads_run():
+    """A server tokenizes a prompt on its request thread while the engine thread steps; ``encode`` held the
+    GIL throughout (a second's stall of every stream for 1.6 MB of text)."""
+    import itertools
+    import threading
+    import time
+
+    from trtllm_bole.llm import DEFAULT_MODEL
+    from trtllm_bole.text import Tokenizer
+
+    tokenizer = Tokenizer.find(DEFAULT_MODEL)
+    text = "def f(x):\n    return x * 2  # ünï €\n" * 12000
+    assert tokenizer.encode(text[:3000]) == tokenizer._tok.encode(text[:3000]).ids  # the same ids
+    stamps, done = [], threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            stamps.append(time.perf_counter())
+            time.sleep(0.001)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.02)
+    start = time.perf_counter()
+    tokenizer.encode(text)
+    took = time.perf_counter() - start
+    done.set()
+    ticker.join()
+    longest = max(b - a for a, b in itertools.pairwise(stamps))
+    assert took > 0.05 and longest < took / 2, (took, longest)

@@ -24,7 +24,10 @@ class Tokenizer:
         return cls(path) if path.is_file() else None
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
+        """The ids of ``text``. Through ``encode_batch``, which lets go of the GIL while it works (``encode``
+        holds it: a prompt of megabytes, tokenized on a server's request thread, stopped the engine thread
+        and the metrics heartbeat for seconds)."""
+        return self._tok.encode_batch([text])[0].ids
 
     @functools.cached_property
     def max_token_bytes(self) -> int:
