@@ -242,6 +242,11 @@ class StopFlag:
         return self.asked
 
 
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""The launcher's own probes of its server: never through ``http_proxy`` (a ``no_proxy=localhost`` does
+not cover 127.0.0.1, and every probe went to the proxy: the server never ready, the engine unwatched)."""
+
+
 def wait_ready(process: subprocess.Popen, http_port: int, timeout: float, stop: StopFlag) -> float | None:
     """Seconds until ``/v2/health/ready`` answers 200, None once a stop is asked; raises if the server
     exits or times out."""
@@ -253,7 +258,7 @@ def wait_ready(process: subprocess.Popen, http_port: int, timeout: float, stop: 
         if process.poll() is not None:
             raise RuntimeError(f"tritonserver exited with code {process.returncode} before it was ready")
         try:
-            with urllib.request.urlopen(url, timeout=1) as response:
+            with LOOPBACK.open(url, timeout=1) as response:
                 if response.status == 200:
                     return time.monotonic() - start
         except OSError:
@@ -287,7 +292,7 @@ def serving_gauge(metrics: str, now: float | None = None) -> bool | None:
 def engine_serving(metrics_port: int) -> bool | None:
     """:func:`serving_gauge` of Triton's metrics endpoint; None where it does not answer."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as response:
+        with LOOPBACK.open(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as response:
             return serving_gauge(response.read().decode(errors="replace"))
     except (OSError, http.client.HTTPException):  # one stopping mid-answer: BadStatusLine, IncompleteRead
         return None
@@ -311,8 +316,16 @@ def wait_serving(
                 raise EngineStopped
 
 
+LEFT_BEHIND_GRACE_S = 5.0
+"""How long the model's processes may outlive tritonserver before they are killed."""
+
+
 def stop(process: subprocess.Popen, timeout: float) -> int | None:
-    """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code, or None if it had to be killed."""
+    """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit code, or None if it had to be killed.
+    Then the processes below it that outlive it by :data:`LEFT_BEHIND_GRACE_S`: Triton 2.51 leaves its
+    model's stub running when its stop outlasts its exit timeout (and so does a kill), holding the
+    model's memory (a GPU's, on a GPU) that the restarted server needs."""
+    below, killed_it = process_tree(process.pid), False
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -320,8 +333,53 @@ def stop(process: subprocess.Popen, timeout: float) -> int | None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-            return None
-    return process.returncode
+            killed_it = True
+    killed = kill_left_behind(below, LEFT_BEHIND_GRACE_S)
+    if killed:
+        print(f"warning: killed the processes tritonserver left behind (pids {killed})", file=sys.stderr,
+              flush=True)  # fmt: skip
+    return None if killed_it else process.returncode
+
+
+def _proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state, parent, ...); None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_tree(pid: int) -> list[tuple[int, str]]:
+    """Every live process below ``pid``, each with its start time (which tells it from a later process
+    given the same pid); Linux's /proc, empty elsewhere."""
+    children: dict[str, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _proc_stat(entry.name)
+        if fields is not None:
+            children.setdefault(fields[1], []).append((int(entry.name), fields[19]))
+    found, queue = [], [str(pid)]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(str(child[0]))
+    return found
+
+
+def kill_left_behind(processes: list[tuple[int, str]], grace: float) -> list[int]:
+    """SIGKILL those of ``processes`` (pid, start time) still running after ``grace`` seconds (at once
+    when none are); the pids killed."""
+    deadline = time.monotonic() + grace
+
+    def running() -> list[int]:
+        stats = [(pid, started, _proc_stat(pid)) for pid, started in processes]
+        return [pid for pid, started, f in stats if f is not None and f[19] == started and f[0] != "Z"]
+
+    while (alive := running()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return alive
 
 
 def request_drain(drain_file: Path, grace: float) -> None:
@@ -626,9 +684,9 @@ def serve(
         stop(process, stop_timeout)
         return 1
     drain_file, grace = drain
-    if stop_flag.asked and drain_file is not None and process.poll() is None:
-        try:
-            request_drain(drain_file, grace)
+    if (stop_flag.asked or engine_stopped) and drain_file is not None and process.poll() is None:
+        try:  # an engine stopped unasked ends what it still holds at once (a hung one reads nothing)
+            request_drain(drain_file, grace if stop_flag.asked else 0.0)
         except OSError as e:  # the server is stopped all the same, without the grace
             warning = f"warning: could not write the drain file ({e}); stopping without draining"
             print(warning, file=sys.stderr, flush=True)

@@ -267,11 +267,19 @@ def test_bad_requests_get_errors_while_others_are_served(server, llm):
         ),
     }
     tritons_own = {"wrong dtype", "unknown input"}  # refused before the model sees them
+    invalid_before = bole_samples(server)["bole_rejected_requests", "invalid"]
     for case, (inputs, words) in cases.items():
         message = error_of(url, inputs)
         assert words in message, f"{case}: {message}"
         assert case in tritons_own or "[INVALID_ARG] " in message, f"{case}: {message}"
         assert server.ready(), f"server unhealthy after {case}"
+    # Triton counts each as a success (its model answered); the engine's metrics count the model's refusals.
+    refused = len(cases) - len(tritons_own)
+    deadline = time.monotonic() + 10  # the model publishes every second
+    while (counted := bole_samples(server)["bole_rejected_requests", "invalid"] - invalid_before) < refused:
+        assert time.monotonic() < deadline, f"{counted} of {refused} refusals counted"
+        time.sleep(0.2)
+    assert counted == refused
     worker.join(300)
     expected = llm.generate([PROMPTS[3]], SamplingParams(max_tokens=24), use_tqdm=False)[0].outputs[0]
     assert good["ids"] == expected.token_ids
@@ -411,11 +419,13 @@ def _model_processes(pid: int) -> list[int]:
 def test_an_idle_http_connection_holds_the_stop_and_the_launcher_says_why(tmp_path):
     """Triton 2.51 waits for every HTTP connection to close before it unloads the model: one client's idle
     keep-alive connection runs its stop out of its exit timeout (the grace + 10 s), and it exits 1 with the
-    model never finalized. The launcher says why."""
+    model never finalized. The launcher says why, and kills the model's process where Triton left it
+    running (it does about every other time)."""
     server = start_server(tmp_path, [*SERVER_ARGS, "--drain-grace", "0"])
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as idle:
         idle.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n")
         assert idle.recv(4096).startswith(b"HTTP/1.1 200"), server.log_tail()
+        stubs = _model_processes(server.process.pid)
         server.process.send_signal(signal.SIGTERM)
         try:
             server.process.wait(60)
@@ -425,6 +435,10 @@ def test_an_idle_http_connection_holds_the_stop_and_the_launcher_says_why(tmp_pa
     log = server.log.read_text(errors="replace")
     assert server.process.returncode == 1 and "tritonserver stopped (exit code 1)" in log, server.log_tail()
     assert "an HTTP client holding an idle keep-alive connection" in log, server.log_tail()
+    import launch
+
+    running = [s for s in stubs if (stat := launch._proc_stat(s)) is not None and stat[0] != "Z"]
+    assert stubs and not running, (stubs, server.log_tail())
 
 
 def test_a_dead_model_process_stops_the_server(tmp_path):
@@ -695,6 +709,103 @@ def test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics():
         answer.start()
         assert launch.engine_serving(garbled.getsockname()[1]) is None
         answer.join()
+
+
+def test_the_launcher_s_probes_of_its_server_bypass_http_proxy(monkeypatch):
+    """A ``no_proxy=localhost`` does not cover 127.0.0.1: the probes went to the proxy, so the server was
+    never ready (stopped at --ready-timeout) and the engine's gauge never read."""
+    import launch
+
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("no_proxy", "localhost")
+    body = b'bole_engine_status{model="bole",state="serving",version="1"} 1\n'
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+    server = subprocess.Popen(["sleep", "60"])  # wait_ready's server process: running
+    try:
+        for probe in (
+            lambda port: launch.engine_serving(port) is True,
+            lambda port: launch.wait_ready(server, port, 10, launch.StopFlag()) is not None,
+        ):
+            with socket.socket() as listening:
+                listening.bind(("127.0.0.1", 0))
+                listening.listen()
+                answer = threading.Thread(target=lambda: _answer_once(listening, reply))
+                answer.start()
+                assert probe(listening.getsockname()[1])
+                answer.join()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_stop_kills_what_the_server_leaves_behind():
+    """Triton 2.51 can exit (or be killed) with its model's stub still running, stuck and holding the
+    model's memory: after the stop, the processes below the server that outlive it are killed."""
+    import launch
+
+    # A shell that leaves a child behind when it ends: SIGTERM ends the shell alone.
+    server = subprocess.Popen(["bash", "-c", "sleep 600 & trap 'exit 0' TERM; while :; do sleep 0.1; done"])
+    deadline = time.monotonic() + 30
+    while not (left := [p for p, _ in launch.process_tree(server.pid) if b"600" in _cmdline(p)]):
+        assert time.monotonic() < deadline, "the shell started no sleep 600"
+        time.sleep(0.05)
+    assert launch.stop(server, timeout=30) == 0
+    time.sleep(0.5)  # reaped by init, or by the reaper of this container
+    stat = launch._proc_stat(left[0])
+    assert stat is None or stat[0] == "Z", stat
+    # A process of the same pid that started later is not the one left behind: not killed.
+    started = launch._proc_stat(os.getpid())[19]
+    assert launch.kill_left_behind([(os.getpid(), str(int(started) + 1))], grace=0) == []
+
+
+# A stand-in for tritonserver in serve()'s protocol only: ready at once, its engine's gauge at 0 (stopped
+# unasked); at SIGTERM it records the drain file the launcher wrote, if any.
+_STOPPED_ENGINE_SERVER = """
+import http.server, pathlib, signal, sys, threading
+http_port, metrics_port, drain, record = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'bole_engine_status{model="bole",state="serving",version="1"} 0\\n'
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args): pass
+for port in (http_port, metrics_port):
+    server = http.server.HTTPServer(("127.0.0.1", port), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+def on_term(*_):
+    path = pathlib.Path(drain)
+    pathlib.Path(record).write_text(path.read_text() if path.exists() else "none")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+signal.pause()
+"""
+
+
+def test_an_engine_stopped_unasked_is_drained_at_once(tmp_path):
+    """The engine's gauge read 0 (a failed thread, or a heartbeat gone stale while the process was busy):
+    the launcher stopped tritonserver without the drain file, so a model still alive held its requests
+    until Triton's exit timeout. It now asks for a drain with no grace first."""
+    import launch
+
+    http_port, metrics_port = launch.free_ports(2)
+    drain, record = tmp_path / "drain", tmp_path / "record"
+    command = [sys.executable, "-c", _STOPPED_ENGINE_SERVER, str(http_port), str(metrics_port), str(drain),
+               str(record)]  # fmt: skip
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:  # serve() installs the launcher's signal handlers: put pytest's back
+        code = launch.serve(command, dict(os.environ), (http_port, 0, metrics_port), tmp_path, 30,
+                            drain=(drain, 7.0), stop_timeout=30, engine_watch=0.2)  # fmt: skip
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert code == 1 and record.read_text().strip() == "0.0"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # ended meanwhile
+        return b""
 
 
 def _answer_once(listening: socket.socket, reply: bytes) -> None:

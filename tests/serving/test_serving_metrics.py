@@ -114,6 +114,14 @@ def test_a_full_queue_refuses_requests_until_one_leaves_it():
     with pytest.raises(RuntimeError, match="shut down"):
         engine.submit(PROMPTS[0], params, Collector())
     assert engine.stats().rejected_shut_down == 1  # counted though the engine thread has stopped
+    # A server's own refusals before submit (the Triton model's: bad input, an internal error).
+    engine.note_refused("invalid")
+    engine.note_refused("invalid")
+    engine.note_refused("internal")
+    stats = engine.stats()
+    assert (stats.rejected_invalid, stats.rejected_internal, stats.rejected_queue_full) == (2, 1, 1)
+    with pytest.raises(ValueError, match="'invalid' or 'internal', got 'queue_full'"):
+        engine.note_refused("queue_full")  # submit's own: counted there
     with pytest.raises(ValueError, match="max_queue_size must be a positive integer"):
         ServingEngine(make_executor(), max_queue_size=0)
 
@@ -219,6 +227,8 @@ def test_samples_cover_every_stat_under_its_family():
         ("bole_finished_requests", "error"): stats.finished_error,
         ("bole_rejected_requests", "queue_full"): stats.rejected_queue_full,
         ("bole_rejected_requests", "shut_down"): stats.rejected_shut_down,
+        ("bole_rejected_requests", "invalid"): stats.rejected_invalid,
+        ("bole_rejected_requests", "internal"): stats.rejected_internal,
         ("bole_token_metrics", "prompt"): stats.prompt_tokens,
         ("bole_token_metrics", "generated"): stats.generated_tokens,
         ("bole_spec_decode_metrics", "draft_tokens"): stats.draft_tokens,

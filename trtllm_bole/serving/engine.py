@@ -77,6 +77,8 @@ class EngineStats:
     finished_error: int = 0
     rejected_queue_full: int = 0  # requests submit() refused, by reason
     rejected_shut_down: int = 0
+    rejected_invalid: int = 0  # requests a server refused before submitting them (note_refused)
+    rejected_internal: int = 0
     prompt_tokens: int = 0  # of the requests ended, those prefilled (not of one aborted while queued)
     generated_tokens: int = 0
     draft_tokens: int = 0  # verified (SpecStats.drafted)
@@ -151,7 +153,8 @@ class ServingEngine:
         self._closing = False
         self._deadline = 0.0  # closing: when the requests still running are aborted (time.monotonic)
         self._totals: dict[str, int] = {}  # EngineStats' totals; engine thread only
-        self._rejected = {"queue_full": 0, "shut_down": 0}  # by submit(), under self._cv
+        # By submit(), and by a server before it (note_refused); under self._cv.
+        self._rejected = {"queue_full": 0, "shut_down": 0, "invalid": 0, "internal": 0}
         self._latencies: deque[RequestLatency] = deque(maxlen=LATENCY_BACKLOG)
         self._iterations = 0
         self._next_waiting_poll = 0.0  # when the whole queue is next asked (_poll_cancellations)
@@ -252,8 +255,16 @@ class ServingEngine:
         :meth:`submit` counted up to now: once the thread has stopped it publishes nothing, and every
         request is refused."""
         with self._cv:
-            queue_full, shut_down = self._rejected["queue_full"], self._rejected["shut_down"]
-        return replace(self._stats, rejected_queue_full=queue_full, rejected_shut_down=shut_down)
+            rejected = {f"rejected_{reason}": count for reason, count in self._rejected.items()}
+        return replace(self._stats, **rejected)
+
+    def note_refused(self, reason: str) -> None:
+        """Count a request its server refused before :meth:`submit`: ``invalid`` input (the client's to
+        fix) or an ``internal`` error, so that the metrics show every refusal, not submit's alone."""
+        if reason not in ("invalid", "internal"):
+            raise ValueError(f"a refusal before submit is 'invalid' or 'internal', got {reason!r}")
+        with self._cv:
+            self._rejected[reason] += 1
 
     def take_latencies(self) -> list[RequestLatency]:
         """The latencies of the requests ended since the last call, oldest first."""

@@ -80,9 +80,10 @@ FAMILIES = (
     Family(
         "bole_rejected_requests",
         COUNTER,
-        "Requests refused at submission: the queue full (max_queue_size), the engine shut down",
+        "Requests refused: the queue full (max_queue_size), the engine shut down, invalid input, an internal "
+        "error",
         "reject_reason",
-        {"queue_full": "rejected_queue_full", "shut_down": "rejected_shut_down"},
+        {reason: f"rejected_{reason}" for reason in ("queue_full", "shut_down", "invalid", "internal")},
     ),
     Family(
         "bole_token_metrics",

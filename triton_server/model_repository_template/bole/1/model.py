@@ -84,9 +84,11 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except ValueError as e:  # RequestError and tokenizer refusals: the client's to fix
+                self.engine.note_refused("invalid")
                 _refuse(sender, str(e), "invalid")
             except Exception as e:  # never let one request take the model down
                 traceback.print_exc()
+                self.engine.note_refused("internal")
                 _refuse(sender, f"internal error: {e!r}", "internal")
         return None
 
