@@ -705,7 +705,7 @@ def test_the_engine_s_serving_gauge_is_read_from_triton_s_metrics():
     with socket.socket() as garbled:  # an answer cut short, as from a server stopping: not an error either
         garbled.bind(("127.0.0.1", 0))
         garbled.listen()
-        answer = threading.Thread(target=lambda: _answer_once(garbled, b"HTTP/1.1 2"))
+        answer = threading.Thread(target=lambda: _answer_once(garbled, b"HTTP/1.1 2"), daemon=True)
         answer.start()
         assert launch.engine_serving(garbled.getsockname()[1]) is None
         answer.join()
@@ -729,7 +729,7 @@ def test_the_launcher_s_probes_of_its_server_bypass_http_proxy(monkeypatch):
             with socket.socket() as listening:
                 listening.bind(("127.0.0.1", 0))
                 listening.listen()
-                answer = threading.Thread(target=lambda: _answer_once(listening, reply))
+                answer = threading.Thread(target=lambda: _answer_once(listening, reply), daemon=True)
                 answer.start()
                 assert probe(listening.getsockname()[1])
                 answer.join()
@@ -809,6 +809,7 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _answer_once(listening: socket.socket, reply: bytes) -> None:
+    """In a daemon thread: a probe that never comes (a failing test) leaves it waiting, not the run."""
     connection, _ = listening.accept()
     with connection:
         connection.recv(4096)
