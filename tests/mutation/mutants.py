@@ -3235,6 +3235,13 @@ MUTANTS = [
         ["tests/test_text.py"],
     ),
     Mutant(
+        "SC5",
+        "trtllm_bole/spec/scheduler.py",
+        "        places = min(max_batch - len(self.running), self.slots.num_free)",
+        "        places = min(max_batch, self.slots.num_free)",
+        ["tests/spec/test_scheduler.py"],
+    ),
+    Mutant(
         "BG7",
         "benchmarks/_bench_util.py",
         '    return f"{stem}_{device_tag(device)}" + (f"_{tag}" if tag else "")\n',

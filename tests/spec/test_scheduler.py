@@ -39,6 +39,17 @@ def test_admission_reserves_slot_and_blocks_fifo():
     assert s.admit(max_batch=8) == [c]
 
 
+def test_the_batch_bound_counts_the_running_requests_below_the_free_slots():
+    """``max_batch`` below the pool's slots (a pool sized for more than this admission allows): the
+    requests already running take places in the batch, not only slots."""
+    s = make(n_blocks=40, slots=6)
+    for i in range(5):
+        s.add(req(i, 4))
+    assert len(s.admit(max_batch=2)) == 2 and s.slots.num_free == 4
+    assert s.admit(max_batch=3) == [s.running[-1]] and len(s.running) == 3  # one place left, not three
+    assert s.admit(max_batch=3) == [] and len(s.waiting) == 2
+
+
 def test_a_request_needing_exactly_the_free_blocks_is_admitted():
     """With one slot and the blocks a full-length request needs, that request is served, not held."""
     s = make(n_blocks=4, slots=1)
