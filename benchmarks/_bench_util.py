@@ -300,7 +300,7 @@ def check_tag(parser, tag: str | None) -> None:
 
 def result_name(stem: str, ext: str = "json") -> str:
     """``<stem>_<device tag>.<ext>`` for this process's GPU: a result named by the device that measured it."""
-    return f"{stem}_{device_tag(torch.cuda.get_device_name())}.{ext}"
+    return f"{tagged_stem(stem, torch.cuda.get_device_name(), None)}.{ext}"
 
 
 def write_result(out: str | Path, name: str, data: dict) -> Path:

@@ -2964,7 +2964,7 @@ MUTANTS = [
     Mutant(
         "BG3",
         "benchmarks/_bench_util.py",
-        '    return f"{stem}_{device_tag(torch.cuda.get_device_name())}.{ext}"',
+        '    return f"{tagged_stem(stem, torch.cuda.get_device_name(), None)}.{ext}"',
         '    return f"{stem}_h200.{ext}"',
         ["tests/benchmarks/test_bench.py", "-k", "gpu_name"],
     ),
