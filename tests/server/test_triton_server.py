@@ -410,10 +410,9 @@ def test_an_engine_that_stops_serving_unasked_stops_the_server(tmp_path):
 
 def _model_processes(pid: int) -> list[int]:
     """The Python backend's stub processes below ``pid`` (Linux /proc)."""
-    tasks = Path(f"/proc/{pid}/task").iterdir()
-    children = [int(c) for task in tasks for c in (task / "children").read_text().split()]
-    stubs = [c for c in children if b"python_backend_stub" in Path(f"/proc/{c}/cmdline").read_bytes()]
-    return stubs + [s for c in children for s in _model_processes(c)]
+    import launch
+
+    return [p for p, _ in launch.process_tree(pid) if b"python_backend_stub" in _cmdline(p)]
 
 
 def test_an_idle_http_connection_holds_the_stop_and_the_launcher_says_why(tmp_path):
