@@ -92,7 +92,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from _bench_util import device_tag
+from _bench_util import tagged_stem
 from bench_filter_floor import sorting_floor
 
 from trtllm_bole import ops
@@ -501,7 +501,7 @@ def main() -> None:
         "command": " ".join(["python", *sys.argv]), "ab": out,
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ab_{args.change.replace('-', '_')}_{device_tag(device)}.json"
+    path = args.out / f"{tagged_stem('ab_' + args.change.replace('-', '_'), device, None)}.json"
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import triton
-from _bench_util import device_tag
+from _bench_util import tagged_stem
 from bench import divergence  # this folder's bench.py (scripts run with it on sys.path)
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
@@ -145,12 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         "mat_curve_withheld": curve_errors,
     }
     # Named by the device, and by the prompt file where it is not the default one.
-    tag = device_tag(device) + ("" if args.prompt_file == PROMPTS else f"_{args.prompt_file.stem}")
+    stem = tagged_stem("acceptance", device, None if args.prompt_file == PROMPTS else args.prompt_file.stem)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"acceptance_{tag}.json"
+    path = args.out / f"{stem}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
-    plot(rows, args.out / f"acceptance_{tag}.png")
+    plot(rows, args.out / f"{stem}.png")
     return 0 if all(r["identical_to_ar"] for r in rows) and not curve_errors else 1
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _bench_util import device_tag
+from _bench_util import tagged_stem
 
 from trtllm_bole import ops
 from trtllm_bole.ops import library
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
         result["triton"] = triton.__version__
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"op_dispatch_{device_tag(device_name)}.json"
+    path = args.out / f"{tagged_stem('op_dispatch', device_name, None)}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

@@ -19,7 +19,7 @@ import pstats
 import sys
 
 import torch
-from _bench_util import device_tag
+from _bench_util import tagged_stem
 from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
 
 from trtllm_bole import LLM
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(report[-1].splitlines()[1])
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"profile_host_{device_tag(device)}.txt"
+    path = args.out / f"{tagged_stem('profile_host', device, None)}.txt"
     path.write_text("".join(report))
     print(f"wrote {path}")
     return 0

@@ -28,7 +28,7 @@ from collections import defaultdict
 
 import torch
 import triton
-from _bench_util import device_tag
+from _bench_util import tagged_stem
 from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
 
 from trtllm_bole import LLM
@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    sampled = "_sampled" if args.temperature > 0 else ""
-    path = args.out / f"profile_step_{device_tag(device)}{sampled}.json"
+    stem = tagged_stem("profile_step", device, "sampled" if args.temperature > 0 else None)
+    path = args.out / f"{stem}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     if any(r["identical_to_ar"] is False for r in runs):
