@@ -239,18 +239,22 @@ def exact_outputs(x: Inputs) -> tuple[torch.Tensor, ...]:
     return o, states, u, log_p
 
 
-def run_meta(**extra: Any) -> dict:
-    """Where and how a result was measured: the GPU, the torch, triton and Python versions and the command
-    line, then ``extra`` (the run's shapes, configs or peers)."""
+def run_meta(device: str = "cuda", **extra: Any) -> dict:
+    """Where and how a result was measured: the GPU (or ``cpu`` for a ``device`` "cpu" smoke run), the torch,
+    triton and Python versions and the command line, then ``extra`` (the run's shapes, configs or peers)."""
     import platform
     import sys
 
     import triton
 
     return {
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+        "device": "cpu" if device == "cpu" else torch.cuda.get_device_name(0),
+        "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "command": " ".join(["python", *sys.argv]), **extra,
     }  # fmt: skip
+
+
+DEVICES = ("cuda", "cpu")  # a script's --device: one GPU (the current one) or a CPU smoke run
 
 
 def cuda_missing(script: str, device: str) -> bool:

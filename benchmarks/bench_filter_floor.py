@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="cuda", choices=U.DEVICES)
     ap.add_argument("--rep-ms", type=int, default=100)
     ap.add_argument("--sweep", action="store_true", help="also time the kernel's block sizes and warps")
     args = ap.parse_args(argv)

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from _bench_util import check_tag, rel_rms, run_meta, tagged_stem, write_result
+from _bench_util import DEVICES, check_tag, rel_rms, run_meta, tagged_stem, write_result
 
 from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.llm import DEFAULT_MODEL
@@ -52,7 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="names the run, after the device: bench_long_prefill_<device>_<tag>.json",
     )
-    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no memory figures)")
+    p.add_argument(
+        "--device", default="cuda", choices=DEVICES, help="cuda, or cpu for a smoke run (no memory figures)"
+    )
     p.add_argument(
         "--points", default=POINTS, help=f"prompts x tokens each, comma-separated (default {POINTS})"
     )
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     stem = tagged_stem("bench_long_prefill", device, args.tag)
     label = stem.removeprefix("bench_long_prefill_")  # the comparison plot's legend: h200_before, h200
-    meta = run_meta(model=DEFAULT_MODEL.name, dtype="float32", tag=label) if args.device == "cuda" else {}
+    meta = run_meta(device=args.device, model=DEFAULT_MODEL.name, dtype="float32", tag=label)
     results = [point(model, b, n, gen, args.repeats) for b, n in points]
     served = []
     if args.bounds:

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--batches", default="8,32")
     ap.add_argument("--vocabs", default="8192,151936")
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="cuda", choices=U.DEVICES)
     ap.add_argument("--rep-ms", type=int, default=50)
     args = ap.parse_args(argv)
     if U.cuda_missing("bench_sampled_accept.py", args.device):

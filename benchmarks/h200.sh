@@ -78,6 +78,7 @@ serving)
     # one-token forward round differently and near-ties flip (measured: bench_throughput_h200_bf16.json).
     # 32 requests so that batch 32 is a full batch; 48 tokens each keeps the six batch sizes in one call.
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 48
+    note "dataset"
     timeout 420 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --batch-sizes 1,2,4,8,16,32 --out "$OUT" > "$OUT/log.txt" 2>&1; note "throughput"
     timeout 100 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
@@ -89,6 +90,7 @@ repeats)
     # captured graphs, usually the first, is left out for all: bench.py's docstring); 96 tokens per request
     # so that decoding, not the prompts' prefill, is most of a run.
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
+    note "dataset"
     timeout 480 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --batch-sizes 8,16,32 --repeats 4 --tag repeats --out "$OUT" \
         > "$OUT/log.txt" 2>&1; note "throughput"; grep "tok/s" "$OUT/log.txt" | sed 's/.*\r//' | tail -12
@@ -143,6 +145,7 @@ second-gpu)
     python -m pytest -q -rs tests/test_devices.py -p no:cacheprovider > "$OUT/pytest_devices.txt" 2>&1
     note "device tests"; tail -3 "$OUT/pytest_devices.txt"
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 4 --output-tokens 32
+    note "dataset"
     timeout 240 python benchmarks/bench.py throughput --dataset /tmp/code.jsonl --device cuda:1 --dtype float32 \
         --modes bole --batch-sizes 1,4 --out "$OUT" --tag second_gpu > "$OUT/bench_log.txt" 2>&1
     note "bench"; tail -4 "$OUT/bench_log.txt"
@@ -153,6 +156,7 @@ steps)
     timeout 240 python benchmarks/ab_executor.py step-graphs --trials 6 --batches 1,2,4,8,16,32 --out "$OUT" \
         > "$OUT/ab_log.txt" 2>&1; note "ab"; grep -v "loading\|warm" "$OUT/ab_log.txt"
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
+    note "dataset"
     timeout 200 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --modes ar,tree-serial,bole --batch-sizes 8,32 --out "$OUT" > "$OUT/profile_log.txt" 2>&1
     note "profile"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
@@ -196,6 +200,7 @@ sampled)
         note "ab $CHANGE"; grep -v "loading\|warm" "$OUT/ab_log_$CHANGE.txt" | tail -4
     done
     python benchmarks/prepare_dataset.py --out /tmp/code.jsonl code --num-requests 32 --output-tokens 96
+    note "dataset"
     timeout 100 python benchmarks/profile_step.py --dataset /tmp/code.jsonl --device cuda --dtype float32 \
         --modes bole --batch-sizes 8,32 --temperature 0.8 --out "$OUT" > "$OUT/profile_log.txt" 2>&1
     note "profile"; grep "tok/s" "$OUT/profile_log.txt" | sed 's/.*\r//'
@@ -233,6 +238,7 @@ ncu)
     "$NCU" -i /tmp/phases.ncu-rep --page details --csv > /tmp/details.csv
     "$NCU" -i /tmp/phases.ncu-rep --page source --csv --print-source sass > /tmp/source.csv
     python benchmarks/ncu_verify_phases.py summarize /tmp/details.csv /tmp/source.csv --out "$OUT"
+    note "summarize"
     ;;
 attention)
     timeout 300 python benchmarks/bench_tree_attention.py --out "$OUT" > "$OUT/attention_log.txt" 2>&1
@@ -261,6 +267,7 @@ probe)
         python benchmarks/ncu_verify_phases.py summarize "/tmp/details_$V.csv" "/tmp/source_$V.csv" --out "$OUT" \
             --stem "ncu_value_tiles_${V}" \
             --profiled "bash benchmarks/h200.sh probe (ncu --set full on probe_value_bytes.py --launch $V)"
+        note "summarize $V"
     done
     ;;
 *)

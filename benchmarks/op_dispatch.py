@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from _bench_util import tagged_stem
+from _bench_util import run_meta, tagged_stem
 
 from trtllm_bole import ops
 from trtllm_bole.ops import library
@@ -93,19 +93,13 @@ def main(argv: list[str] | None = None) -> int:
                         "validation_us": public - operator, "dispatch_us": operator - direct}  # fmt: skip
         times = f"public op {public:6.1f} µs, operator {operator:6.1f}, launcher {direct:6.1f}"
         print(f"{name:16s} {times}: validation {public - operator:+6.1f}, dispatch {operator - direct:+6.1f}")
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    result = {
-        "device": device_name, "torch": torch.__version__, "python": sys.version.split()[0],
-        "command": "python " + " ".join(sys.argv), "calls": args.calls, "rounds": args.rounds,
-        "what": "host µs a call (a loop of calls, one sync; median of rounds); outputs equal bit for bit",
-        "points": points,
-    }  # fmt: skip
-    if args.device == "cuda":
-        import triton
-
-        result["triton"] = triton.__version__
+    result = run_meta(
+        device=args.device, calls=args.calls, rounds=args.rounds,
+        what="host µs a call (a loop of calls, one sync; median of rounds); outputs equal bit for bit",
+        points=points,
+    )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{tagged_stem('op_dispatch', device_name, None)}.json"
+    path = args.out / f"{tagged_stem('op_dispatch', result['device'], None)}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

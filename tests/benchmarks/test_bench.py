@@ -1,5 +1,6 @@
 """The trtllm-bench-style tools run end to end on a tiny checkpoint and check exactness inside."""
 
+import itertools
 import json
 import math
 import os
@@ -506,6 +507,20 @@ def test_result_files_take_their_gpu_name(monkeypatch):
         assert not named.findall(script.read_text()), (script.name, named.findall(script.read_text()))
     runs = (ROOT / "benchmarks" / "h200.sh").read_text().splitlines()
     assert not [line for line in runs if "_h200" in line and not line.lstrip().startswith("#")]
+
+
+def test_every_step_of_the_device_runs_says_its_exit_code():
+    """``h200.sh`` exits 1 when any step of its target failed (benchmarks/README.md): each ``python`` step
+    is followed by a ``note`` (two summaries of Nsight reports had none, so their failures exited 0)."""
+    text = (ROOT / "benchmarks" / "h200.sh").read_text().replace("\\\n", " ")
+    steps = text[text.index("\ncase ") :].splitlines()
+    unnoted = [
+        step.strip()
+        for step, after in itertools.pairwise(steps)
+        if re.search(r"(^|[\s(])python3? ", step) and not step.lstrip().startswith("#")
+        and "note " not in step and not after.lstrip().startswith("note ")
+    ]  # fmt: skip
+    assert not unnoted, unnoted
 
 
 def test_acceptance_eval_prints_no_statistic_it_withholds(tmp_path, monkeypatch, capsys):

@@ -12,7 +12,9 @@ import op_dispatch  # noqa: E402
 
 def test_writes_the_split_of_every_op(tmp_path):
     assert op_dispatch.main(["--device", "cpu", "--calls", "1", "--rounds", "1", "--out", str(tmp_path)]) == 0
-    points = json.loads((tmp_path / "op_dispatch_cpu.json").read_text())["points"]
+    result = json.loads((tmp_path / "op_dispatch_cpu.json").read_text())
+    assert result["device"] == "cpu" and {"torch", "triton", "python", "command"} <= set(result)
+    points = result["points"]
     assert sorted(points) == ["gdn_tree_verify", "rms_norm", "tree_conv1d"]
     for p in points.values():
         assert all(0 < p[f"{k}_us"] < float("inf") for k in ("public_op", "operator", "implementation"))
