@@ -194,6 +194,17 @@ def test_engines_compile_the_pair_only_for_trees_it_serves():
     assert any(k.startswith("gdn_tree_verify") for k in engine_payloads(NINE_B, wide))
 
 
+@pytest.mark.parametrize("nodes", [7, 15])
+def test_engines_of_small_trees_list_their_kernels(nodes):
+    """Trees of 16 nodes or fewer: the runtime's config is the blocked kernel's at every batch, which has no
+    launch count (a GPU build of ``--max-draft-nodes 15`` stopped on an AttributeError before compiling)."""
+    for dtype in ("bfloat16", "float32"):
+        settings = BuildSettings(dtype=dtype, max_batch_size=16, max_draft_depth=4, max_draft_nodes=nodes)
+        keys = engine_payloads(NINE_B, settings.validated("cuda"))
+        assert any(k.startswith("gdn_tree_verify") for k in keys)
+        assert {"gdn_tree_factors-t0", "gdn_tree_values-t0"} <= set(keys)  # the pair's tactic 0
+
+
 PTX = """.visible .entry k(
 \t.param .u64 .ptr .global .align 1 k_param_0,
 \t.param .u32 k_param_1,

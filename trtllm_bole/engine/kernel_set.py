@@ -110,7 +110,7 @@ def _runtime_tactics(
     """The tactics of ``plugin_id`` that the runtime's default configs pick at the engine's batch sizes;
     tactic 0 (the runtime's default) for the plugins whose config does not vary with batch, or where
     none of the runtime's choices is among the tactics (the one-launch verify of small batches)."""
-    from trtllm_bole.kernels.gdn_tree_verify import blocked_default_config, default_config
+    from trtllm_bole.kernels.gdn_tree_verify import InverseConfig, blocked_default_config, default_config
 
     c, nodes = config, settings.max_draft_nodes + 1
     heads = (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
@@ -118,7 +118,9 @@ def _runtime_tactics(
     if plugin_id == "bole::gdn_tree_verify":
         picked = {blocked_default_config(b, *heads) for b in batches}
     elif plugin_id in INVERSE_PAIR:
-        two = [cfg for cfg in (default_config(b * nodes, b, *heads) for b in batches) if cfg.launches == 2]
+        # Trees of 16 nodes or fewer take the blocked kernel at every batch: no pair config is picked.
+        configs = (default_config(b * nodes, b, *heads) for b in batches)
+        two = [cfg for cfg in configs if isinstance(cfg, InverseConfig) and cfg.launches == 2]
         if plugin_id == "bole::gdn_tree_factors":
             picked = {FactorConfig(cfg.warps1) for cfg in two}
         else:
