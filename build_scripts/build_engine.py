@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         from plugins.network import build_plan, check_plugin_arch, require_tensorrt
 
         try:
-            require_tensorrt()
             check_plugin_arch(environment(device)["arch"])  # before the build writes or times anything
+            require_tensorrt()
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -16,18 +16,18 @@ Launch convention (TensorRT's): kernel parameters are ``(inputs..., extra scalar
 No ``from __future__ import annotations`` here: ``tensorrt.plugin`` validates the real annotations.
 """
 
-import os
 from typing import Any
 
 import tensorrt as trt
 import tensorrt.plugin as trtp
 
+from plugins.network import plugin_arch
 from trtllm_bole.engine.aot import SPECS, PluginSpec, aot_payload
 
 _NAMES = {trt.float32: "float32", trt.bfloat16: "bfloat16", trt.float16: "float16", trt.int64: "int64"}
 _TYPES = {v: k for k, v in _NAMES.items()}
 _COMBO = {"float32": "FP32", "bfloat16": "BF16", "float16": "FP16", "int64": "INT64"}
-TARGET_ARCH = int(os.environ.get("BOLE_PLUGIN_ARCH", "90"))
+TARGET_ARCH = plugin_arch()
 """Compute capability the AOT PTX is compiled for (TensorRT builds the plan for the GPU it runs on)."""
 
 

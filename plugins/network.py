@@ -26,6 +26,7 @@ L2-normalised), ``u`` and ``log_p`` and the conv inputs, per attention layer the
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +57,28 @@ def require_tensorrt() -> Any:
     return trt
 
 
-def check_plugin_arch(gpu: str) -> None:
-    """The plugins' PTX targets the build GPU (``gpu``: ``"sm_90"``); else ``RuntimeError`` saying how to
-    set ``BOLE_PLUGIN_ARCH``. Needs TensorRT (importing the plugins registers them)."""
-    require_tensorrt()  # else a ModuleNotFoundError from deep in the plugins' import
-    import plugins.bole_plugins as bole_plugins
+def plugin_arch() -> int:
+    """``BOLE_PLUGIN_ARCH`` (default 90, ``sm_90`` read alike): the compute capability the plugins' PTX is
+    compiled for; ``RuntimeError`` for anything else."""
+    value = os.environ.get("BOLE_PLUGIN_ARCH", "90")
+    digits = value.strip().removeprefix("sm_")
+    if not digits.isdigit():
+        raise RuntimeError(f"BOLE_PLUGIN_ARCH={value!r}: set it to a compute capability, e.g. 90 (or sm_90)")
+    return int(digits)
 
-    if gpu != f"sm_{bole_plugins.TARGET_ARCH}":
+
+def check_plugin_arch(gpu: str) -> None:
+    """The plugins' PTX targets the build GPU (``gpu``: ``"sm_90"``, or ``"cpu"``); else ``RuntimeError``
+    saying what to change. Needs no TensorRT, so that a build asks for the right device first."""
+    if not gpu.startswith("sm_"):
         raise RuntimeError(
-            f"the plugins compile for sm_{bole_plugins.TARGET_ARCH} (BOLE_PLUGIN_ARCH) but the build GPU is "
-            f"{gpu}: set BOLE_PLUGIN_ARCH={gpu.removeprefix('sm_')}"
+            f"--tensorrt builds the plan on the GPU that will run it, not on {gpu}: --device cuda"
+        )
+    arch = plugin_arch()
+    if gpu != f"sm_{arch}":
+        raise RuntimeError(
+            f"the plugins compile for sm_{arch} (BOLE_PLUGIN_ARCH) but the build GPU is {gpu}: set "
+            f"BOLE_PLUGIN_ARCH={gpu.removeprefix('sm_')}"
         )
 
 

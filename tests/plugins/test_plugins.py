@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from trtllm_bole.engine.aot import SPECS
 
@@ -95,7 +96,7 @@ def test_plugins_register_with_tensorrt():
 
 def test_require_tensorrt_names_the_missing_package():
     sys.path.insert(0, str(ROOT))
-    from plugins.network import check_plugin_arch, require_tensorrt
+    from plugins.network import require_tensorrt
 
     try:
         import tensorrt
@@ -106,8 +107,26 @@ def test_require_tensorrt_names_the_missing_package():
         pass
     with pytest.raises(RuntimeError, match=r"full TensorRT Python package `tensorrt`.*pip install"):
         require_tensorrt()
-    with pytest.raises(RuntimeError, match=r"full TensorRT Python package `tensorrt`"):
-        check_plugin_arch("sm_90")  # was a ModuleNotFoundError from the plugins' import
+
+
+def test_the_plugins_arch_is_checked_against_the_build_device(monkeypatch):
+    """Without TensorRT, so that a build is told the device to use before the package to install; a CPU
+    build had been told to set BOLE_PLUGIN_ARCH=cpu, which then failed as an int() deep in the import."""
+    sys.path.insert(0, str(ROOT))
+    from plugins.network import check_plugin_arch
+
+    monkeypatch.delenv("BOLE_PLUGIN_ARCH", raising=False)
+    check_plugin_arch("sm_90")
+    with pytest.raises(RuntimeError, match=r"not on cpu: --device cuda"):
+        check_plugin_arch("cpu")
+    with pytest.raises(RuntimeError, match=r"compile for sm_90 .* set BOLE_PLUGIN_ARCH=100"):
+        check_plugin_arch("sm_100")
+    monkeypatch.setenv("BOLE_PLUGIN_ARCH", "sm_100")
+    check_plugin_arch("sm_100")
+    for value in ("cpu", "9.0", ""):
+        monkeypatch.setenv("BOLE_PLUGIN_ARCH", value)
+        with pytest.raises(RuntimeError, match=r"BOLE_PLUGIN_ARCH=.*: set it to a compute capability"):
+            check_plugin_arch("sm_90")
 
 
 def test_build_engine_tensorrt_flag_fails_at_once_without_tensorrt(tmp_path):
@@ -125,6 +144,8 @@ def test_build_engine_tensorrt_flag_fails_at_once_without_tensorrt(tmp_path):
     if run.returncode == 0:
         assert json.loads(run.stdout.splitlines()[-1])["tensorrt_plan"]  # full TensorRT present
         return
-    assert run.returncode == 2
-    assert "`tensorrt`" in run.stderr and "tensorrt-lean" in run.stderr
-    assert not (tmp_path / "e").exists()
+    assert run.returncode == 2 and not (tmp_path / "e").exists()
+    if torch.cuda.is_available():
+        assert "`tensorrt`" in run.stderr and "tensorrt-lean" in run.stderr
+    else:  # the device first: a plan is built on the GPU that runs it
+        assert "not on cpu: --device cuda" in run.stderr
