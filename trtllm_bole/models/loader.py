@@ -126,7 +126,7 @@ def _check_finite(file: Path, name: str, tensor: torch.Tensor, loaded: torch.Ten
         )
     raise ValueError(
         f"{file}: tensor {name} overflows {loaded.dtype} ({tensor.dtype} values up to "
-        f"{tensor.abs().max().item():.3g}); load it in a wider dtype"
+        f"{tensor.abs().max().item():.3g}); load it in a wider dtype (--dtype float32)"
     )
 
 
@@ -279,7 +279,7 @@ def _check_headers(
         if any(n.startswith("mtp.") for n in headers) and any(
             p.startswith("missing tensor mtp.") for p in problems
         ):
-            hint = " (the mtp.* module is incomplete: load with mtp=False to serve without it)"
+            hint = " (the mtp.* module is incomplete: complete or remove it; mode 'ar' serves it as it is)"
         if (other := _other_layout(config, headers, layout)) is not None:
             hint = f" (its tensors are named {other}*: {WEIGHT_LAYOUTS[other]})"
         shown = "\n  ".join(problems[:50]) + (
