@@ -207,6 +207,21 @@ def test_a_killed_builds_staging_folder_is_named_by_the_next_build(tmp_path, cap
     assert f"{killed}" in caplog.text and "remove them" in caplog.text
 
 
+def test_a_build_of_an_output_another_build_is_writing_is_refused(tmp_path):
+    """Two builds of one output: the second is refused while the first holds the lock (each had swapped
+    in its own engine, the later one replacing the other's without --force); free once it ends."""
+    import fcntl
+
+    with open(tmp_path / ".e.lock", "a+") as other:  # what a running build of tmp_path/e holds
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        other.write("pid 4242")
+        other.flush()
+        with pytest.raises(ValueError, match=r"another build of .*/e is running \(pid 4242\): wait for it"):
+            build_engine(DEFAULT_MODEL, tmp_path / "e", device="cpu", progress=False)
+        assert not (tmp_path / "e").exists()
+    assert build_engine(DEFAULT_MODEL, tmp_path / "e", device="cpu", progress=False)[1]
+
+
 # -------------------------------------------------------------------------------------------- #
 # Loading: every mismatch is a clear ValueError                                                 #
 # -------------------------------------------------------------------------------------------- #

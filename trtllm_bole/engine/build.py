@@ -14,6 +14,7 @@ same inputs is left as it is (the build is a no-op); a different one is replaced
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -21,7 +22,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -156,38 +158,39 @@ def build_engine(
     tensorrt = _tensorrt_version() if plan_builder is not None else False
     identity = _build_key(sources, settings, calibration, tensorrt, env)
     build_id = _hash(identity)
-    if _keep_existing(output, identity, force, progress):
-        return output, False
+    with _build_lock(output):  # from the look at what is there to the swap: one build of an output at a time
+        if _keep_existing(output, identity, force, progress):
+            return output, False
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    leftovers = sorted(
-        p for kind in ("building", "old") for p in output.parent.glob(f".{output.name}.{kind}-*")
-    )
-    if leftovers:  # a killed build (SIGKILL, out of memory) could not clean up: a whole copy of weights
-        log.warning(
-            "%s: staging (or replaced) folders of earlier builds that were killed: %s; remove them once "
-            "no build of this engine runs",
-            output,
-            ", ".join(map(str, leftovers)),
+        leftovers = sorted(
+            p for kind in ("building", "old") for p in output.parent.glob(f".{output.name}.{kind}-*")
         )
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
-    try:
-        config = _stage(checkpoint, staging, model_config, settings, device, calibration, env, progress)
-        config.update(build_id=build_id, identity=identity)  # what the id hashes: a rebuild says what changed
-        config.update(source={"checkpoint": str(checkpoint.resolve()), "files": sources})
-        if plan_builder is not None:
-            try:
-                config["tensorrt"] = plan_builder(staging, config)
-            except RuntimeError as e:
-                raise BuildStepError(f"the TensorRT plan: {e}") from e
-        _make_readable(staging)
-        config["files"] = fmt.file_entries(staging, progress=progress)
-        (staging / fmt.CONFIG).write_text(json.dumps(fmt.seal(config), indent=2) + "\n")
-        _swap_in(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return output, True
+        # No other build runs: a killed one (SIGKILL, out of memory) left these, a whole copy of weights each.
+        if leftovers:
+            log.warning(
+                "%s: staging (or replaced) folders of earlier builds that were killed: %s; remove them",
+                output,
+                ", ".join(map(str, leftovers)),
+            )
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
+        try:
+            config = _stage(checkpoint, staging, model_config, settings, device, calibration, env, progress)
+            # What the id hashes: a rebuild says what changed.
+            config.update(build_id=build_id, identity=identity)
+            config.update(source={"checkpoint": str(checkpoint.resolve()), "files": sources})
+            if plan_builder is not None:
+                try:
+                    config["tensorrt"] = plan_builder(staging, config)
+                except RuntimeError as e:
+                    raise BuildStepError(f"the TensorRT plan: {e}") from e
+            _make_readable(staging)
+            config["files"] = fmt.file_entries(staging, progress=progress)
+            (staging / fmt.CONFIG).write_text(json.dumps(fmt.seal(config), indent=2) + "\n")
+            _swap_in(staging, output)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return output, True
 
 
 def _build_key(
@@ -281,6 +284,37 @@ def _make_readable(root: Path) -> None:
     root.chmod(0o755)
     for p in root.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+@contextmanager
+def _build_lock(output: Path) -> Iterator[None]:
+    """Held by one build of ``output`` at a time (``ValueError`` while another holds it: two builds of one
+    output had each swapped in its engine, the later replacing the other's without ``--force``); the
+    system releases it when the build ends or its process dies. The lock file goes with the build."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    path = output.parent / f".{output.name}.lock"
+    while True:
+        lock = open(path, "a+")  # noqa: SIM115 (closed below, after the unlink)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "its pid unknown"
+            lock.close()
+            raise ValueError(
+                f"another build of {output} is running ({holder}): wait for it, or build to another --output"
+            ) from None
+        if path.exists() and path.stat().st_ino == os.fstat(lock.fileno()).st_ino:
+            break
+        lock.close()  # its holder removed the file as this build opened it: lock the one there now
+    try:
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        lock.close()
 
 
 def _swap_in(staging: Path, output: Path) -> None:
