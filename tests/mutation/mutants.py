@@ -3283,4 +3283,11 @@ MUTANTS = [
         "            pass\n",
         ["tests/engine/test_build.py", "-k", "another_build"],
     ),
+    Mutant(
+        "SV31",
+        "trtllm_bole/serving/protocol.py",
+        "        return short if abs(short) <= FLOAT32_MAX else float(value)",
+        "        return short",
+        ["tests/serving/test_serving_protocol.py", "-k", "smallest_temperature"],
+    ),
 ]

@@ -67,6 +67,10 @@ def test_the_smallest_temperature_arrives_as_the_client_wrote_it():
     params = parse_request({"text_input": text("x"), "temperature": scalar(1e-5, np.float32)}).params
     assert params.temperature == 1e-5
     assert parse_request({"text_input": text("x"), "top_p": scalar(0.7, np.float32)}).params.top_p == 0.7
+    # float32's largest, allowed, is written 3.4028235e+38: as that double it was refused as too large.
+    largest = np.finfo(np.float32).max
+    params = parse_request({"text_input": text("x"), "temperature": scalar(largest, np.float32)}).params
+    assert params.temperature == float(largest)
 
 
 def test_end_id_replaces_the_models_end_token():

@@ -290,6 +290,9 @@ def _scalar(tensors: Mapping[str, np.ndarray], parameters: Mapping[str, Any], na
     return kind(value)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _one(array: np.ndarray, name: str, kind: type) -> Any:
     if array.size != 1:
         raise RequestError(f"input {name!r} must hold one value, got shape {list(array.shape)}")
@@ -298,7 +301,8 @@ def _one(array: np.ndarray, name: str, kind: type) -> Any:
     if array.dtype.kind not in want:
         raise RequestError(f"input {name!r} must be {kind.__name__}, got {array.dtype}")
     if kind is float:  # the shortest decimal of its own precision: FP32 1e-5 is 1e-5, not 9.9999997e-06
-        return float(str(value))
+        short = float(str(value))  # but float32's largest, 3.4028235e+38 so written, is past it as a double
+        return short if abs(short) <= FLOAT32_MAX else float(value)
     return kind(value)
 
 
