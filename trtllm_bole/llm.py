@@ -221,7 +221,11 @@ class LLM:
             batch_sizes = [1]
         elif batch_sizes is None:
             batch_sizes = sorted({1 << i for i in range(limit.bit_length())} | {limit})
-        bad = [b for b in batch_sizes if not isinstance(b, numbers.Integral) or not 1 <= b <= limit]
+        bad = [
+            b
+            for b in batch_sizes
+            if isinstance(b, bool) or not isinstance(b, numbers.Integral) or not 1 <= b <= limit
+        ]
         if bad:
             raise ValueError(
                 f"warm-up batch sizes must be integers in [1, {limit}] (max_batch_size), got {bad}"
