@@ -10,6 +10,7 @@ Exits non-zero when the server answers with an error. Ctrl-C cancels the request
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import queue
 import sys
 import threading
@@ -91,6 +92,17 @@ def _check_range(name: str, values: list[int], dtype: type[np.integer]) -> None:
         )
 
 
+def channel_args(url: str) -> list[tuple[str, int]] | None:
+    """gRPC's options for ``url``: a server on this machine's loopback is reached directly, whatever
+    ``http_proxy`` says (gRPC sends every target through it, and no proxy reaches this loopback)."""
+    host = url.rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: the proxy settings decide
+        loopback = False
+    return [("grpc.enable_http_proxy", 0)] if loopback else None
+
+
 def stream(
     url: str, inputs: list[grpcclient.InferInput], *, model: str = "bole", timeout: float = 600.0
 ) -> Iterator[Chunk]:
@@ -99,7 +111,7 @@ def stream(
     there or the model is not ready; closing the generator early (or an exception in the caller)
     cancels the request on the server."""
     responses: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(url) as client:
+    with grpcclient.InferenceServerClient(url, channel_args=channel_args(url)) as client:
         try:
             client.is_server_live()
         except InferenceServerException as e:

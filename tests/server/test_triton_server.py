@@ -327,6 +327,12 @@ def test_client_cli(server, llm):
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip("\n") == expected.text.rstrip("\n")
     assert "finish: length" in done.stderr and "mean accepted tokens per step" in done.stderr
+    # A proxy that answers nothing: a loopback server is reached without it (gRPC had sent it there).
+    proxied = {**os.environ, "http_proxy": "http://127.0.0.1:9", "no_proxy": "", "NO_PROXY": ""}
+    done = subprocess.run(
+        [*client, "--prompt", PROMPTS[6], "--max-tokens", "8"], capture_output=True, text=True, env=proxied
+    )
+    assert done.returncode == 0 and done.stdout.rstrip("\n") == expected.text.rstrip("\n"), done.stderr
     bad = subprocess.run([*client, "--prompt", "x", "--max-tokens", "0"], capture_output=True, text=True)
     assert bad.returncode == 1 and "error: [INVALID_ARG] max_tokens" in bad.stderr
     nobody = [
@@ -616,6 +622,16 @@ def test_client_refuses_values_its_tensors_cannot_hold_by_name(args, words, caps
     with pytest.raises(SystemExit) as exit_info:
         main(args)
     assert exit_info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_client_reaches_a_loopback_server_past_any_proxy():
+    from client import channel_args
+
+    direct = [("grpc.enable_http_proxy", 0)]
+    for url in ("127.0.0.1:8001", "localhost:8001", "[::1]:8001", "127.0.0.2:9"):
+        assert channel_args(url) == direct, url
+    for url in ("10.0.0.5:8001", "triton.internal:8001", "[2001:db8::1]:8001"):  # the proxy settings decide
+        assert channel_args(url) is None, url
 
 
 @pytest.mark.parametrize("timeout", ["0", "-1", "inf", "nan", "1e10"])
