@@ -3290,4 +3290,11 @@ MUTANTS = [
         "        return short",
         ["tests/serving/test_serving_protocol.py", "-k", "smallest_temperature"],
     ),
+    Mutant(
+        "SV32",
+        "triton_server/client.py",
+        '    return [("grpc.enable_http_proxy", 0)] if loopback else None',
+        "    return None",
+        ["tests/server/test_triton_server.py", "-k", "client_cli or loopback_server_past"],
+    ),
 ]
