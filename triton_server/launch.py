@@ -423,8 +423,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--kv-cache-tokens",
         default="",
-        help="paged KV cache size in tokens (default: every slot can hold max-seq-len - 1 tokens and one "
-        "draft tree past them)",
+        help="paged KV cache size in tokens (default: every slot can hold max-seq-len - 1 tokens and the "
+        "longest path a step accepts past them, max-depth + 1)",
     )
     p.add_argument(
         "--max-prefill-tokens", default="", help="prompt tokens one prefill forward takes (default: 8192)"
