@@ -67,6 +67,8 @@ def test_warm_up_defaults_to_batch_one_on_cpu_and_refuses_sizes_beyond_the_engin
         llm.warm_up([2.5], use_tqdm=False)
     with pytest.raises(ValueError, match=r"must be integers in .*got \[True\]"):  # was warmed as batch 1
         llm.warm_up([True], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"batch sizes are a list of integers, got 2"):  # was a TypeError
+        llm.warm_up(2, use_tqdm=False)
 
 
 def test_stream_texts_join_up_to_generates_text_with_and_without_a_stop_string(llm):

@@ -34,6 +34,13 @@ def test_a_speculative_config_is_frozen():
     assert (config.max_depth, deeper.max_depth, deeper.max_nodes) == (4, 8, 8)
 
 
+@pytest.mark.parametrize("config", [{"mode": "ar"}, "chain"])
+def test_a_speculative_config_that_is_no_bole_config_is_refused_by_type(config):
+    """A dict or a mode's name was an AttributeError from deep in the settings."""
+    with pytest.raises(ValueError, match=r"speculative_config must be a BoleConfig or None, got (dict|str)"):
+        LLM(speculative_config=config)
+
+
 def test_a_budget_table_that_cannot_serve_the_epsilon_asked_is_refused_at_once(tmp_path):
     """A table without the timings to re-derive its budgets at another epsilon loaded, and then every
     step failed (a review); it is refused as the LLM is made, saying why."""

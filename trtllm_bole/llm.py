@@ -221,6 +221,11 @@ class LLM:
             batch_sizes = [1]
         elif batch_sizes is None:
             batch_sizes = sorted({1 << i for i in range(limit.bit_length())} | {limit})
+        try:
+            batch_sizes = list(batch_sizes)
+        except TypeError:  # warm_up(4): a TypeError from the loop below
+            got = short_repr(batch_sizes)
+            raise ValueError(f"warm-up batch sizes are a list of integers, got {got}") from None
         bad = [
             b
             for b in batch_sizes
@@ -364,6 +369,11 @@ def resolve_settings(
     up front (the budget table and the KV cache's size are checked later, by the LLM itself)."""
     path = Path(model) if model is not None else DEFAULT_MODEL
     _check_settings(device, max_batch_size, max_seq_len, kv_cache_tokens, block_size, max_prefill_tokens)
+    if speculative_config is not None and not isinstance(speculative_config, BoleConfig):
+        raise ValueError(
+            f"speculative_config must be a BoleConfig or None, got {type(speculative_config).__name__} "
+            f"{short_repr(speculative_config)}"
+        )
     if not path.is_dir():
         raise ValueError(f"model {path} is not a directory (expected a checkpoint or an engine)")
     if is_engine_dir(path):  # built by build_scripts/build_engine.py: its config validated now
