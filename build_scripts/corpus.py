@@ -66,8 +66,14 @@ def read_source(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def corpus_built(out: Path) -> bool:
+    """Whether ``out`` holds a whole corpus: its manifest, written last (a build cut short has none)."""
+    return (out / "manifest.json").is_file()
+
+
 def write_corpus(out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").unlink(missing_ok=True)  # a rebuild cut short must not pass for built
     files = source_files()
     manifest = {
         "python": platform.python_version(),
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.check_prompts:
-        if not (args.out / "train.txt.xz").exists():
+        if not corpus_built(args.out):
             write_corpus(args.out)
         prompts = [json.loads(line) for line in args.check_prompts.read_text().splitlines()]
         found = prompts_in_training(args.out, prompts)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from corpus import EOT, read_split, write_corpus  # build_scripts/ is on sys.path when run as a script
+from corpus import EOT, corpus_built, read_split, write_corpus  # build_scripts/ is on sys.path as a script
 from tqdm import tqdm
 
 from trtllm_bole.cli_help import HelpWithDefaults
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device)
     started = time.time()
 
-    if not (args.corpus / "train.txt.xz").exists():
+    if not corpus_built(args.corpus):
         print(f"building the corpus in {args.corpus} ...")
         write_corpus(args.corpus)
     manifest = json.loads((args.corpus / "manifest.json").read_text())
@@ -323,9 +323,13 @@ def main(argv: list[str] | None = None) -> None:
             log.append({"step": steps_done, "train": train, "heldout": held})
             bar.write(f"step {steps_done}: train lm {train['lm']:.3f} | held-out {held}")
     train_seconds = time.time() - loop_start
+    if steps_done == 0:  # as --steps 0 is refused: an untrained checkpoint is no result
+        raise SystemExit(f"no step ran within --time-limit {args.time_limit} s: nothing written")
     model.eval()
     final = evaluate(model, heldout_stream, seq_len=args.seq_len, batch=args.batch_size,
                      device=device, mtp_steps=args.mtp_steps)  # fmt: skip
+    if not all(math.isfinite(v) for v in final.values()):  # every load would refuse its weights
+        raise SystemExit(f"training diverged (held-out losses {final}): nothing written; try a lower --lr")
 
     _write_checkpoint(args.out, model, config, config_json, tokenizer)
     record = {

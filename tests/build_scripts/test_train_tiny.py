@@ -2,6 +2,7 @@
 
 import json
 import lzma
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +43,38 @@ def test_two_seeded_runs_agree_and_the_checkpoint_loads(tmp_path):
     model = load_model(tmp_path / "a", dtype=torch.float32, progress=False)
     assert model.mtp is not None
     assert (tmp_path / "a" / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--lr", "1e4"], "training diverged (held-out losses"),  # NaN weights every load refuses
+        (["--time-limit", "1e-9"], "no step ran within --time-limit"),  # as --steps 0 is refused
+    ],
+)
+def test_a_run_with_no_trained_result_writes_nothing_and_fails(tmp_path, flags, words):
+    """Both had written a checkpoint and exited 0 (a diverged one that LLM() then refused as corrupt)."""
+    corpus = tiny_corpus(tmp_path / "corpus")
+    args = ["--out", str(tmp_path / "out"), "--corpus", str(corpus), "--device", "cpu",
+            "--preset", "smoke", "--steps", "5", "--batch-size", "2", "--seq-len", "32",
+            "--eval-every", "5", "--warmup", "1"]  # fmt: skip
+    with pytest.raises(SystemExit, match=re.escape(words)):
+        train_tiny.main([*args, *flags])
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_a_corpus_build_cut_short_is_not_taken_for_built(tmp_path, monkeypatch):
+    """The training split is written first and the manifest last: a build interrupted in between (or a
+    rebuild over an old manifest) had passed for built, and training failed on the missing manifest."""
+    import corpus
+
+    built = tiny_corpus(tmp_path / "c")
+    assert corpus.corpus_built(built)
+    monkeypatch.setattr(corpus, "source_files", lambda: [])
+    monkeypatch.setattr(corpus.lzma, "open", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        corpus.write_corpus(built)  # a rebuild cut short in its first split
+    assert not corpus.corpus_built(built)
 
 
 def test_compare_training_flags_a_moved_loss_and_another_corpus():
