@@ -39,6 +39,14 @@ def _finite(text: str) -> float:
     return value
 
 
+def _mean(text: str) -> float:
+    """An argparse type: a finite mean length of 1 or more (below it every length drawn was clamped to 1)."""
+    value = _finite(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is below 1: a mean length is 1 or more")
+    return value
+
+
 def _spread(text: str) -> float:
     """An argparse type: a finite standard deviation of 0 or more."""
     value = _finite(text)
@@ -88,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="the synthetic modes' draws (default 0)")
     modes = parser.add_subparsers(dest="mode", required=True)
     norm = modes.add_parser("token-norm-dist")
     unif = modes.add_parser("token-unif-dist")
@@ -97,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--num-requests", type=_positive, required=True)
     for sub in (norm, unif):
         sub.add_argument("--vocab-size", type=_positive, required=True)
-    norm.add_argument("--input-mean", type=_finite, required=True)
+    norm.add_argument("--input-mean", type=_mean, required=True)
     norm.add_argument("--input-stdev", type=_spread, default=0.0)
-    norm.add_argument("--output-mean", type=_finite, required=True)
+    norm.add_argument("--output-mean", type=_mean, required=True)
     norm.add_argument("--output-stdev", type=_spread, default=0.0)
     unif.add_argument("--input-min", type=_positive, required=True)
     unif.add_argument("--input-max", type=_positive, required=True)
@@ -111,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         args.input_min > args.input_max or args.output_min > args.output_max
     ):
         parser.error("token-unif-dist: --input-min and --output-min must not exceed their --*-max")
+    if args.mode == "code" and args.seed is not None:
+        parser.error("code takes the held-out prompts in order: --seed has no use there")
     if args.out.is_dir():
         parser.error(f"--out {args.out} is a directory: name the dataset file to write")
     make = {"token-norm-dist": token_norm_dist, "token-unif-dist": token_unif_dist, "code": code}[args.mode]
-    rows = make(args, random.Random(args.seed))
+    rows = make(args, random.Random(args.seed or 0))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"wrote {len(rows)} requests to {args.out}")

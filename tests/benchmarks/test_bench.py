@@ -482,6 +482,10 @@ def test_prepare_dataset_refuses_requests_of_no_tokens(tmp_path):
         ("token-norm-dist", ["--num-requests", "2", "--input-mean", "5", "--input-stdev", "-1",
                              "--output-mean", "3", "--vocab-size", "9"], "-1 is negative"),
         ("code", ["--num-requests", "2"], f"--out {tmp_path} is a directory"),
+        # accepted and of no effect: every length clamped to 1; the same prompts whatever the seed
+        ("token-norm-dist", ["--num-requests", "2", "--input-mean", "-5", "--output-mean", "3",
+                             "--vocab-size", "9"], "-5 is below 1: a mean length is 1 or more"),
+        ("--seed", ["3", "code", "--num-requests", "2"], "--seed has no use there"),
     ):  # fmt: skip
         target = tmp_path if "directory" in message else out
         cmd = [sys.executable, str(ROOT / "benchmarks" / "prepare_dataset.py"), "--out", str(target), mode,
