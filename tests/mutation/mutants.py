@@ -3297,4 +3297,32 @@ MUTANTS = [
         "    return None",
         ["tests/server/test_triton_server.py", "-k", "client_cli or loopback_server_past"],
     ),
+    Mutant(
+        "U9",
+        "trtllm_bole/llm.py",
+        "    if speculative_config is not None and not isinstance(speculative_config, BoleConfig):",
+        "    if False:",
+        ["tests/test_llm_settings.py", "-k", "no_bole_config"],
+    ),
+    Mutant(
+        "TN1",
+        "build_scripts/train_tiny.py",
+        "    if not all(math.isfinite(v) for v in final.values()):",
+        "    if False:",
+        ["tests/build_scripts/test_train_tiny.py", "-k", "no_trained_result"],
+    ),
+    Mutant(
+        "TN2",
+        "build_scripts/corpus.py",
+        '    (out / "manifest.json").unlink(missing_ok=True)',
+        "    pass",
+        ["tests/build_scripts/test_train_tiny.py", "-k", "cut_short"],
+    ),
+    Mutant(
+        "DS1",
+        "benchmarks/prepare_dataset.py",
+        '    if args.mode == "code" and args.seed is not None:',
+        "    if False:",
+        ["tests/benchmarks/test_bench.py", "-k", "prepare_dataset_refuses"],
+    ),
 ]
