@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from trtllm_bole.kernels._common import VerifyCall, slot_indices
+from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.testing import forest
 from trtllm_bole.tree import TreeBatch
 
@@ -248,7 +249,7 @@ def run_meta(device: str = "cuda", **extra: Any) -> dict:
     import triton
 
     return {
-        "device": "cpu" if device == "cpu" else torch.cuda.get_device_name(0),
+        "device": device_name(torch.device(device)),
         "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "command": " ".join(["python", *sys.argv]), **extra,
     }  # fmt: skip

@@ -37,6 +37,7 @@ from trtllm_bole.config import BoleConfig, SamplingParams
 from trtllm_bole.llm import DEFAULT_MODEL
 from trtllm_bole.models.cache import StepContext
 from trtllm_bole.models.loader import load_model
+from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
 
 POINTS = "1x4096,8x512,8x2048,8x4096"  # prompts x tokens each
@@ -185,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(DEFAULT_MODEL, dtype=torch.float32, device=args.device, mtp=False, progress=False)
     gen = torch.Generator().manual_seed(0)
     point(model, 2, 100, gen, 1)  # warm-up: compiles, allocations, cuBLAS handles
-    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    stem = tagged_stem("bench_long_prefill", device, args.tag)
+    stem = tagged_stem("bench_long_prefill", device_name(torch.device(args.device)), args.tag)
     label = stem.removeprefix("bench_long_prefill_")  # the comparison plot's legend: h200_before, h200
     meta = run_meta(device=args.device, model=DEFAULT_MODEL.name, dtype="float32", tag=label)
     results = [point(model, b, n, gen, args.repeats) for b, n in points]

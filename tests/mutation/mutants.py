@@ -3251,7 +3251,7 @@ MUTANTS = [
     Mutant(
         "BG8",
         "benchmarks/_bench_util.py",
-        '        "device": "cpu" if device == "cpu" else torch.cuda.get_device_name(0),\n',
+        '        "device": device_name(torch.device(device)),\n',
         '        "device": torch.cuda.get_device_name(0),\n',
         ["tests/benchmarks/test_long_prefill.py", "-k", "smoke"],
     ),
