@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 Mode = Literal["ar", "chain", "tree-serial", "bole"]
 MIN_TEMPERATURE = 1e-5  # logits / temperature stays finite in float32 for |logits| < 3e33
-MAX_TEMPERATURE = 3.4028234663852886e38  # float32's largest: the sampling kernels read settings in float32
+FLOAT32_MAX = 3.4028234663852886e38  # float32's largest
+MAX_TEMPERATURE = FLOAT32_MAX  # the sampling kernels read settings in float32
 MIN_TOP_P = 2.0**-126  # float32's smallest normal: below it top_p reads 0 (or a subnormal, 0 on a GPU)
 MAX_STOPS, MAX_STOP_LENGTH = 16, 1024  # stop strings are matched on the engine thread, after every token
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from trtllm_bole.config import BoleConfig, SamplingParams, one_line
+from trtllm_bole.config import FLOAT32_MAX, BoleConfig, SamplingParams, one_line
 from trtllm_bole.serving.engine import Update
 from trtllm_bole.text import stops_never_met
 
@@ -288,9 +288,6 @@ def _scalar(tensors: Mapping[str, np.ndarray], parameters: Mapping[str, Any], na
     if not ok:
         raise RequestError(f"parameter {name!r} must be {kind.__name__}, got {value!r}")
     return kind(value)
-
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _one(array: np.ndarray, name: str, kind: type) -> Any:
