@@ -55,6 +55,8 @@ class Update:
 OnUpdate = Callable[[Update], None]
 
 FINISH_REASONS = ("length", "stop", "abort", "error")
+REFUSED_BEFORE_SUBMIT = ("invalid", "internal")  # by a server, counted through note_refused
+REJECT_REASONS = ("queue_full", "shut_down", *REFUSED_BEFORE_SUBMIT)  # EngineStats' rejected_<reason>
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +156,7 @@ class ServingEngine:
         self._deadline = 0.0  # closing: when the requests still running are aborted (time.monotonic)
         self._totals: dict[str, int] = {}  # EngineStats' totals; engine thread only
         # By submit(), and by a server before it (note_refused); under self._cv.
-        self._rejected = {"queue_full": 0, "shut_down": 0, "invalid": 0, "internal": 0}
+        self._rejected = dict.fromkeys(REJECT_REASONS, 0)
         self._latencies: deque[RequestLatency] = deque(maxlen=LATENCY_BACKLOG)
         self._iterations = 0
         self._next_waiting_poll = 0.0  # when the whole queue is next asked (_poll_cancellations)
@@ -261,7 +263,7 @@ class ServingEngine:
     def note_refused(self, reason: str) -> None:
         """Count a request its server refused before :meth:`submit`: ``invalid`` input (the client's to
         fix) or an ``internal`` error, so that the metrics show every refusal, not submit's alone."""
-        if reason not in ("invalid", "internal"):
+        if reason not in REFUSED_BEFORE_SUBMIT:
             raise ValueError(f"a refusal before submit is 'invalid' or 'internal', got {reason!r}")
         with self._cv:
             self._rejected[reason] += 1

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trtllm_bole.serving.engine import FINISH_REASONS, EngineStats, RequestLatency
+from trtllm_bole.serving.engine import FINISH_REASONS, REJECT_REASONS, EngineStats, RequestLatency
 
 GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
 
@@ -83,7 +83,7 @@ FAMILIES = (
         "Requests refused: the queue full (max_queue_size), the engine shut down, invalid input, an internal "
         "error",
         "reject_reason",
-        {reason: f"rejected_{reason}" for reason in ("queue_full", "shut_down", "invalid", "internal")},
+        {reason: f"rejected_{reason}" for reason in REJECT_REASONS},
     ),
     Family(
         "bole_token_metrics",
