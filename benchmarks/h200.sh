@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/h200.sh kernels   # focused verify bench (both paths vs SGLang), GPU kernel tests, phase profile
 #   bash benchmarks/h200.sh engine    # AOT plugin check, calibrated engine build, generate from it, the engine tests
+#   bash benchmarks/h200.sh small-engine # an engine of <= 16-node trees (blocked verify, no inverse): build, greedy == plain (fp32)
 #   bash benchmarks/h200.sh commit-paths # every commit config by accepted path length (1-9 nodes): which to default to
 #   bash benchmarks/h200.sh aot       # AOT plugin check, then the plugins (verify: blocked and explicit-inverse pair; conv; commit) vs the runtime's
 #   bash benchmarks/h200.sh serving   # throughput (4 modes x batch, fp32 exactness), where a step's time goes
@@ -61,6 +62,20 @@ engine)
     # The engine's tests where the kernels compile for this GPU, and the calibration's GPU test.
     python -m pytest -q tests/engine tests/spec/test_calibration.py tests/spec/test_budget.py -p no:cacheprovider \
         > "$OUT/engine/pytest.txt" 2>&1; note "engine tests"; tail -3 "$OUT/engine/pytest.txt"
+    ;;
+small-engine)
+    # Trees of 16 nodes or fewer take the blocked verify, whose config has no inverse launch (a GPU
+    # build of such an engine stopped on it before e38db4f's fix). Greedy from it must equal plain decoding.
+    mkdir -p "$OUT/small_engine"
+    python build_scripts/build_engine.py --max-draft-depth 4 --max-draft-nodes 12 --dtype float32 \
+        --output /tmp/engine-small --quiet > "$OUT/small_engine/build.log" 2>&1; note "build"
+    cp /tmp/engine-small/config.json "$OUT/small_engine/"
+    for mode in bole ar; do
+        python -m trtllm_bole generate --model /tmp/engine-small --device cuda --dtype float32 --mode "$mode" --max-tokens 64 \
+            > "$OUT/small_engine/generate_$mode.txt" 2> "$OUT/small_engine/generate_$mode.err"; note "generate $mode"
+    done
+    diff <(grep -v '^\[' "$OUT/small_engine/generate_bole.txt") <(grep -v '^\[' "$OUT/small_engine/generate_ar.txt")
+    note "bole == ar"; tail -1 "$OUT/small_engine/generate_bole.txt"
     ;;
 commit-paths)
     python benchmarks/probe_commit_paths.py --out "$OUT" > "$OUT/commit_paths.log" 2>&1; note "probe"
