@@ -243,13 +243,13 @@ def check_engine(
     if llm.engine is not None:
         longest = max(len(p) + n for p, n in dataset) + 1  # + 1: a prompt leaves room for its first token
         for mode in modes:
-            llm.engine.runtime_settings(dtype, max(batches), longest, BoleConfig(mode=mode, **bole_args))
+            llm.engine.runtime_settings(dtype, max(batches), longest, BoleConfig.for_mode(mode, **bole_args))
 
 
 def executor_for(llm: LLM, mode: str, bole_args: dict, max_batch: int, max_seq_len: int) -> Executor:
     """A fresh executor of ``mode`` on the LLM's model (the model keeps its cache and draft graphs)."""
     return Executor(
-        llm.model, BoleConfig(mode=mode, **bole_args), max_batch_size=max_batch, max_seq_len=max_seq_len,
+        llm.model, BoleConfig.for_mode(mode, **bole_args), max_batch_size=max_batch, max_seq_len=max_seq_len,
         eos_token_ids=(), budget=llm.executor.budget,
     )  # fmt: skip
 
@@ -428,7 +428,7 @@ def check_args(
     bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
     try:
         for mode in ["ar", *modes]:  # the executors' configs: ar always runs
-            BoleConfig(mode=mode, **bole_args)
+            BoleConfig.for_mode(mode, **bole_args)
     except ValidationError as e:
         parser.error(
             f"--depth {args.depth}, --branching {args.branching}, --max-nodes {args.max_nodes}: "

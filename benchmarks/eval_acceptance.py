@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = held_out[: args.prompts]
 
     def llm_for(mode: str, depth: int, branching: int, nodes: int) -> LLM:
-        bole = BoleConfig(mode=mode, max_depth=depth, top_k=branching, max_nodes=nodes)
+        bole = BoleConfig.for_mode(mode, max_depth=depth, top_k=branching, max_nodes=nodes)
         return LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype,
                    max_batch_size=args.batch)  # fmt: skip
 

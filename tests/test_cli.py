@@ -66,11 +66,11 @@ def test_bad_generate_settings_end_in_one_error_line():
         (["--top-k", "-3"], "error: --top-k: "),
         (["--model", "/nonexistent"], "is not a directory"),
         (["--max-nodes", "0"], "error: --max-nodes: "),  # not a second line for the depth it defaults
-        (["--max-nodes", "3", "--depth", "5"], "error: max_nodes (3) must be at least max_depth (5)"),  # both
+        (["--max-nodes", "3", "--depth", "5"], "error: --max-nodes (3) must be at least --depth (5)"),  # both
         # A draft flag its mode does not use (a chain of 8 drafted 8 a step with --max-nodes 2, silently).
-        (["--mode", "chain", "--max-nodes", "2"], "error: --mode chain does not use --max-nodes: a chain"),
-        (["--mode", "chain", "--branching", "2", "--depth", "3"], "does not use --branching: a chain"),
-        (["--mode", "ar", "--depth", "3", "--max-nodes", "5"], "use --depth or --max-nodes: it drafts"),
+        (["--mode", "chain", "--max-nodes", "2"], "error: --mode 'chain' does not use --max-nodes (2): "),
+        (["--mode", "chain", "--branching", "2", "--depth", "3"], "--branching (2): a chain drafts --depth"),
+        (["--mode", "ar", "--depth", "3", "--max-nodes", "5"], "use --depth (3) or --max-nodes (5): it"),
     ]
     for flags, words in cases:
         done = subprocess.run(

@@ -1,6 +1,7 @@
 """LLM API and speculative settings at their edges."""
 
 import pytest
+from pydantic import ValidationError
 
 from trtllm_bole import LLM, BoleConfig
 
@@ -83,9 +84,10 @@ def test_a_budget_setting_that_nothing_would_read_is_refused(tmp_path):
 
 
 def test_a_chain_may_be_deeper_than_the_tree_node_limit():
-    """``max_nodes`` bounds trees; a chain drafts ``max_depth`` tokens whatever it says."""
-    chain = BoleConfig(mode="chain", max_depth=8, max_nodes=4)
-    assert chain.draft_tokens == 8 and chain.branching == 1
+    """``max_nodes`` bounds trees; a chain drafts ``max_depth`` tokens, and is deeper than the default
+    tree node limit where it likes."""
+    chain = BoleConfig(mode="chain", max_depth=15)
+    assert chain.draft_tokens == 15 and chain.branching == 1 and chain.max_nodes == 63
     with pytest.raises(ValueError, match=r"max_nodes \(4\) must be at least max_depth \(8\)"):
         BoleConfig(mode="bole", max_depth=8, max_nodes=4)
     assert BoleConfig(mode="bole", max_depth=8, max_nodes=8).draft_tokens == 8
@@ -105,7 +107,26 @@ def test_an_unset_depth_fits_the_node_limit_and_stays_unset():
     small = BoleConfig(max_nodes=3)
     assert small.max_depth == 3 and small.model_fields_set == {"max_nodes"}
     assert BoleConfig().max_depth == BoleConfig(max_nodes=20).max_depth == 8
-    assert BoleConfig(mode="chain", max_nodes=3).max_depth == 8
+    assert BoleConfig(mode="chain").max_depth == 8
+
+
+@pytest.mark.parametrize(
+    ("mode", "unused"), [("ar", ["top_k", "max_depth", "max_nodes"]), ("chain", ["top_k", "max_nodes"])]
+)
+def test_draft_settings_a_mode_does_not_use_are_refused(mode, unused):
+    """``BoleConfig(mode="chain", max_nodes=2)`` drafted 8 a step, ``mode="ar"`` ignored all three: a
+    setting that changes nothing is a mistake to point out. Their defaults are let through, so that a
+    config rebuilt from its dump is the same config; :meth:`BoleConfig.for_mode` leaves them out for
+    callers that share one set of draft settings between modes."""
+    drafts = {"top_k": 2, "max_depth": 3, "max_nodes": 5}
+    for name in unused:
+        with pytest.raises(ValidationError, match=rf"mode '{mode}' does not use {name} \({drafts[name]}\): "):
+            BoleConfig(mode=mode, **{name: drafts[name]})
+    config = BoleConfig.for_mode(mode, **drafts)
+    assert config.model_fields_set == {"mode", *drafts} - set(unused)
+    assert BoleConfig.for_mode("bole", **drafts).model_fields_set == {"mode", *drafts}
+    for kept in (BoleConfig(mode=mode), config):
+        assert BoleConfig(**kept.model_dump()) == kept
 
 
 @pytest.mark.parametrize("field", ["top_k", "max_nodes", "max_depth", "epsilon"])

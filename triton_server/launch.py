@@ -544,7 +544,9 @@ def check_model_parameters(values: dict[str, str]) -> None:
     from trtllm_bole.llm import resolve_settings  # torch: only once the flags parse
     from trtllm_bole.serving.protocol import engine_kwargs, llm_kwargs
 
-    flags = {"max_depth": "--max-depth", "max_nodes": "--max-nodes", "top_k": "--draft-top-k"}
+    flags = {
+        "mode": "--mode", "max_depth": "--max-depth", "max_nodes": "--max-nodes", "top_k": "--draft-top-k"
+    }  # fmt: skip
     try:
         resolve_settings(**llm_kwargs(values, values["instance_kind"]))
         engine_kwargs(values)

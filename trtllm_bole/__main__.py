@@ -41,13 +41,6 @@ FLAGS = {
 }  # fmt: skip
 
 
-# The draft settings a mode has no use for: a flag for one is refused, not silently ignored.
-UNUSED_DRAFTS = {
-    "ar": (("top_k", "max_depth", "max_nodes"), "it drafts nothing"),
-    "chain": (("top_k", "max_nodes"), "a chain drafts --depth tokens a step, one a level"),
-}
-
-
 def _one_line(e: ValueError) -> str:
     from pydantic import ValidationError
 
@@ -60,9 +53,6 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
     from trtllm_bole import LLM, BoleConfig, SamplingParams
 
     drafts = {"top_k": args.branching, "max_depth": args.depth, "max_nodes": args.max_nodes}
-    names, why = UNUSED_DRAFTS.get(args.mode, ((), ""))
-    if unused := [FLAGS["BoleConfig"][name] for name in names if drafts[name] is not None]:
-        raise ValueError(f"--mode {args.mode} does not use {' or '.join(unused)}: {why}")
     bole = BoleConfig(mode=args.mode, **{name: v for name, v in drafts.items() if v is not None})
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import reprlib
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -121,6 +122,15 @@ def default_depth(mode: str | None, max_nodes: int | None, deepest: int = DEFAUL
     return deepest if mode == "chain" or max_nodes is None else min(deepest, max_nodes)
 
 
+UNUSED_DRAFTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "ar": (("top_k", "max_depth", "max_nodes"), "it drafts nothing"),
+    "chain": (("top_k", "max_nodes"), "a chain drafts max_depth tokens a step, one a level"),
+}
+"""The draft settings a mode has no use for, and why: given another value than their default, they are
+refused, not silently ignored (the default itself changes nothing and is let through, so that a config
+rebuilt from its ``model_dump()`` is the same config)."""
+
+
 class BoleConfig(BaseModel):
     """The speculative decoding scheme (``speculative_config`` of :class:`trtllm_bole.LLM`).
 
@@ -177,6 +187,12 @@ class BoleConfig(BaseModel):
 
     _no_bools = field_validator("top_k", "max_nodes", "max_depth", "epsilon", mode="before")(no_bools)
 
+    @classmethod
+    def for_mode(cls, mode: Mode, **drafts: object) -> BoleConfig:
+        """Mode ``mode`` from draft settings shared by several modes: those it does not use are left out."""
+        unused = UNUSED_DRAFTS.get(mode, ((), ""))[0]
+        return cls(mode=mode, **{name: value for name, value in drafts.items() if name not in unused})
+
     @model_validator(mode="after")
     def _tree_fits_depth(self) -> BoleConfig:
         if self.mode != "bole" and (self.epsilon is not None or self.budget_table is not None):
@@ -184,6 +200,9 @@ class BoleConfig(BaseModel):
                 f"epsilon and budget_table set the verify budget of mode 'bole' only; mode {self.mode!r} "
                 "has none (each request verifies its own tree in full)"
             )
+        names, why = UNUSED_DRAFTS.get(self.mode, ((), ""))
+        if unused := [f"{name} ({getattr(self, name)})" for name in names if self._set_off_default(name)]:
+            raise ValueError(f"mode {self.mode!r} does not use {' or '.join(unused)}: {why}")
         if self.mode == "ar":
             return self
         if self.max_nodes < self.max_depth and self.mode != "chain":
@@ -192,6 +211,14 @@ class BoleConfig(BaseModel):
                 "so that a full-depth path fits in the tree"
             )
         return self
+
+    def _set_off_default(self, name: str) -> bool:
+        """Whether field ``name`` was given a value other than its default (``max_depth``'s reads the mode
+        and ``max_nodes``)."""
+        field = type(self).model_fields[name]
+        given = {"mode": self.mode, "max_nodes": self.max_nodes}
+        default = field.get_default(call_default_factory=True, validated_data=given)
+        return name in self.model_fields_set and getattr(self, name) != default
 
     @property
     def speculates(self) -> bool:
@@ -220,8 +247,8 @@ class BoleConfig(BaseModel):
 
 
 def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> str:
-    """A validation error on one line: each failure's field (``names`` renames the first part), the
-    reason, and the input it got, shortened."""
+    """A validation error on one line: each failure's field (``names`` renames the first part, and the
+    fields a check of several names in its message), the reason, and the input it got, shortened."""
     names = names or {}
     # A default read from a field that failed is not computed: pydantic says so, a consequence only.
     failures = [e for e in error.errors() if e["type"] != "default_factory_not_called"]
@@ -231,7 +258,8 @@ def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> 
 def _failure(error: Mapping, names: Mapping[str, str]) -> str:
     loc = error["loc"]
     if not loc:  # a check of several fields (a model validator): its message names them and their values
-        return error["msg"].removeprefix("Value error, ")
+        message = error["msg"].removeprefix("Value error, ")
+        return re.sub(rf"\b({'|'.join(names)})\b", lambda m: names[m[0]], message) if names else message
     field = ".".join([names.get(str(loc[0]), str(loc[0])), *map(str, loc[1:])])
     return f"{field}: {error['msg']} (got {short_repr(error['input'])})"
 

@@ -425,7 +425,7 @@ def test_bench_refuses_a_bad_command_line_before_the_model_loads(tmp_path, monke
     for extra, message in (
         (["--depth", "16"], "--depth: Input should be less than or equal to 15 (got 16)"),
         (["--branching", "0"], "--branching: Input should be greater than or equal to 1 (got 0)"),
-        (["--max-nodes", "4"], "--max-nodes 4: max_nodes (4) must be at least max_depth (8)"),
+        (["--max-nodes", "4"], "--max-nodes 4: --max-nodes (4) must be at least --depth (8)"),
         (["--batch-sizes", "8,8"], "--batch-sizes 8,8: comma-separated integers of 1 or more, each at most"),
         (["--batch-sizes", "1,01"], "each at most once"),
         (["--modes", "ar,bole,ar"], "--modes ar,bole,ar: each of ar, chain, tree-serial, bole at most once"),

@@ -413,7 +413,8 @@ def test_draft_settings_left_unset_take_the_engines(tmp_path):
     settings = BuildSettings(max_batch_size=1, max_seq_len=64, max_draft_depth=2, max_draft_nodes=3)
     path, _ = build_engine(DEFAULT_MODEL, tmp_path / "e", settings, device="cpu", progress=False)
     chain = LLM(path, speculative_config=BoleConfig(mode="chain")).speculative_config
-    assert (chain.mode, chain.max_depth, chain.max_nodes, chain.top_k) == ("chain", 2, 3, 4)
+    assert (chain.mode, chain.max_depth, chain.draft_tokens) == ("chain", 2, 2)  # max_nodes: a tree's bound
+    assert chain.model_fields_set == {"mode", "max_depth"}
     narrow = LLM(path, speculative_config=BoleConfig(top_k=2)).speculative_config
     assert (narrow.mode, narrow.max_depth, narrow.max_nodes, narrow.top_k) == ("bole", 2, 3, 2)
     few = LLM(path, speculative_config=BoleConfig(max_nodes=3)).speculative_config  # was "at least (8)"

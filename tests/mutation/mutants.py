@@ -2602,8 +2602,8 @@ MUTANTS = [
     Mutant(
         "BH5",
         "benchmarks/bench.py",
-        "longest, BoleConfig(mode=mode, **bole_args))",
-        "longest, BoleConfig(**bole_args))",
+        "longest, BoleConfig.for_mode(mode, **bole_args))",
+        'longest, BoleConfig.for_mode("bole", **bole_args))',
         ["tests/benchmarks/test_bench.py::test_an_engine_is_benchmarked_within_its_build"],
     ),
     Mutant(
@@ -3271,7 +3271,7 @@ MUTANTS = [
     ),
     Mutant(
         "CL3",
-        "trtllm_bole/__main__.py",
+        "trtllm_bole/config.py",
         '    "chain": (("top_k", "max_nodes"), ',
         '    "chain": ((), ',
         ["tests/test_cli.py::test_bad_generate_settings_end_in_one_error_line"],

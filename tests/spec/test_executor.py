@@ -48,7 +48,7 @@ PROMPTS = [[3, 1, 4, 1, 5], [9], [2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4], [2,
 def test_greedy_is_token_for_token_autoregressive(config, mode, budget):
     params = SamplingParams(max_tokens=20)
     ar = run(Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=3), PROMPTS, params)
-    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    bole = BoleConfig.for_mode(mode, max_depth=4, max_nodes=10, top_k=3)
     spec = Executor(
         random_model(config, seed=3), bole, max_batch_size=3, budget=table(budget) if budget else None
     )
@@ -93,7 +93,8 @@ def test_prompts_prefilled_in_pieces_decode_as_prompts_prefilled_whole(config, m
     top of the last (the target's caches and the MTP head's alike), the running requests decoding in
     between: greedy output is unchanged, and so is what the drafts got accepted (a wrong MTP cache
     changes the drafts, not the output)."""
-    params, bole = SamplingParams(max_tokens=12), BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    params = SamplingParams(max_tokens=12)
+    bole = BoleConfig.for_mode(mode, max_depth=4, max_nodes=10, top_k=3)
     outputs = []
     for max_prefill_tokens in (8192, 6, 1):
         executor = Executor(
@@ -145,7 +146,7 @@ def test_the_prefill_forwards_read_no_value_of_a_tensor(config):
 def run_to_max_seq_len(model_of, mode: str, monkeypatch) -> list:
     """Two requests run into max_seq_len = 32; every step checks that each request's KV blocks hold its
     context and a whole tree past it (where the last steps' drafts are written)."""
-    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    bole = BoleConfig.for_mode(mode, max_depth=4, max_nodes=10, top_k=3)
     ex = Executor(model_of(), bole, max_batch_size=2, max_seq_len=32, block_size=4)
     speculate = Executor._speculate
 
@@ -521,7 +522,7 @@ def test_cuda_graphs_serve_what_launches_serve(gpu_config, mode, budget):
     acceptance that kernel-by-kernel launches give, with batches that shrink as requests finish and,
     under a budget, forests of changing size."""
     params = SamplingParams(max_tokens=20)
-    bole = BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)
+    bole = BoleConfig.for_mode(mode, max_depth=4, max_nodes=10, top_k=3)
     outputs = []
     for graphs in (False, True):
         model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
@@ -603,7 +604,7 @@ def test_greedy_on_the_kernels_is_token_for_token_autoregressive(gpu_config, mod
     kernels (on CPU every test runs the reference): speculation still decodes what plain decoding does."""
     params = SamplingParams(max_tokens=24)
     outputs = []
-    for bole in (BoleConfig(mode="ar"), BoleConfig(mode=mode, max_depth=4, max_nodes=10, top_k=3)):
+    for bole in (BoleConfig(mode="ar"), BoleConfig.for_mode(mode, max_depth=4, max_nodes=10, top_k=3)):
         model = random_model(gpu_config, seed=3, device="cuda", dtype=torch.float32)
         spec = Executor(model, bole, max_batch_size=3, budget=table(budget) if budget else None)
         outputs.append(run(spec, PROMPTS, params))

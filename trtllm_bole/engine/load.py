@@ -93,12 +93,13 @@ class Engine:
                 + (f" or rebuild the engine with --dtype {dtype}" if dtype in fmt.WEIGHT_DTYPES else "")
             )
         given = bole.model_dump(include=bole.model_fields_set) if bole else {}
+        mode = given.pop("mode", BoleConfig.model_fields["mode"].default)
         nodes = given.get("max_nodes", b["max_draft_nodes"])
         engine = {
-            "max_depth": default_depth(given.get("mode"), nodes, b["max_draft_depth"]),
+            "max_depth": default_depth(mode, nodes, b["max_draft_depth"]),
             "max_nodes": b["max_draft_nodes"],
         }
-        bole = BoleConfig(**{**engine, **given})
+        bole = BoleConfig.for_mode(mode, **{**engine, **given})
         asked = {
             "max_batch_size": b["max_batch_size"] if max_batch_size is None else max_batch_size,
             "max_seq_len": b["max_seq_len"] if max_seq_len is None else max_seq_len,
