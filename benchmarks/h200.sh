@@ -74,8 +74,8 @@ small-engine)
         python -m trtllm_bole generate --model /tmp/engine-small --device cuda --dtype float32 --mode "$mode" --max-tokens 64 \
             > "$OUT/small_engine/generate_$mode.txt" 2> "$OUT/small_engine/generate_$mode.err"; note "generate $mode"
     done
-    diff <(grep -v '^\[' "$OUT/small_engine/generate_bole.txt") <(grep -v '^\[' "$OUT/small_engine/generate_ar.txt")
-    note "bole == ar"; tail -1 "$OUT/small_engine/generate_bole.txt"
+    diff "$OUT/small_engine/generate_bole.txt" "$OUT/small_engine/generate_ar.txt"  # the texts (stats: stderr)
+    note "bole == ar"; tr '\r' '\n' < "$OUT/small_engine/generate_bole.err" | grep '^\[bole\]'
     ;;
 commit-paths)
     python benchmarks/probe_commit_paths.py --out "$OUT" > "$OUT/commit_paths.log" 2>&1; note "probe"
