@@ -3325,4 +3325,32 @@ MUTANTS = [
         "    if False:",
         ["tests/benchmarks/test_bench.py", "-k", "prepare_dataset_refuses"],
     ),
+    Mutant(
+        "UD1",
+        "trtllm_bole/config.py",
+        "for name in names if self._set_off_default(name)]:",
+        "for name in names if False]:",
+        ["tests/test_llm_settings.py", "-k", "does_not_use"],
+    ),
+    Mutant(
+        "UD2",
+        "trtllm_bole/config.py",
+        "        return name in self.model_fields_set and getattr(self, name) != default",
+        "        return name in self.model_fields_set",
+        ["tests/test_llm_settings.py", "-k", "does_not_use"],
+    ),
+    Mutant(
+        "UD3",
+        "trtllm_bole/config.py",
+        "        return cls(mode=mode, **{name: value for name, value in drafts.items() if name not in unused})",
+        "        return cls(mode=mode, **drafts)",
+        ["tests/engine/test_build.py::test_draft_settings_left_unset_take_the_engines"],
+    ),
+    Mutant(
+        "UD4",
+        "trtllm_bole/config.py",
+        "        return re.sub(",
+        "        return message or re.sub(",
+        ["tests/test_cli.py::test_bad_generate_settings_end_in_one_error_line"],
+    ),
 ]
