@@ -6,6 +6,8 @@ import itertools
 import json
 import shutil
 import threading
+import time
+import weakref
 
 import numpy as np
 import pytest
@@ -497,3 +499,48 @@ def test_a_failed_step_ends_every_running_request(llm, monkeypatch):
     last = list(b)[-1]
     assert last.finished and last.outputs[0].finish_reason == "error" and "device lost" in last.error
     assert settled(llm)
+
+
+def test_shutdown_frees_the_model_and_refuses_later_calls():
+    """``with LLM(...) as llm:`` and :meth:`LLM.shutdown` drop the model, its caches and graphs (nothing
+    else keeps them: their memory goes back); a later call is refused by name, not an AttributeError
+    from None; a second shutdown does nothing."""
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    with LLM(max_batch_size=2, max_seq_len=48) as llm:
+        assert len(llm.generate(["def f(x):"], params, use_tqdm=False)[0].outputs[0].token_ids) == 4
+        model, executor = weakref.ref(llm.model), weakref.ref(llm.executor)
+    gc.collect()
+    assert model() is None and executor() is None
+    for call in (
+        lambda: llm.generate(["def f(x):"], params, use_tqdm=False),
+        lambda: next(llm.generate_stream("def f(x):", params)),
+        lambda: llm.warm_up(),
+    ):
+        with pytest.raises(RuntimeError, match="this LLM was shut down: make a new LLM"):
+            call()
+    llm.shutdown()
+
+
+def test_shutdown_ends_the_requests_of_running_calls_as_aborted():
+    """A stream being read and a generate() on another thread, both mid-request when the LLM shuts
+    down: each ends, its requests aborted with the tokens they had, and nothing waits forever."""
+    llm = LLM(max_batch_size=4, max_seq_len=1024)
+    params = SamplingParams(max_tokens=1000, ignore_eos=True)
+    stream = llm.generate_stream("def f(x):", params)
+    first = next(stream)
+    results = []
+    thread = threading.Thread(
+        target=lambda: results.extend(llm.generate(["import os", [5, 6]], params, use_tqdm=False)),
+        daemon=True,
+    )
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(llm.executor.scheduler.running) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the thread's requests admitted
+    llm.shutdown()
+    thread.join(60)
+    assert not thread.is_alive(), "generate() did not return after shutdown"
+    rest = list(stream)
+    assert first.finished is False and rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+    assert [o.outputs[0].finish_reason for o in results] == ["abort", "abort"]
+    assert all(len(o.outputs[0].token_ids) < 1000 for o in results)

@@ -80,7 +80,8 @@ class LLM:
 
     Thread-safe: calls from several threads (or interleaved streams) share the executor's steps, each
     returning its own requests' tokens; :class:`~trtllm_bole.serving.ServingEngine` serves many callers
-    from one thread instead.
+    from one thread instead. :meth:`shutdown` (or leaving a ``with LLM(...) as llm:`` block) frees the
+    model, its caches and graphs.
     """
 
     def __init__(
@@ -130,6 +131,33 @@ class LLM:
         )
         self._lock = threading.Lock()  # the executor is one thread's at a time
         self._to_abort: list[Request] = []  # aborted by whoever next holds the lock
+        self._shut_down = False
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Abort every unfinished request (a ``generate`` call returns them aborted, a stream ends) and
+        drop the model, its KV cache, GDN states and CUDA graphs, so that their GPU memory can go to the
+        next model (``torch.cuda.empty_cache()`` hands torch's cached blocks back to the device; a
+        :class:`~trtllm_bole.serving.ServingEngine` made from this LLM keeps its executor until it is
+        closed). Later calls refuse; a second shutdown does nothing."""
+        with self._lock:
+            if self._shut_down:
+                return
+            scheduler = self.executor.scheduler
+            for request in [*scheduler.running, *scheduler.waiting]:
+                self.executor.abort(request)
+            self._shut_down = True
+            self.executor = self.model = None  # type: ignore[assignment]  # refused from here on
+
+    def _check_open(self) -> None:
+        """Under the lock: refuse work once :meth:`shutdown` ran."""
+        if self._shut_down:
+            raise RuntimeError("this LLM was shut down: make a new LLM to generate")
 
     def generate(
         self,
@@ -152,6 +180,7 @@ class LLM:
         requests: list[Request] = []
         try:
             with self._lock:  # a refused submission (stop strings without a tokenizer): abort those before it
+                self._check_open()
                 for ids, sp in zip(prompt_ids, params, strict=True):
                     requests.append(self.executor.submit(ids, sp))
             with tqdm(total=len(requests), desc="generating", unit="req", disable=not use_tqdm) as bar:
@@ -181,6 +210,7 @@ class LLM:
         params = _as_params_list(sampling_params, 1)[0]
         prompt_ids = self.encode(prompts[0])
         with self._lock:
+            self._check_open()
             request = self.executor.submit(prompt_ids, params)
         text = TextDelta(self.tokenizer.decode if self.tokenizer else None, params.stop, prompt_ids)
         sent = 0
@@ -216,6 +246,8 @@ class LLM:
         follow-up; ``sampled``: the draft's and the verify step's of sampled batches too (else captured
         when first met: a first sampled run of 32 requests at batch 32 on the H200 took 2.3 s, capturing
         them, against 0.6 s once they were there)."""
+        with self._lock:
+            self._check_open()
         limit = self.executor.max_batch_size
         if batch_sizes is None and self.model.device.type != "cuda":
             batch_sizes = [1]
@@ -253,6 +285,7 @@ class LLM:
             if failed:
                 raise RuntimeError(f"warm-up at batch {b} failed: {failed}")
         with self._lock:
+            self._check_open()
             self.executor.capture_graphs(sampled=sampled)
         return list(batch_sizes)
 
@@ -290,6 +323,8 @@ class LLM:
         later step, which a stream with a slow reader may not take for long)."""
         try:
             with self._lock:
+                if self._shut_down:  # shut down since the caller looked: its requests ended aborted
+                    return
                 self._abort_queued()
                 try:
                     self.executor.step()
@@ -312,6 +347,9 @@ class LLM:
                 self._lock.release()
 
     def _abort_queued(self) -> None:
+        if self._shut_down:  # every request ended with it
+            self._to_abort.clear()
+            return
         while self._to_abort:
             request = self._to_abort.pop()
             if not request.finished:
