@@ -105,6 +105,7 @@ from trtllm_bole.ops import library
 from trtllm_bole.spec import draft_graphs, drafter
 from trtllm_bole.spec import executor as ex
 from trtllm_bole.spec.acceptance import Sampling, accept
+from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.sampling import process_logits
 from trtllm_bole.spec.verify_graphs import VerifyGraphs
 from trtllm_bole.transfer import device_tensor
@@ -493,7 +494,7 @@ def main() -> None:
         out[batch] = {k: {"median": statistics.median(v), "runs": v} for k, v in res.items()}
         ratio = out[batch]["new"]["median"] / out[batch]["old"]["median"]
         print(batch, {k: round(v["median"]) for k, v in out[batch].items()}, round(ratio, 3), flush=True)
-    device = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "cpu"
+    device = device_name(torch.device(dev))
     import triton
 
     result = {

@@ -24,6 +24,7 @@ from _bench_util import tagged_stem
 from bench import divergence  # this folder's bench.py (scripts run with it on sys.path)
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
+from trtllm_bole.spec.calibration import device_name
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = HERE / "data" / "heldout_code_prompts.jsonl"
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         curve[nodes] = stats["mean_accepted_tokens"]
         print(f"tree k4, {nodes:>2} draft tokens/request: MAT {curve[nodes]:.2f}")
 
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    device = device_name(torch.device(args.device))
     result = {
         "what": "greedy speculation on held-out code prompts "
         f"({os.path.relpath(args.prompt_file, HERE.parent)})",

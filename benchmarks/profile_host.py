@@ -23,6 +23,7 @@ from _bench_util import tagged_stem
 from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, run, warm_up
 
 from trtllm_bole import LLM
+from trtllm_bole.spec.calibration import device_name
 
 
 def profile(
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     llm, data = open_profiling_run(parser, args)
     bole_args = PROFILED_SPECULATION
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    device = device_name(torch.device(args.device))
     report = [
         f"host profile on {device}, torch {torch.__version__}, {args.dtype}, temperature {args.temperature}\n"
     ]

@@ -33,6 +33,7 @@ from bench import PROFILED_SPECULATION, open_profiling_run, profiling_parser, ru
 
 from trtllm_bole import LLM
 from trtllm_bole.spec import executor as executor_module
+from trtllm_bole.spec.calibration import device_name
 
 
 class PhaseClock:
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['steps']} steps, identical to ar: {r['identical_to_ar']} | ms/step: {phases}"
             )
         runs += rows
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    device = device_name(torch.device(args.device))
     result = {
         "what": "wall time per executor phase and step, device synchronised around each phase",
         "command": " ".join(["python benchmarks/profile_step.py", *(sys.argv[1:] if argv is None else argv)]),

@@ -3354,14 +3354,14 @@ MUTANTS = [
         ["tests/test_cli.py::test_bad_generate_settings_end_in_one_error_line"],
     ),
     Mutant(
-        "SD1",
+        "LQ1",
         "trtllm_bole/llm.py",
         "                self._check_open()\n                for ids, sp in zip(prompt_ids, params, strict=True):",
         "                for ids, sp in zip(prompt_ids, params, strict=True):",
         ["tests/test_llm.py", "-k", "shutdown_frees"],
     ),
     Mutant(
-        "SD2",
+        "LQ2",
         "trtllm_bole/llm.py",
         "            self.executor = self.model = None  # type: ignore[assignment]  # refused from here on",
         "            pass",
