@@ -68,9 +68,10 @@ def test_bad_generate_settings_end_in_one_error_line():
         (["--max-nodes", "0"], "error: --max-nodes: "),  # not a second line for the depth it defaults
         (["--max-nodes", "3", "--depth", "5"], "error: --max-nodes (3) must be at least --depth (5)"),  # both
         # A draft flag its mode does not use (a chain of 8 drafted 8 a step with --max-nodes 2, silently).
-        (["--mode", "chain", "--max-nodes", "2"], "error: --mode 'chain' does not use --max-nodes (2): "),
-        (["--mode", "chain", "--branching", "2", "--depth", "3"], "--branching (2): a chain drafts --depth"),
-        (["--mode", "ar", "--depth", "3", "--max-nodes", "5"], "use --depth (3) or --max-nodes (5): it"),
+        # Given at all, even at its default (--depth 8 in ar drafted nothing, silently).
+        (["--mode", "chain", "--max-nodes", "2"], "error: --mode chain does not use --max-nodes: a chain"),
+        (["--mode", "chain", "--branching", "4", "--depth", "3"], "does not use --branching: a chain drafts"),
+        (["--mode", "ar", "--depth", "8", "--max-nodes", "63"], "use --depth or --max-nodes: it drafts"),
     ]
     for flags, words in cases:
         done = subprocess.run(

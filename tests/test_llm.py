@@ -544,3 +544,26 @@ def test_shutdown_ends_the_requests_of_running_calls_as_aborted():
     assert first.finished is False and rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
     assert [o.outputs[0].finish_reason for o in results] == ["abort", "abort"]
     assert all(len(o.outputs[0].token_ids) < 1000 for o in results)
+
+
+def test_shutdown_closes_a_serving_engine_made_from_the_llm_first():
+    """The engine's requests ended with final updates, its thread stopped: shutdown had aborted them under
+    the LLM's lock alone, while the engine's thread stepped the same executor, and their clients waited
+    on an engine that never learned of it. A new engine of a shut-down LLM is refused by name."""
+    llm = LLM(max_batch_size=2, max_seq_len=1024)
+    engine = ServingEngine.for_llm(llm)
+    updates, started, done = [], threading.Event(), threading.Event()
+
+    def on_update(update):
+        updates.append(update)
+        started.set()
+        if update.finished:
+            done.set()
+
+    engine.submit([5, 6, 7], SamplingParams(max_tokens=1000, ignore_eos=True), on_update)
+    assert started.wait(60)
+    llm.shutdown()
+    assert done.is_set() and not engine.alive
+    assert updates[-1].finish_reason == "abort" and sum(len(u.token_ids) for u in updates) < 1000
+    with pytest.raises(RuntimeError, match="this LLM was shut down"):
+        ServingEngine.for_llm(llm)

@@ -51,8 +51,13 @@ def _one_line(e: ValueError) -> str:
 
 def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingParams]:
     from trtllm_bole import LLM, BoleConfig, SamplingParams
+    from trtllm_bole.config import unused_drafts
 
     drafts = {"top_k": args.branching, "max_depth": args.depth, "max_nodes": args.max_nodes}
+    unused, why = unused_drafts(args.mode, [name for name, value in drafts.items() if value is not None])
+    if unused:  # given at all, not only off its default (BoleConfig's rule): a flag for nothing is a mistake
+        flags = " or ".join(FLAGS["BoleConfig"][name] for name in unused)
+        raise ValueError(f"--mode {args.mode} does not use {flags}: {why}")
     bole = BoleConfig(mode=args.mode, **{name: v for name, v in drafts.items() if v is not None})
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -124,11 +124,18 @@ def default_depth(mode: str | None, max_nodes: int | None, deepest: int = DEFAUL
 
 UNUSED_DRAFTS: dict[str, tuple[tuple[str, ...], str]] = {
     "ar": (("top_k", "max_depth", "max_nodes"), "it drafts nothing"),
-    "chain": (("top_k", "max_nodes"), "a chain drafts max_depth tokens a step, one a level"),
+    "chain": (("top_k", "max_nodes"), "a chain drafts one token a level, as deep as its depth"),
 }
-"""The draft settings a mode has no use for, and why: given another value than their default, they are
-refused, not silently ignored (the default itself changes nothing and is let through, so that a config
-rebuilt from its ``model_dump()`` is the same config)."""
+"""The draft settings a mode has no use for, and why. :class:`BoleConfig` refuses one given another value
+than its default (the default changes nothing and is let through, so that a config rebuilt from its
+``model_dump()`` is the same config); a command line refuses one given at all (:func:`unused_drafts`)."""
+
+
+def unused_drafts(mode: str, given: Iterable[str]) -> tuple[list[str], str]:
+    """Of the draft settings ``given`` (field names), those ``mode`` has no use for, and why."""
+    names, why = UNUSED_DRAFTS.get(mode, ((), ""))
+    given = set(given)
+    return [name for name in names if name in given], why
 
 
 class BoleConfig(BaseModel):
@@ -200,9 +207,10 @@ class BoleConfig(BaseModel):
                 f"epsilon and budget_table set the verify budget of mode 'bole' only; mode {self.mode!r} "
                 "has none (each request verifies its own tree in full)"
             )
-        names, why = UNUSED_DRAFTS.get(self.mode, ((), ""))
-        if unused := [f"{name} ({getattr(self, name)})" for name in names if self._set_off_default(name)]:
-            raise ValueError(f"mode {self.mode!r} does not use {' or '.join(unused)}: {why}")
+        unused, why = unused_drafts(self.mode, filter(self._set_off_default, self.model_fields_set))
+        if unused:
+            given = " or ".join(f"{name} ({getattr(self, name)})" for name in unused)
+            raise ValueError(f"mode {self.mode!r} does not use {given}: {why}")
         if self.mode == "ar":
             return self
         if self.max_nodes < self.max_depth and self.mode != "chain":

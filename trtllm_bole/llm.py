@@ -13,9 +13,11 @@ import dataclasses
 import numbers
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence, Set
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -36,6 +38,15 @@ DEFAULT_MODEL = Path(__file__).parent / "assets" / "qwen35-code-tiny"
 its folder)."""
 
 Prompt = str | Sequence[int]
+
+
+class Server(Protocol):
+    """What steps an LLM's executor from its own thread (:class:`~trtllm_bole.serving.ServingEngine`)."""
+
+    def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Server)
 
 
 @dataclass(slots=True)
@@ -132,6 +143,7 @@ class LLM:
         self._lock = threading.Lock()  # the executor is one thread's at a time
         self._to_abort: list[Request] = []  # aborted by whoever next holds the lock
         self._shut_down = False
+        self._servers: weakref.WeakSet[Server] = weakref.WeakSet()  # closed by shutdown, first
 
     def __enter__(self) -> LLM:
         return self
@@ -140,11 +152,13 @@ class LLM:
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Abort every unfinished request (a ``generate`` call returns them aborted, a stream ends) and
-        drop the model, its KV cache, GDN states and CUDA graphs, so that their GPU memory can go to the
-        next model (``torch.cuda.empty_cache()`` hands torch's cached blocks back to the device; a
-        :class:`~trtllm_bole.serving.ServingEngine` made from this LLM keeps its executor until it is
-        closed). Later calls refuse; a second shutdown does nothing."""
+        """Abort every unfinished request (a ``generate`` call returns them aborted, a stream ends; a
+        :class:`~trtllm_bole.serving.ServingEngine` made from this LLM is closed first, its requests ending
+        with final updates) and drop the model, its KV cache, GDN states and CUDA graphs, so that their
+        GPU memory can go to the next model (``torch.cuda.empty_cache()`` hands torch's cached blocks back
+        to the device). Later calls refuse; a second shutdown does nothing."""
+        for server in list(self._servers):
+            server.close()
         with self._lock:
             if self._shut_down:
                 return
@@ -152,7 +166,17 @@ class LLM:
             for request in [*scheduler.running, *scheduler.waiting]:
                 self.executor.abort(request)
             self._shut_down = True
+            self._to_abort.clear()
             self.executor = self.model = None  # type: ignore[assignment]  # refused from here on
+
+    def serve(self, make_server: Callable[[Executor], S]) -> S:
+        """``make_server(executor)``: a server that steps this LLM's executor from its own thread (the LLM
+        must not generate by itself afterwards), closed by :meth:`shutdown` before the executor goes."""
+        with self._lock:
+            self._check_open()
+            server = make_server(self.executor)
+            self._servers.add(server)
+            return server
 
     def _check_open(self) -> None:
         """Under the lock: refuse work once :meth:`shutdown` ran."""
@@ -246,10 +270,11 @@ class LLM:
         follow-up; ``sampled``: the draft's and the verify step's of sampled batches too (else captured
         when first met: a first sampled run of 32 requests at batch 32 on the H200 took 2.3 s, capturing
         them, against 0.6 s once they were there)."""
-        with self._lock:
+        with self._lock:  # the executor and model of now: a shutdown from here on refuses the generate below
             self._check_open()
-        limit = self.executor.max_batch_size
-        if batch_sizes is None and self.model.device.type != "cuda":
+            executor, model = self.executor, self.model
+        limit = executor.max_batch_size
+        if batch_sizes is None and model.device.type != "cuda":
             batch_sizes = [1]
         elif batch_sizes is None:
             batch_sizes = sorted({1 << i for i in range(limit.bit_length())} | {limit})
@@ -271,7 +296,7 @@ class LLM:
         # Prompt lengths 4, 44 and 84 meet the prefill's chunk shapes: a lone partial chunk, and a full one
         # of 64 then a partial one (a prefill program walking one chunk and one walking two). Each request
         # must fit what one request may hold (a small KV cache holds fewer tokens than the context limit).
-        scheduler = self.executor.scheduler
+        scheduler = executor.scheduler
         most = scheduler.request_limit  # at least 2, or the executor would not have started
         params = SamplingParams(
             max_tokens=min(2 * (self.speculative_config.max_depth + 1), most - 1), ignore_eos=True

@@ -878,7 +878,7 @@ def test_launch_refuses_a_taken_port_and_a_missing_engine_dir_before_starting(tm
         (["--max-queue-size", "0"], "error: model parameter max_queue_size must be positive, got 0"),
         (["--max-seq-len", "x"], "error: model parameter max_seq_len must be an integer, got 'x'"),
         (["--max-depth", "40"], "error: --max-depth: Input should be less than or equal to 15 (got 40)"),
-        (["--mode", "ar", "--draft-top-k", "2"], "error: --mode 'ar' does not use --draft-top-k (2): it"),
+        (["--mode", "ar", "--draft-top-k", "4"], "error: model parameter speculative_mode ar does not use"),
         # the LLM's own checks before its weights load: these failed in tritonserver's log
         (["--max-seq-len", "2"], "error: max_seq_len must be an integer of at least 3, got 2"),
         (["--max-seq-len", "5000"], "error: max_seq_len 5000 exceeds the model's max_position_embeddings"),

@@ -232,6 +232,11 @@ def test_model_parameters_become_llm_arguments():
         llm_kwargs({"max_batch_size": "0"})
     with pytest.raises(ValueError, match="must be an integer"):
         llm_kwargs({"max_seq_len": "lots"})
+    # A draft parameter its mode does not use, even at the value a tree would default to, is refused.
+    with pytest.raises(ValueError, match="speculative_mode ar does not use max_depth or max_nodes: it"):
+        llm_kwargs({"speculative_mode": "ar", "max_depth": "8", "max_nodes": "5"})
+    with pytest.raises(ValueError, match="speculative_mode chain does not use draft_top_k: a chain drafts"):
+        llm_kwargs({"speculative_mode": "chain", "draft_top_k": "4"})
 
 
 def test_the_queue_bound_is_the_engines_parameter():

@@ -167,9 +167,10 @@ class ServingEngine:
 
     @classmethod
     def for_llm(cls, llm: LLM, *, max_queue_size: int | None = None) -> ServingEngine:
-        """The engine of an :class:`~trtllm_bole.LLM`; the LLM must not generate by itself afterwards."""
+        """The engine of an :class:`~trtllm_bole.LLM`; the LLM must not generate by itself afterwards, and
+        its :meth:`~trtllm_bole.LLM.shutdown` closes the engine."""
         decode = llm.tokenizer.decode if llm.tokenizer else None
-        return cls(llm.executor, decode=decode, max_queue_size=max_queue_size)
+        return llm.serve(lambda executor: cls(executor, decode=decode, max_queue_size=max_queue_size))
 
     # ------------------------------------------------------------------------------------ #
     # Any thread                                                                            #

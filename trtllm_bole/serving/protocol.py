@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from trtllm_bole.config import FLOAT32_MAX, BoleConfig, SamplingParams, one_line
+from trtllm_bole.config import FLOAT32_MAX, BoleConfig, SamplingParams, one_line, unused_drafts
 from trtllm_bole.serving.engine import Update
 from trtllm_bole.text import stops_never_met
 
@@ -324,13 +324,14 @@ def llm_kwargs(
     bole = {}
     if "speculative_mode" in given:
         bole["mode"] = given["speculative_mode"]
-    for param, field_name in (
-        ("max_depth", "max_depth"),
-        ("max_nodes", "max_nodes"),
-        ("draft_top_k", "top_k"),
-    ):
+    params = {"max_depth": "max_depth", "max_nodes": "max_nodes", "top_k": "draft_top_k"}  # by field
+    for field_name, param in params.items():
         if param in given:
             bole[field_name] = _positive_int(param, given[param])
+    unused, why = unused_drafts(bole.get("mode", "bole"), bole)
+    if unused:  # given at all: a parameter for nothing is a mistake, whatever its value
+        names = " or ".join(params[name] for name in unused)
+        raise ValueError(f"model parameter speculative_mode {bole['mode']} does not use {names}: {why}")
     if bole:
         kwargs["speculative_config"] = BoleConfig(**bole)
     return kwargs
