@@ -3328,8 +3328,8 @@ MUTANTS = [
     Mutant(
         "UD1",
         "trtllm_bole/config.py",
-        "for name in names if self._set_off_default(name)]:",
-        "for name in names if False]:",
+        "        unused, why = unused_drafts(self.mode, filter(self._set_off_default, self.model_fields_set))",
+        '        unused, why = [], ""',
         ["tests/test_llm_settings.py", "-k", "does_not_use"],
     ),
     Mutant(
@@ -3366,5 +3366,26 @@ MUTANTS = [
         "            self.executor = self.model = None  # type: ignore[assignment]  # refused from here on",
         "            pass",
         ["tests/test_llm.py", "-k", "shutdown_frees"],
+    ),
+    Mutant(
+        "UD5",
+        "trtllm_bole/__main__.py",
+        "    unused, why = unused_drafts(args.mode, [name for name, value in drafts.items() if value is not None])",
+        '    unused, why = [], ""',
+        ["tests/test_cli.py::test_bad_generate_settings_end_in_one_error_line"],
+    ),
+    Mutant(
+        "UD6",
+        "trtllm_bole/serving/protocol.py",
+        '    unused, why = unused_drafts(bole.get("mode", "bole"), bole)',
+        '    unused, why = [], ""',
+        ["tests/serving/test_serving_protocol.py::test_model_parameters_become_llm_arguments"],
+    ),
+    Mutant(
+        "LQ3",
+        "trtllm_bole/llm.py",
+        "        for server in list(self._servers):\n            server.close()\n",
+        "",
+        ["tests/test_llm.py", "-k", "serving_engine_made_from"],
     ),
 ]
