@@ -567,3 +567,18 @@ def test_shutdown_closes_a_serving_engine_made_from_the_llm_first():
     assert updates[-1].finish_reason == "abort" and sum(len(u.token_ids) for u in updates) < 1000
     with pytest.raises(RuntimeError, match="this LLM was shut down"):
         ServingEngine.for_llm(llm)
+
+
+@pytest.mark.gpu
+def test_shutdown_gives_the_gpu_memory_back():
+    """What "frees the model, its caches and graphs" means on a GPU: after a warm-up (every CUDA graph
+    captured) and a generate, shutdown leaves torch's allocated memory where it was before the LLM."""
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    with LLM(device="cuda", max_batch_size=4, max_seq_len=256) as llm:
+        llm.warm_up(use_tqdm=False)
+        llm.generate(["def f(x):"], SamplingParams(max_tokens=16), use_tqdm=False)
+        held = torch.cuda.memory_allocated() - before
+    gc.collect()
+    left = torch.cuda.memory_allocated() - before
+    assert held > 2**24 and left <= max(2**22, held // 100), (held, left)
