@@ -72,7 +72,24 @@ def test_the_output_is_read_after_the_prompts_last_whole_character():
         assert output_text(decode, prompt, output) == text
         delta = TextDelta(decode, prompt_ids=prompt)
         pieces = [delta(output[:n], n == len(output)) for n in range(1, len(output) + 1)]
-        assert "".join(pieces) == text and all(not p.endswith("\ufffd") for p in pieces[:-1])
+        assert "".join(pieces) == text  # a U+FFFD sent early is one the text keeps
+
+
+def test_a_stream_sends_whole_characters_before_a_half_one():
+    """Only the trailing U+FFFD of a character cut between tokens may still change: a window ending in one
+    held back every whole character before it too, so a stream of emoji whose every step ended inside
+    one sent nothing until the request finished."""
+
+    def decode(ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    emoji = list("\U0001f600".encode())
+    delta = TextDelta(decode)
+    assert delta(emoji + emoji[:2], False) == "\U0001f600"
+    assert delta(emoji * 2 + emoji[:2], False) == "\U0001f600"
+    assert delta(emoji * 3, True) == "\U0001f600"
+    stopped = TextDelta(decode, stop=["\U0001f600!"])  # a possible stop's start is still held back
+    assert stopped(emoji + emoji[:2], False) == "" and stopped(emoji + list(b"x"), True) == "\U0001f600x"
 
 
 def test_encoding_a_long_text_lets_other_threads_run():

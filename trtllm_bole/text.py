@@ -103,6 +103,7 @@ class TextDelta:
         self.prefix = -len(self.lead)  # where the decoding window starts: the last settled point (< 0: lead)
         self.read = 0
         self.sent = 0  # characters of self.text already handed out
+        self.pending = ""  # the unsettled window's text but its trailing U+FFFD, which can no longer change
 
     def __call__(self, output_ids: list[int], finished: bool) -> str:
         if self.decode is None:
@@ -116,7 +117,10 @@ class TextDelta:
             if finished or (piece and not piece.endswith("\ufffd")):
                 self.text = piece if whole else self.text + piece
                 self.prefix, self.read = self.read, len(output_ids)
-        text = cut_at_stop(self.text, self.stop)
+                self.pending = ""
+            else:  # only the last character (a trailing U+FFFD) may still change: the rest can be sent
+                self.pending = "" if whole else piece.removesuffix("\ufffd")
+        text = cut_at_stop(self.text + self.pending, self.stop)
         if not finished:
             text = text[: len(text) - self._possible_stop(text)]
         delta = text[self.sent :]

@@ -716,6 +716,23 @@ def test_stop_strings_are_found_in_a_byte_level_tail_of_the_output():
     assert not _ends_in_stop(decode, [], list(b"\n\n") + body, ["\n\n"])  # an old match ended an old step
 
 
+def test_half_a_character_is_no_u_fffd_to_a_stop_string():
+    """A character cut between tokens decodes as U+FFFD until its last byte comes: ``stop=["\ufffd"]`` (to
+    stop on bytes that are no text) ended requests inside ordinary characters. A real U+FFFD still stops,
+    even after a run of them longer than the window's mid-character start (whose lone bytes, at most
+    three, are stripped: all of them were, and the stop was missed)."""
+
+    def decode(ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    body = list(b"x = 1; ") * 40
+    for cut in range(1, 4):
+        assert not _ends_in_stop(decode, [], body + list("\U0001f600".encode())[:cut], ["\ufffd"])
+    assert _ends_in_stop(decode, [], [*body, 0x80, ord("x")], ["\ufffd"])
+    assert _ends_in_stop(decode, [], body + [0x80] * 40 + [ord("X")], ["\ufffdX"])
+    assert not _ends_in_stop(decode, [], body + [0x80] * 40 + [ord("X")], ["\ufffd\ufffdY"])
+
+
 def test_stop_strings_split_by_tokens_of_no_text_are_found():
     """Special tokens decode to nothing (skipped): a run of them inside a stop string once pushed its
     start out of the decoded window, and the request ran on to max_tokens."""
@@ -744,7 +761,8 @@ def test_a_window_cut_mid_character_matches_no_replacement_character():
     ids = list("😀".encode()) + list(b"x") * 11  # the window: 12 tokens, the emoji's last byte first
     assert "\ufffd" not in decode(ids) and decode(ids[-12:]).startswith("\ufffd")
     assert not _ends_in_stop(decode, [], ids, ["\ufffd"])
-    assert _ends_in_stop(decode, [], list(b"xy") * 8 + [0xFF], ["\ufffd"])  # one in the text itself
+    # One in the text itself stops the token after it: a trailing U+FFFD may be half a character (below).
+    assert _ends_in_stop(decode, [], [*list(b"xy") * 8, 0xFF, ord("z")], ["\ufffd"])
 
 
 @pytest.mark.parametrize(

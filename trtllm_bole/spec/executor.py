@@ -632,9 +632,12 @@ def _ends_in_stop(
     while window < len(output_ids):  # a new match ends in the last token, so it starts in the text before it
         if len(decode(output_ids[-window:-1])) >= longest + 8:
             # A window from mid-character decodes its first bytes as U+FFFD.
-            text = decode(output_ids[-window:]).lstrip("\ufffd")
+            text = decode(output_ids[-window:])
+            # A mid-character start leaves at most 3 lone continuation bytes (one U+FFFD each).
+            text = text[min(3, len(text) - len(text.lstrip("\ufffd"))) :]
             break
         window *= 2
     else:
         text = output_text(decode, prompt_ids, output_ids)
-    return any(s in text for s in stop)
+    # A trailing U+FFFD may be half a character that the next tokens finish: not text yet.
+    return any(s in text.removesuffix("\ufffd") for s in stop)
