@@ -1590,8 +1590,8 @@ MUTANTS = [
     Mutant(
         "SV4",
         "trtllm_bole/serving/protocol.py",
-        '("draft_top_k", "top_k"),',
-        '("top_k", "top_k"),',
+        '"top_k": "draft_top_k"}  # by field',
+        '"top_k": "top_k"}  # by field',
         ["tests/serving/test_protocol_fields.py", "tests/serving/test_serving_protocol.py", "tests/server"],
     ),
     Mutant(
@@ -2746,8 +2746,8 @@ MUTANTS = [
     Mutant(
         "TX1",
         "trtllm_bole/spec/executor.py",
-        'text = decode(output_ids[-window:]).lstrip("\\ufffd")',
-        "text = decode(output_ids[-window:])",
+        '            text = text[min(3, len(text) - len(text.lstrip("\\ufffd"))) :]',
+        "            pass",
         ["tests/spec/test_executor.py", "-k", "mid_character"],
     ),
     Mutant(
@@ -2838,7 +2838,7 @@ MUTANTS = [
     Mutant(
         "RV3",
         "trtllm_bole/engine/load.py",
-        '"max_depth": default_depth(given.get("mode"), nodes, b["max_draft_depth"]),',
+        '"max_depth": default_depth(mode, nodes, b["max_draft_depth"]),',
         '"max_depth": b["max_draft_depth"],',
         ["tests/engine/test_build.py::test_draft_settings_left_unset_take_the_engines"],
     ),
@@ -3387,5 +3387,26 @@ MUTANTS = [
         "        for server in list(self._servers):\n            server.close()\n",
         "",
         ["tests/test_llm.py", "-k", "serving_engine_made_from"],
+    ),
+    Mutant(
+        "TX11",
+        "trtllm_bole/spec/executor.py",
+        '    return any(s in text.removesuffix("\\ufffd") for s in stop)',
+        "    return any(s in text for s in stop)",
+        ["tests/spec/test_executor.py", "-k", "half_a_character"],
+    ),
+    Mutant(
+        "TX12",
+        "trtllm_bole/text.py",
+        '                self.pending = "" if whole else piece.removesuffix("\\ufffd")',
+        '                self.pending = ""',
+        ["tests/test_text.py", "-k", "whole_characters_before"],
+    ),
+    Mutant(
+        "TX13",
+        "trtllm_bole/spec/executor.py",
+        "            text = text[min(3, len(text)",
+        "            text = text[min(99, len(text)",
+        ["tests/spec/test_executor.py", "-k", "half_a_character"],
     ),
 ]
