@@ -92,6 +92,39 @@ def test_a_stream_sends_whole_characters_before_a_half_one():
     assert stopped(emoji + emoji[:2], False) == "" and stopped(emoji + list(b"x"), True) == "\U0001f600x"
 
 
+def test_streamed_pieces_join_up_to_the_cut_output_text_in_random_cases():
+    """Random prompts and outputs of a byte-level vocabulary (whole and split multi-byte characters, stray
+    bytes, a special token of no text, real U+FFFD), random stop strings and update sizes: the pieces
+    join up to ``cut_at_stop(output_text(...))``. The stop search reads only what is new in each update,
+    so this is also the check that a stop string spanning updates is found where it starts."""
+    import random
+
+    pieces_of = {0: b""}
+    for piece in ["a", "b", "EN", "D", "\n", " ", "é", "€", "😀", "\ufffd", "ab", "a\n"]:
+        pieces_of[len(pieces_of)] = piece.encode()
+    for char in ["é", "😀", "名"]:
+        code = char.encode()
+        for i in range(1, len(code)):
+            for part in (code[:i], code[i:] + b"y"):
+                pieces_of[len(pieces_of)] = part
+    pieces_of[len(pieces_of)] = b"\x80"
+
+    def decode(ids):
+        return b"".join(pieces_of[i] for i in ids).decode("utf-8", errors="replace")
+
+    rng, ids = random.Random(0), list(pieces_of)
+    stops = ["END", "a", "ab", "\n\n", "é", "😀", "D\n", "aa", "b a", "ENDEND", "\ufffd", "名y"]
+    for _ in range(2000):
+        prompt, output = rng.choices(ids, k=rng.randint(0, 6)), rng.choices(ids, k=rng.randint(1, 30))
+        stop = rng.sample(stops, rng.randint(0, 3))
+        delta, pieces, n = TextDelta(decode, stop, prompt), [], 0
+        while n < len(output):
+            n = min(len(output), n + rng.choice([0, 1, 1, 2, 5]))
+            pieces.append(delta(output[:n], n == len(output)))
+        expected = cut_at_stop(output_text(decode, prompt, output), stop)
+        assert "".join(pieces) == expected, (prompt, output, stop)
+
+
 def test_encoding_a_long_text_lets_other_threads_run():
     """A server tokenizes a prompt on its request thread while the engine thread steps; ``encode`` held the
     GIL throughout (a second's stall of every stream for 1.6 MB of text)."""

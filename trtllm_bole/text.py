@@ -104,6 +104,9 @@ class TextDelta:
         self.read = 0
         self.sent = 0  # characters of self.text already handed out
         self.pending = ""  # the unsettled window's text but its trailing U+FFFD, which can no longer change
+        self.longest = max(map(len, self.stop), default=0)
+        self.cut: int | None = None  # where the first stop string starts in text + pending, once one does
+        self.searched = 0  # characters of text + pending searched for stop strings (none found)
 
     def __call__(self, output_ids: list[int], finished: bool) -> str:
         if self.decode is None:
@@ -114,18 +117,29 @@ class TextDelta:
             whole = piece is None  # the decoder rewrote text before the new tokens: decode all again
             if whole:
                 piece = output_text(self.decode, self.lead, output_ids)
+                self.cut, self.searched = None, 0  # and search it all again
             if finished or (piece and not piece.endswith("\ufffd")):
                 self.text = piece if whole else self.text + piece
                 self.prefix, self.read = self.read, len(output_ids)
                 self.pending = ""
             else:  # only the last character (a trailing U+FFFD) may still change: the rest can be sent
                 self.pending = "" if whole else piece.removesuffix("\ufffd")
-        text = cut_at_stop(self.text + self.pending, self.stop)
+        text = self._cut_at_stop(self.text + self.pending)
         if not finished:
             text = text[: len(text) - self._possible_stop(text)]
         delta = text[self.sent :]
         self.sent = max(self.sent, len(text))
         return delta
+
+    def _cut_at_stop(self, text: str) -> str:
+        """``cut_at_stop(text, self.stop)``, searching only what is new since the last call (a stop string
+        ending there starts at most ``longest - 1`` characters before it): the text before it does not
+        change, and a search of all of it on every update cost O(length) a token."""
+        if self.cut is None and self.stop:
+            start = max(0, self.searched - self.longest + 1)
+            found = [i for s in self.stop if (i := text.find(s, start)) >= 0]
+            self.cut, self.searched = min(found, default=None), len(text)
+        return text if self.cut is None else text[: self.cut]
 
     def _possible_stop(self, text: str) -> int:
         """Length of the longest tail of ``text`` that begins (and is shorter than) a stop string: only

@@ -3409,4 +3409,11 @@ MUTANTS = [
         "            text = text[min(99, len(text)",
         ["tests/spec/test_executor.py", "-k", "half_a_character"],
     ),
+    Mutant(
+        "TX14",
+        "trtllm_bole/text.py",
+        "            start = max(0, self.searched - self.longest + 1)",
+        "            start = self.searched",
+        ["tests/test_text.py", "-k", "random_cases"],
+    ),
 ]
