@@ -116,10 +116,11 @@ class SamplingParams(BaseModel):
 DEFAULT_MAX_DEPTH = 8
 
 
-def default_depth(mode: str | None, max_nodes: int | None, deepest: int = DEFAULT_MAX_DEPTH) -> int:
-    """The ``max_depth`` left unset: a chain's is ``deepest`` (8, or an engine's; ``max_nodes`` bounds trees,
-    not chains); a tree's fits its ``max_nodes``, so that ``BoleConfig(max_nodes=3)`` is valid."""
-    return deepest if mode == "chain" or max_nodes is None else min(deepest, max_nodes)
+def default_depth(max_nodes: int | None, deepest: int = DEFAULT_MAX_DEPTH) -> int:
+    """The ``max_depth`` left unset: ``deepest`` (8, or an engine's), or ``max_nodes`` where that is fewer,
+    so that ``BoleConfig(max_nodes=3)`` is valid (a chain's ``max_nodes`` is its default, 63: it has the
+    whole depth)."""
+    return deepest if max_nodes is None else min(deepest, max_nodes)
 
 
 UNUSED_DRAFTS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -173,7 +174,7 @@ class BoleConfig(BaseModel):
     # engine's own depth replaces it, as far as max_nodes reaches (BoleConfig(max_nodes=3) for an engine of
     # depth 2 is depth 2, for one of depth 8 depth 3).
     max_depth: int = Field(
-        default_factory=lambda given: default_depth(given.get("mode"), given.get("max_nodes")),
+        default_factory=lambda given: default_depth(given.get("max_nodes")),
         ge=1,
         le=15,
         description=f"Draft tokens on the longest path of a tree (default {DEFAULT_MAX_DEPTH}, or max_nodes "
@@ -213,7 +214,7 @@ class BoleConfig(BaseModel):
             raise ValueError(f"mode {self.mode!r} does not use {given}: {why}")
         if self.mode == "ar":
             return self
-        if self.max_nodes < self.max_depth and self.mode != "chain":
+        if self.max_nodes < self.max_depth:  # never a chain's: its max_nodes is the default, 63
             raise ValueError(
                 f"max_nodes ({self.max_nodes}) must be at least max_depth ({self.max_depth}) "
                 "so that a full-depth path fits in the tree"
@@ -249,9 +250,7 @@ class BoleConfig(BaseModel):
         where that is fewer (the graphs captured ahead of traffic are of this size)."""
         if self.mode == "ar":
             return 0
-        if self.mode == "chain":
-            return self.max_depth
-        return min(self.max_nodes, self.pool_size - 1)
+        return min(self.max_nodes, self.pool_size - 1)  # a chain's pool: its max_depth drafts
 
 
 def one_line(error: ValidationError, names: Mapping[str, str] | None = None) -> str:

@@ -1526,34 +1526,6 @@ MUTANTS = [
         ],
     ),
     Mutant(
-        "U1",
-        "trtllm_bole/config.py",
-        'if self.max_nodes < self.max_depth and self.mode != "chain":',
-        "if self.max_nodes < self.max_depth:",
-        [
-            "tests/test_llm_settings.py",
-            "tests/test_llm.py",
-            "tests/serving/test_serving_protocol.py",
-            "tests/spec",
-            "tests/engine/test_build.py",
-            "tests/test_cli.py",
-        ],
-    ),
-    Mutant(
-        "U2",
-        "trtllm_bole/config.py",
-        '        if self.mode == "chain":\n            return self.max_depth\n',
-        "",
-        [
-            "tests/test_llm_settings.py",
-            "tests/test_llm.py",
-            "tests/serving/test_serving_protocol.py",
-            "tests/spec",
-            "tests/engine/test_build.py",
-            "tests/test_cli.py",
-        ],
-    ),
-    Mutant(
         "U3",
         "trtllm_bole/config.py",
         '        ge=1,\n        le=15,\n        description=f"Draft tokens on the longest path',
@@ -2838,7 +2810,7 @@ MUTANTS = [
     Mutant(
         "RV3",
         "trtllm_bole/engine/load.py",
-        '"max_depth": default_depth(mode, nodes, b["max_draft_depth"]),',
+        '"max_depth": default_depth(nodes, b["max_draft_depth"]),',
         '"max_depth": b["max_draft_depth"],',
         ["tests/engine/test_build.py::test_draft_settings_left_unset_take_the_engines"],
     ),

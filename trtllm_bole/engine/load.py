@@ -96,7 +96,7 @@ class Engine:
         mode = given.pop("mode", BoleConfig.model_fields["mode"].default)
         nodes = given.get("max_nodes", b["max_draft_nodes"])
         engine = {
-            "max_depth": default_depth(mode, nodes, b["max_draft_depth"]),
+            "max_depth": default_depth(nodes, b["max_draft_depth"]),
             "max_nodes": b["max_draft_nodes"],
         }
         bole = BoleConfig.for_mode(mode, **{**engine, **given})
