@@ -198,7 +198,7 @@ class BoleConfig(BaseModel):
     @classmethod
     def for_mode(cls, mode: Mode, **drafts: object) -> BoleConfig:
         """Mode ``mode`` from draft settings shared by several modes: those it does not use are left out."""
-        unused = UNUSED_DRAFTS.get(mode, ((), ""))[0]
+        unused, _ = unused_drafts(mode, drafts)
         return cls(mode=mode, **{name: value for name, value in drafts.items() if name not in unused})
 
     @model_validator(mode="after")

@@ -3349,7 +3349,7 @@ MUTANTS = [
     Mutant(
         "UD6",
         "trtllm_bole/serving/protocol.py",
-        '    unused, why = unused_drafts(bole.get("mode", "bole"), bole)',
+        '    unused, why = unused_drafts(bole.get("mode", BoleConfig.model_fields["mode"].default), bole)',
         '    unused, why = [], ""',
         ["tests/serving/test_serving_protocol.py::test_model_parameters_become_llm_arguments"],
     ),
