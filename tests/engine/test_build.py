@@ -125,7 +125,7 @@ def test_missing_or_invalid_checkpoint(tmp_path):
         ),
         (
             BuildSettings(max_draft_depth=8, max_draft_nodes=4),
-            r"max_nodes \(4\) must be at least max_depth \(8\)",
+            r"cannot be served: max_draft_nodes \(4\) must be at least max_draft_depth \(8\)",
         ),
         (
             BuildSettings(max_draft_nodes=600),

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from trtllm_bole.config import BoleConfig, check_device, short_repr
+from trtllm_bole.config import BoleConfig, check_device, one_line, short_repr
 from trtllm_bole.engine import format as fmt
 from trtllm_bole.engine.load import is_engine_dir
 from trtllm_bole.models.checkpoint import write_safetensors
@@ -78,7 +78,7 @@ class BuildSettings:
         try:  # the runtime's limits: an engine that LLM could not serve is refused now
             BoleConfig(max_depth=self.max_draft_depth, max_nodes=self.max_draft_nodes)
         except ValidationError as e:
-            reasons = "; ".join(err["msg"] for err in e.errors())
+            reasons = one_line(e, {"max_depth": "max_draft_depth", "max_nodes": "max_draft_nodes"})
             raise ValueError(
                 f"max_draft_depth {self.max_draft_depth} / max_draft_nodes {self.max_draft_nodes} cannot "
                 f"be served: {reasons}"
