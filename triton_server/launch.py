@@ -548,7 +548,7 @@ def check_model_parameters(values: dict[str, str]) -> None:
         "mode": "--mode", "max_depth": "--max-depth", "max_nodes": "--max-nodes", "top_k": "--draft-top-k"
     }  # fmt: skip
     try:
-        resolve_settings(**llm_kwargs(values, values["instance_kind"]))
+        resolve_settings(**llm_kwargs(values, values["instance_kind"], names=flags))
         engine_kwargs(values)
     except ValidationError as e:  # the speculative config's fields
         raise SystemExit(f"error: {one_line(e, flags)}") from None

@@ -237,6 +237,17 @@ def test_model_parameters_become_llm_arguments():
         llm_kwargs({"speculative_mode": "ar", "max_depth": "8", "max_nodes": "5"})
     with pytest.raises(ValueError, match="speculative_mode chain does not use draft_top_k: a chain drafts"):
         llm_kwargs({"speculative_mode": "chain", "draft_top_k": "4"})
+    # A bad value is one line naming the parameter (pydantic's text spanned lines and named the field).
+    for given, message in (
+        ({"max_depth": "40"}, r"^max_depth: Input should be less than or equal to 15 \(got 40\)$"),
+        ({"draft_top_k": "17"}, r"^draft_top_k: Input should be less than or equal to 16 \(got 17\)$"),
+        ({"speculative_mode": "beam"}, r"^speculative_mode: Input should be 'ar', .* \(got 'beam'\)$"),
+        ({"max_depth": "8", "max_nodes": "4"}, r"^max_nodes \(4\) must be at least max_depth \(8\) so that"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            llm_kwargs(given)
+    with pytest.raises(ValueError, match=r"^--max-depth: Input should be less than or equal to 15"):
+        llm_kwargs({"max_depth": "40"}, names={"max_depth": "--max-depth"})
 
 
 def test_the_queue_bound_is_the_engines_parameter():

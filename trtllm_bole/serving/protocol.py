@@ -303,14 +303,25 @@ def _one(array: np.ndarray, name: str, kind: type) -> Any:
     return kind(value)
 
 
+SPECULATIVE_PARAMETERS = {
+    "mode": "speculative_mode", "max_depth": "max_depth", "max_nodes": "max_nodes", "top_k": "draft_top_k"
+}  # fmt: skip
+"""The model's parameter of each :class:`~trtllm_bole.BoleConfig` field it sets."""
+
+
 def llm_kwargs(
-    parameters: Mapping[str, str], instance_kind: str = "CPU", device_id: str = "0"
+    parameters: Mapping[str, str],
+    instance_kind: str = "CPU",
+    device_id: str = "0",
+    names: Mapping[str, str] = SPECULATIVE_PARAMETERS,
 ) -> dict[str, Any]:
     """Keyword arguments of :class:`~trtllm_bole.LLM` from the model's ``config.pbtxt`` parameters.
 
     A parameter that is empty or still a ``${...}`` placeholder is unset: the LLM (or the engine
     directory) decides. ``device`` defaults to ``cpu`` for a CPU instance and to the instance's GPU
-    for a GPU instance (``cuda`` is bound to that GPU too).
+    for a GPU instance (``cuda`` is bound to that GPU too). Speculative settings that make no valid
+    :class:`~trtllm_bole.BoleConfig` are a ``ValueError`` on one line naming each by ``names`` (the
+    model's parameters; the launcher's flags).
     """
     given = _given(parameters)
     kwargs: dict[str, Any] = {"model": given.get("engine_dir")}
@@ -324,7 +335,7 @@ def llm_kwargs(
     bole = {}
     if "speculative_mode" in given:
         bole["mode"] = given["speculative_mode"]
-    params = {"max_depth": "max_depth", "max_nodes": "max_nodes", "top_k": "draft_top_k"}  # by field
+    params = {name: SPECULATIVE_PARAMETERS[name] for name in ("max_depth", "max_nodes", "top_k")}
     for field_name, param in params.items():
         if param in given:
             bole[field_name] = _positive_int(param, given[param])
@@ -333,7 +344,10 @@ def llm_kwargs(
         names = " or ".join(params[name] for name in unused)
         raise ValueError(f"model parameter speculative_mode {bole['mode']} does not use {names}: {why}")
     if bole:
-        kwargs["speculative_config"] = BoleConfig(**bole)
+        try:
+            kwargs["speculative_config"] = BoleConfig(**bole)
+        except ValidationError as e:  # pydantic's own text spans lines and names the fields
+            raise ValueError(one_line(e, names)) from None
     return kwargs
 
 
