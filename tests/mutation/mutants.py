@@ -1562,8 +1562,8 @@ MUTANTS = [
     Mutant(
         "SV4",
         "trtllm_bole/serving/protocol.py",
-        '"top_k": "draft_top_k"}  # by field',
-        '"top_k": "top_k"}  # by field',
+        '"max_nodes": "max_nodes", "top_k": "draft_top_k"',
+        '"max_nodes": "max_nodes", "top_k": "top_k"',
         ["tests/serving/test_protocol_fields.py", "tests/serving/test_serving_protocol.py", "tests/server"],
     ),
     Mutant(
@@ -2852,8 +2852,8 @@ MUTANTS = [
     Mutant(
         "RV10",
         "triton_server/launch.py",
-        '        resolve_settings(**llm_kwargs(values, values["instance_kind"]))',
-        '        llm_kwargs(values, values["instance_kind"])',
+        '        resolve_settings(**llm_kwargs(values, values["instance_kind"], names=flags))',
+        '        llm_kwargs(values, values["instance_kind"], names=flags)',
         ["tests/server/test_triton_server.py", "-k", "bad_model_settings"],
     ),
     Mutant(
@@ -3387,5 +3387,26 @@ MUTANTS = [
         "            start = max(0, self.searched - self.longest + 1)",
         "            start = self.searched",
         ["tests/test_text.py", "-k", "random_cases"],
+    ),
+    Mutant(
+        "SV33",
+        "trtllm_bole/serving/protocol.py",
+        "            raise ValueError(one_line(e, names)) from None",
+        "            raise",
+        ["tests/serving/test_serving_protocol.py", "-k", "parameters_become"],
+    ),
+    Mutant(
+        "RV19",
+        "triton_server/launch.py",
+        'llm_kwargs(values, values["instance_kind"], names=flags)',
+        'llm_kwargs(values, values["instance_kind"])',
+        ["tests/server/test_triton_server.py", "-k", "bad_model_settings"],
+    ),
+    Mutant(
+        "G11",
+        "trtllm_bole/engine/build.py",
+        '            reasons = one_line(e, {"max_depth": "max_draft_depth", "max_nodes": "max_draft_nodes"})',
+        "            reasons = one_line(e)",
+        ["tests/engine/test_build.py", "-k", "bad_build_settings"],
     ),
 ]
