@@ -320,6 +320,37 @@ def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
+def checked_and_timed(
+    runs: dict[str, tuple[list, Callable[[Any], Any]]],
+    exact: tuple[torch.Tensor, ...],
+    row: dict,
+    measure: Callable[[Callable[[], Any]], float],
+    rounds: int,
+) -> dict[str, Rotating]:
+    """A probe's variants at one point: each run (its prepared input sets, whose first item is the outputs
+    ``(o, u, …)``, and its launcher) is checked on its first set against the float64 ``exact`` outputs of
+    :func:`exact_outputs` (NaN-filled first; o and u within 1e-2 relative RMS into ``row["rel_rms"]``), and
+    those that pass are timed in ``rounds`` interleaved rounds into ``row["verify_us"]``; one that fails is
+    said on stdout and not timed. Returns the timed ones (those missing failed)."""
+    timed = {}
+    for name, (prepared, launch) in runs.items():
+        outputs = prepared[0][0]
+        for t in outputs:
+            t.fill_(float("nan"))
+        launch(prepared[0])
+        errors = [rel_rms(outputs[0], exact[0]), rel_rms(outputs[1], exact[2])]
+        row.setdefault("rel_rms", {})[name] = errors
+        if passes(errors, 1e-2):
+            timed[name] = Rotating(prepared, launch)
+        else:
+            where = f"{row.get('model')} B={row.get('batch')} {name}"
+            print(f"{where}: failed its check (o {errors[0]:.2e}, u {errors[1]:.2e})")
+    for _ in range(rounds):
+        for name, fn in timed.items():
+            row.setdefault("verify_us", {}).setdefault(name, []).append(measure(fn))
+    return timed
+
+
 def passes(errors: Iterable[float], tol: float) -> bool:
     """Every error is a number within ``tol``: a NaN fails (``max`` and ``>`` both let one through)."""
     return all(e <= tol for e in errors)

@@ -167,27 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         cfg, precision = default_plan(64 * batch, batch, hv, U.DK, U.DV, torch.bfloat16, torch.bfloat16)
         exact = U.exact_outputs(sets[0])
-        row = {"model": model, "hv": hv, "batch": batch, "config": f"{cfg} {precision}", "rel_rms": {},
-               "verify_us": {}}  # fmt: skip
+        row = {"model": model, "hv": hv, "batch": batch, "config": f"{cfg} {precision}"}
         rows.append(row)
-        timed = {}
-        for name, module in modules.items():
-            prepared = [module.inverse_launch_args(x.call(precision), cfg) for x in sets]
-            launch = launcher(module, cfg, hv, batch)
-            outputs = prepared[0][0]
-            for t in outputs:
-                t.fill_(float("nan"))
-            launch(prepared[0])
-            errors = [U.rel_rms(outputs[0], exact[0]), U.rel_rms(outputs[1], exact[2])]
-            row["rel_rms"][name] = errors
-            if U.passes(errors, 1e-2):
-                timed[name] = U.Rotating(prepared, launch)
-            else:
-                failed = True
-                print(f"{model} B={batch} {name}: failed its check (o {errors[0]:.2e}, u {errors[1]:.2e})")
-        for _ in range(ROUNDS):
-            for name, fn in timed.items():
-                row["verify_us"].setdefault(name, []).append(measure(fn))
+        runs = {
+            name: (
+                [module.inverse_launch_args(x.call(precision), cfg) for x in sets],
+                launcher(module, cfg, hv, batch),
+            )
+            for name, module in modules.items()
+        }
+        failed |= len(U.checked_and_timed(runs, exact, row, measure, ROUNDS)) < len(runs)
         print(f"{model} B={batch}: " + ", ".join(f"{n} {min(t):.1f}" for n, t in row["verify_us"].items()))
     variants = {name: VARIANTS[name] for name in chosen}
     meta = U.run_meta(tree={"size": 64, "top_k": 4, "depth": depth}, variants=variants, rounds=ROUNDS)

@@ -204,25 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = {"kept": ([inv.inverse_launch_args(c, cfg) for c in calls], kept_launcher(cfg, hv, batch))}
         runs |= {name: ([s.prepare(c) for c in calls], s.launch) for name, s in schemes.items()}
         row = {"model": model, "hv": hv, "batch": batch, "config": f"{cfg} {precision}",
-               "split_config": str(split_cfg), "rel_rms": {}, "verify_us": {}, "alone_us": {}}  # fmt: skip
+               "split_config": str(split_cfg), "alone_us": {}}  # fmt: skip
         rows.append(row)
-        timed = {}
-        for name, (prepared, launch) in runs.items():
-            outputs = prepared[0][0]
-            for t in outputs:
-                t.fill_(float("nan"))
-            launch(prepared[0])
-            torch.cuda.synchronize()
-            errors = [U.rel_rms(outputs[0], exact[0]), U.rel_rms(outputs[1], exact[2])]
-            row["rel_rms"][name] = errors
-            if U.passes(errors, 1e-2):
-                timed[name] = U.Rotating(prepared, launch)
-            else:
-                failed = True
-                print(f"{model} B={batch} {name}: failed its check (o {errors[0]:.2e}, u {errors[1]:.2e})")
-        for _ in range(ROUNDS):
-            for name, fn in timed.items():
-                row["verify_us"].setdefault(name, []).append(measure(fn))
+        timed = U.checked_and_timed(runs, exact, row, measure, ROUNDS)
+        failed |= len(timed) < len(runs)
         row["resources"] = {name: s.resources for name, s in schemes.items()}
         for name in ("split", "split_bf16", "split_uncapped"):
             if name in timed:
