@@ -36,8 +36,7 @@ from trtllm_bole.kernels.gdn_tree_verify import default_plan
 from trtllm_bole.kernels.gdn_tree_verify_inverse import _chunk_products, _tile_outputs
 from trtllm_bole.testing import topk_parents
 
-POINTS = (("qwen3.5-9b", 32, 4), ("qwen3.5-9b", 32, 8), ("qwen3.5-9b", 32, 16), ("qwen3.5-9b", 32, 32),
-          ("qwen3.5-27b", 48, 16))  # fmt: skip
+POINTS = (("qwen3.5-9b", 32, 8), ("qwen3.5-9b", 32, 16), ("qwen3.5-9b", 32, 32), ("qwen3.5-27b", 48, 16))
 ROUNDS = 3
 VARIANTS = ("split", "split_bf16", "split_serial", "split_uncapped", "split_products_first")
 
