@@ -17,6 +17,7 @@
 #   bash benchmarks/h200.sh ncu       # Nsight Compute on the verify's two kernels at batch 16 (what limits them)
 #   bash benchmarks/h200.sh probe     # what the value-tile kernel waits for: its inputs' traffic, its stores, its on-chip work (+ ncu)
 #   bash benchmarks/h200.sh transposed # the value-tile kernel transposed (register A operands) beside the kept one (EXPERIMENTS.md)
+#   bash benchmarks/h200.sh split     # the value tile's state products in a kernel beside the factor kernel (probe_split_products.py)
 #   bash benchmarks/h200.sh edits     # the verify's kernels with one source edit each beside the kept ones (probe_source_edits.py)
 #   bash benchmarks/h200.sh attention # tree attention: the Triton kernel vs the torch path at 9B/27B heads, and its A/B end to end
 #   bash benchmarks/h200.sh depth     # compact vs dense factor kernel by tree depth (COMPACT_MAX_DEPTH)
@@ -264,6 +265,10 @@ attention)
 transposed)
     python benchmarks/probe_transposed_tiles.py --out "$OUT" > "$OUT/transposed_log.txt" 2>&1; note "probe"
     tail -6 "$OUT/transposed_log.txt"
+    ;;
+split)
+    python benchmarks/probe_split_products.py --out "$OUT" > "$OUT/split_log.txt" 2>&1; note "probe"
+    tail -5 "$OUT/split_log.txt"
     ;;
 edits)
     python benchmarks/probe_source_edits.py --out "$OUT" > "$OUT/edits_log.txt" 2>&1; note "probe"
