@@ -521,6 +521,34 @@ def test_shutdown_frees_the_model_and_refuses_later_calls():
     llm.shutdown()
 
 
+class _EagerGraph:
+    def replay(self) -> None:
+        pass
+
+
+def test_shutdown_drops_the_graphs_and_caches_whoever_holds_the_model(monkeypatch):
+    """Shutdown releases the CUDA graphs (their outputs hold the graph pool's memory) and the model's
+    caches itself, not by leaving them to the last reference: with the model still held elsewhere they go.
+    On the CPU the step graphs are "captured" by running once (a real capture needs CUDA)."""
+    from trtllm_bole.spec.graphs import CacheGraphs
+    from trtllm_bole.spec.verify_graphs import StepGraphs
+
+    monkeypatch.setattr(CacheGraphs, "_capture", lambda self, run: (_EagerGraph(), run()))
+    llm = LLM(max_batch_size=2, max_seq_len=48)
+    model, executor = llm.model, llm.executor
+    executor.step_graphs = StepGraphs.of(
+        model, max_depth=llm.speculative_config.max_depth + 1, table_width=4, coins=2
+    )
+    assert executor.capture_graphs([1, 2]) == 2
+    graphs = executor.step_graphs
+    outputs = [weakref.ref(t) for key in graphs.captured for t in graphs._graphs[key].outputs]
+    cache = weakref.ref(model.cache.gdn_state)
+    llm.shutdown()
+    gc.collect()
+    assert not graphs.captured and model.cache is None and model.mtp.cache is None and cache() is None
+    assert outputs and all(ref() is None for ref in outputs)
+
+
 def test_shutdown_ends_the_requests_of_running_calls_as_aborted():
     """A stream being read and a generate() on another thread, both mid-request when the LLM shuts
     down: each ends, its requests aborted with the tokens they had, and nothing waits forever."""

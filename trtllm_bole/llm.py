@@ -168,6 +168,7 @@ class LLM:
                 self.executor.abort(request)
             self._shut_down = True
             self._to_abort.clear()
+            self.executor.release()  # the graphs and caches, whoever else still holds the model
             self.executor = self.model = None  # type: ignore[assignment]  # refused from here on
 
     def serve(self, make_server: Callable[[Executor], S]) -> S:

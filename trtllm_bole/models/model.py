@@ -100,6 +100,12 @@ class Qwen35Model(EmptyInitModule):
         self.cache_allocations += 1
         return self.cache
 
+    def release_cache(self) -> None:
+        """Drop the cache (the MTP head's too): its memory goes once no graph or executor holds it."""
+        self.cache = None
+        if self.mtp is not None:
+            self.mtp.cache = None
+
     # -------------------------------------------------------------------------------------- #
     # Serving                                                                                 #
     # -------------------------------------------------------------------------------------- #

@@ -518,6 +518,16 @@ class Executor:
             new += self.mtp_graphs.capture([(b, b * width, width) for b in sizes], "follow")
         return new
 
+    def release(self) -> None:
+        """Drop the CUDA graphs and the model's cache (KV cache, GDN and conv states): the executor serves
+        nothing afterwards (:meth:`~trtllm_bole.LLM.shutdown`). Their memory goes with them even where
+        something else still holds the model or a graph set."""
+        for graphs in self.graph_sets:
+            if graphs is not None:
+                graphs.release()
+        self.model.release_cache()
+        self.cache = None  # type: ignore[assignment]
+
     @property
     def graph_sets(self) -> tuple:
         """The executor's sets of CUDA graphs (None where a set is not used)."""

@@ -111,6 +111,14 @@ class CacheGraphs(Generic[Owner]):
         """Keys with a captured graph, sorted."""
         return sorted(self._graphs)
 
+    def release(self) -> None:
+        """Drop every graph, their memory pool (whose memory their outputs hold) and the cache they were
+        captured on: what a shut-down executor does, not leaving it to the last reference to this set (a
+        later capture makes a new pool on the owner's cache)."""
+        self._graphs.clear()
+        self._pool = None
+        self._cache = None
+
     def _follow_cache(self) -> None:
         """Drop the graphs of a replaced cache (they read its addresses), and their memory pool with them:
         a pool whose graphs are all gone is released, and cannot take a new capture."""
