@@ -3409,4 +3409,25 @@ MUTANTS = [
         "            reasons = one_line(e)",
         ["tests/engine/test_build.py", "-k", "bad_build_settings"],
     ),
+    Mutant(
+        "LQ4",
+        "trtllm_bole/llm.py",
+        "            self.executor.release()  # the graphs and caches, whoever else still holds the model\n",
+        "",
+        ["tests/test_llm.py", "-k", "whoever_holds"],
+    ),
+    Mutant(
+        "LQ5",
+        "trtllm_bole/spec/graphs.py",
+        "        self._pool = None\n        self._cache = None\n",
+        "        self._pool = None\n",
+        ["tests/test_llm.py", "-k", "whoever_holds"],
+    ),
+    Mutant(
+        "E19",
+        "trtllm_bole/models/model.py",
+        "        if self.mtp is not None:\n            self.mtp.cache = None\n",
+        "",
+        ["tests/test_llm.py", "-k", "whoever_holds"],
+    ),
 ]
