@@ -615,8 +615,9 @@ def _live_allocation_sites(top: int = 8) -> str:
 def test_shutdown_gives_the_gpu_memory_back():
     """What "frees the model, its caches and graphs" means on a GPU: after a warm-up (every CUDA graph
     captured) and a generate, shutdown leaves torch's allocated memory where it was before the LLM.
-    Its first run (an H100, benchmarks/results/h100_d78cf4c) failed: 638 of 681 MB still allocated; a
-    failure now names the model's fate and where the live allocations were made."""
+    Its first run (an H100, benchmarks/results/h100_d78cf4c) failed: 638 of 681 MB still allocated, before
+    shutdown released the graphs and caches itself; a failure names the model's fate and where the live
+    allocations were made."""
     torch.cuda.memory._record_memory_history(max_entries=200_000)
     try:
         gc.collect()
