@@ -341,8 +341,8 @@ def llm_kwargs(
             bole[field_name] = _positive_int(param, given[param])
     unused, why = unused_drafts(bole.get("mode", BoleConfig.model_fields["mode"].default), bole)
     if unused:  # given at all: a parameter for nothing is a mistake, whatever its value
-        names = " or ".join(params[name] for name in unused)
-        raise ValueError(f"model parameter speculative_mode {bole['mode']} does not use {names}: {why}")
+        listed = " or ".join(params[name] for name in unused)
+        raise ValueError(f"model parameter speculative_mode {bole['mode']} does not use {listed}: {why}")
     if bole:
         try:
             kwargs["speculative_config"] = BoleConfig(**bole)
