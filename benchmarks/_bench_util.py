@@ -320,6 +320,21 @@ def rel_rms(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
+def path_launcher(module: Any, cfg: Any, hv: int, batch: int) -> Callable[[Any], None]:
+    """``fn(prepared)``: every kernel of ``cfg``'s explicit-inverse path from ``module`` (the package's
+    ``gdn_tree_verify_inverse`` or an edited copy of it) on ``module.inverse_launch_args``' result."""
+
+    def launch(prepared: Any) -> None:
+        _, kernel_args, consts = prepared
+        for phase in module.phases(cfg):
+            kernel, grid, constexprs, options = module.phase_launch(
+                phase, cfg, consts, hv, consts["DV"], batch
+            )
+            kernel[grid](*kernel_args, **constexprs, **options)
+
+    return launch
+
+
 def checked_and_timed(
     runs: dict[str, tuple[list, Callable[[Any], Any]]],
     exact: tuple[torch.Tensor, ...],

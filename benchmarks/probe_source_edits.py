@@ -109,20 +109,6 @@ def edited_module(name: str, edits: list[tuple[str, str, str]], folder: Path):
     return modules["verify"]
 
 
-def launcher(module, cfg, hv: int, batch: int):
-    """``fn(prepared)``: every kernel of ``cfg``'s path from ``module`` on ``module.inverse_launch_args``."""
-
-    def launch(prepared) -> None:
-        _, kernel_args, consts = prepared
-        for phase in module.phases(cfg):
-            kernel, grid, constexprs, options = module.phase_launch(
-                phase, cfg, consts, hv, consts["DV"], batch
-            )
-            kernel[grid](*kernel_args, **constexprs, **options)
-
-    return launch
-
-
 def _choices(allowed: list, convert=str):
     """An argparse type: a comma-separated list of ``allowed`` values, or its error."""
 
@@ -172,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {
             name: (
                 [module.inverse_launch_args(x.call(precision), cfg) for x in sets],
-                launcher(module, cfg, hv, batch),
+                U.path_launcher(module, cfg, hv, batch),
             )
             for name, module in modules.items()
         }

@@ -165,16 +165,6 @@ class Split:
         self.outputs(prepared)
 
 
-def kept_launcher(cfg, hv: int, batch: int):
-    def launch(prepared) -> None:
-        _, args, consts = prepared
-        for phase in inv.phases(cfg):
-            kernel, grid, constexprs, options = inv.phase_launch(phase, cfg, consts, hv, consts["DV"], batch)
-            kernel[grid](*args, **constexprs, **options)
-
-    return launch
-
-
 def main(argv: list[str] | None = None) -> int:
     start = U.probe_start(__doc__, "probe_split_products.py", argv)
     if start is None:
@@ -200,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             "split_uncapped": Split(split_cfg, hv, batch, torch.float32, side, (None, None)),
             "split_products_first": Split(split_cfg, hv, batch, torch.float32, side, products_first=True),
         }
-        runs = {"kept": ([inv.inverse_launch_args(c, cfg) for c in calls], kept_launcher(cfg, hv, batch))}
+        kept = [inv.inverse_launch_args(c, cfg) for c in calls]
+        runs = {"kept": (kept, U.path_launcher(inv, cfg, hv, batch))}
         runs |= {name: ([s.prepare(c) for c in calls], s.launch) for name, s in schemes.items()}
         row = {"model": model, "hv": hv, "batch": batch, "config": f"{cfg} {precision}",
                "split_config": str(split_cfg), "alone_us": {}}  # fmt: skip

@@ -40,7 +40,7 @@ def test_edited_kernels_match_the_serial_recurrence(name, folder):
         outputs, args, consts = module.inverse_launch_args(x.call("ieee"), cfg)
         for t in outputs:
             t.fill_(float("nan"))
-        P.launcher(module, cfg, 4, 2)((outputs, args, consts))
+        U.path_launcher(module, cfg, 4, 2)((outputs, args, consts))
         assert U.rel_rms(outputs[0], exact[0]) < 1e-5 and U.rel_rms(outputs[1], exact[2]) < 1e-5
 
 
