@@ -59,11 +59,9 @@ def launch(batch: int) -> None:
     cfg, precision = default_plan(x.tree.num_nodes, batch, hv, U.DK, U.DV, bf16, bf16)
     if not isinstance(cfg, inv.InverseConfig) or cfg.launches != 2:
         raise SystemExit(f"the default at batch {batch} is {cfg}: not the two-launch path this profiles")
-    _, args, consts = inv.inverse_launch_args(x.call(precision), cfg)
+    prepared, run = inv.inverse_launch_args(x.call(precision), cfg), U.path_launcher(inv, cfg, hv, batch)
     for _ in range(2):
-        for phase in inv.phases(cfg):
-            kernel, grid, constexprs, options = inv.phase_launch(phase, cfg, consts, hv, U.DV, batch)
-            kernel[grid](*args, **constexprs, **options)
+        run(prepared)
         torch.cuda.synchronize()
     print(f"launched {cfg} {precision} at batch {batch}")
 
