@@ -157,8 +157,8 @@ class LLM:
         with final updates) and drop the model, its KV cache, GDN states and CUDA graphs, so that their
         GPU memory can go to the next model (``torch.cuda.empty_cache()`` hands torch's cached blocks back
         to the device). The graphs, their pool and the caches are released here, not left to the last
-        reference to them. Later calls refuse; a second shutdown does nothing. (On a GPU, before that
-        release, 638 of 681 MB stayed allocated in the GPU test's first run; README, Limitations.)"""
+        reference to them. Later calls refuse; a second shutdown does nothing. What stays allocated is
+        torch's: a cuBLAS workspace for each stream a GEMM ran on (README, Concurrency)."""
         for server in list(self._servers):
             server.close()
         with self._lock:
