@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtllm_bole import LLM, SamplingParams
+from trtllm_bole import LLM, BoleConfig, SamplingParams
 from trtllm_bole.serving import ServingEngine
 from trtllm_bole.testing import pools_settled
 
@@ -245,7 +245,6 @@ def test_a_speculative_mode_without_an_mtp_module_is_refused_before_the_weights_
     """The default mode drafts with the checkpoint's MTP module: a checkpoint without one is refused
     from its config and headers (it was refused after every weight had loaded: minutes at 27B)."""
     import trtllm_bole.llm as llm_module
-    from trtllm_bole.config import BoleConfig
     from trtllm_bole.models.checkpoint import random_tensors, write_safetensors
     from trtllm_bole.models.config import load_config
     from trtllm_bole.testing import TINY_MTP_CONFIG
@@ -595,6 +594,38 @@ def test_shutdown_closes_a_serving_engine_made_from_the_llm_first():
     assert updates[-1].finish_reason == "abort" and sum(len(u.token_ids) for u in updates) < 1000
     with pytest.raises(RuntimeError, match="this LLM was shut down"):
         ServingEngine.for_llm(llm)
+
+
+def test_a_served_llm_refuses_to_step_by_itself():
+    """The serving engine's thread steps the executor without the LLM's lock: a generate of the LLM's own
+    beside it had stepped the same executor at once (wrong tokens on both sides, an IndexError, a GDN slot
+    of -1). Once served, the LLM refuses to generate, stream, warm up or serve again, in one line, and
+    the served request reads as plain decoding does; an LLM whose own stream still runs is not served."""
+    prompt, params = [5, 6, 7], SamplingParams(max_tokens=24)
+    plain = LLM(max_batch_size=2, max_seq_len=128, speculative_config=BoleConfig(mode="ar"))
+    expected = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    llm = LLM(max_batch_size=2, max_seq_len=128)
+    stream = llm.generate_stream(prompt, params)
+    next(stream)
+    with pytest.raises(RuntimeError, match=r"still runs 1 request\(s\) of its own"):
+        ServingEngine.for_llm(llm)
+    stream.close()
+    engine = ServingEngine.for_llm(llm)
+    got, done = [], threading.Event()
+    try:
+        engine.submit(prompt, params, lambda u: (got.extend(u.token_ids), u.finished and done.set()))
+        for refused in (
+            lambda: llm.generate([prompt], params, use_tqdm=False),
+            lambda: next(llm.generate_stream(prompt, params)),
+            lambda: llm.warm_up(use_tqdm=False),
+            lambda: ServingEngine.for_llm(llm),
+        ):
+            with pytest.raises(RuntimeError, match=r"this LLM is served .* submit requests to the server"):
+                refused()
+        assert done.wait(60)
+    finally:
+        llm.shutdown()
+    assert got == expected
 
 
 def _live_allocation_sites(top: int = 8) -> str:

@@ -91,7 +91,7 @@ class LLM:
 
     Thread-safe: calls from several threads (or interleaved streams) share the executor's steps, each
     returning its own requests' tokens; :class:`~trtllm_bole.serving.ServingEngine` serves many callers
-    from one thread instead. :meth:`shutdown` (or leaving a ``with LLM(...) as llm:`` block) frees the
+    from one thread instead (:meth:`serve`: the LLM is then the server's). :meth:`shutdown` (or leaving a ``with LLM(...) as llm:`` block) frees the
     model, its caches and graphs.
     """
 
@@ -144,6 +144,7 @@ class LLM:
         self._to_abort: list[Request] = []  # aborted by whoever next holds the lock
         self._shut_down = False
         self._servers: weakref.WeakSet[Server] = weakref.WeakSet()  # closed by shutdown, first
+        self._served = False  # by a server (serve), whose thread alone steps the executor from then on
 
     def __enter__(self) -> LLM:
         return self
@@ -173,18 +174,33 @@ class LLM:
             self.executor = self.model = None  # type: ignore[assignment]  # refused from here on
 
     def serve(self, make_server: Callable[[Executor], S]) -> S:
-        """``make_server(executor)``: a server that steps this LLM's executor from its own thread (the LLM
-        must not generate by itself afterwards), closed by :meth:`shutdown` before the executor goes."""
+        """``make_server(executor)``: a server that steps this LLM's executor from its own thread, closed by
+        :meth:`shutdown` before the executor goes. Its thread steps without this LLM's lock, so from then
+        on the LLM refuses to generate or warm up by itself (the two had stepped one executor at once,
+        wrong tokens on both sides), and a second server; an LLM whose own requests still run is refused."""
         with self._lock:
             self._check_open()
+            self._abort_queued()  # closed streams' requests
+            own = len(self.executor.scheduler.running) + len(self.executor.scheduler.waiting)
+            if own:
+                raise RuntimeError(
+                    f"this LLM still runs {own} request(s) of its own (a generate call, an unfinished "
+                    "stream): serve it once they end"
+                )
             server = make_server(self.executor)
             self._servers.add(server)
+            self._served = True
             return server
 
     def _check_open(self) -> None:
-        """Under the lock: refuse work once :meth:`shutdown` ran."""
+        """Under the lock: refuse work once :meth:`shutdown` ran, or once a server steps the executor."""
         if self._shut_down:
             raise RuntimeError("this LLM was shut down: make a new LLM to generate")
+        if self._served:
+            raise RuntimeError(
+                "this LLM is served (LLM.serve, ServingEngine.for_llm), whose thread steps its executor: "
+                "submit requests to the server, or make another LLM to generate"
+            )
 
     def generate(
         self,
