@@ -91,8 +91,8 @@ class LLM:
 
     Thread-safe: calls from several threads (or interleaved streams) share the executor's steps, each
     returning its own requests' tokens; :class:`~trtllm_bole.serving.ServingEngine` serves many callers
-    from one thread instead (:meth:`serve`: the LLM is then the server's). :meth:`shutdown` (or leaving a ``with LLM(...) as llm:`` block) frees the
-    model, its caches and graphs.
+    from one thread instead (:meth:`serve`: the LLM is then the server's). :meth:`shutdown` (or leaving
+    a ``with LLM(...) as llm:`` block) frees the model, its caches and graphs.
     """
 
     def __init__(
