@@ -3430,4 +3430,18 @@ MUTANTS = [
         "",
         ["tests/test_llm.py", "-k", "whoever_holds"],
     ),
+    Mutant(
+        "LQ6",
+        "trtllm_bole/llm.py",
+        "        if self._served:\n",
+        "        if False:\n",
+        ["tests/test_llm.py", "-k", "served"],
+    ),
+    Mutant(
+        "LQ7",
+        "trtllm_bole/llm.py",
+        "            if own:\n",
+        "            if False:\n",
+        ["tests/test_llm.py", "-k", "served"],
+    ),
 ]
