@@ -44,7 +44,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
-from trtllm_bole.config import one_line, short_repr
+from trtllm_bole.config import default_depth, one_line, short_repr
 from trtllm_bole.kernels.compiles import recording_compiles
 from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
@@ -246,6 +246,16 @@ def check_engine(
             llm.engine.runtime_settings(dtype, max(batches), longest, BoleConfig.for_mode(mode, **bole_args))
 
 
+def speculation(llm: LLM, given: dict) -> dict:
+    """Every run's draft settings in full (the results record them): those ``given``, the unset tree size
+    and depth the engine's where there is one (as ``generate --model ENGINE`` takes them: a default depth
+    of 8 failed on an engine of shallower trees), else BoleConfig's defaults."""
+    fields = BoleConfig.model_fields
+    unset = {"max_depth": default_depth(given.get("max_nodes")), "top_k": fields["top_k"].default,
+             "max_nodes": fields["max_nodes"].default}  # fmt: skip
+    return {**unset, **(llm.engine.drafts(given) if llm.engine is not None else given)}
+
+
 def executor_for(llm: LLM, mode: str, bole_args: dict, max_batch: int, max_seq_len: int) -> Executor:
     """A fresh executor of ``mode`` on the LLM's model (the model keeps its cache and draft graphs)."""
     return Executor(
@@ -425,15 +435,14 @@ def check_args(
     modes, batches = check_runs(parser, args.modes, args.batch_sizes)
     if args.repeats < 1 or args.warmup < 0:
         parser.error(f"--repeats {args.repeats} (1 or more), --warmup {args.warmup} (0 or more)")
-    bole_args = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
+    flags = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
+    bole_args = {name: value for name, value in flags.items() if value is not None}
     try:
         for mode in ["ar", *modes]:  # the executors' configs: ar always runs
             BoleConfig.for_mode(mode, **bole_args)
     except ValidationError as e:
-        parser.error(
-            f"--depth {args.depth}, --branching {args.branching}, --max-nodes {args.max_nodes}: "
-            f"{one_line(e, SPECULATION_FLAGS)}"
-        )
+        given = ", ".join(f"{SPECULATION_FLAGS[name]} {value}" for name, value in bole_args.items())
+        parser.error(f"{given}: {one_line(e, SPECULATION_FLAGS)}")
     check_tag(parser, args.tag)
     check_out(parser, args.out)
     return modes, [1] if args.kind == "latency" else batches, bole_args
@@ -455,9 +464,13 @@ def main(argv: list[str] | None = None) -> int:
         help="ar always runs (the reference), reported if listed",
     )
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="throughput only (latency: 1)")
-    parser.add_argument("--depth", type=int, default=8)
-    parser.add_argument("--branching", type=int, default=4)
-    parser.add_argument("--max-nodes", type=int, default=63, help="draft tokens (+1 pending: 64)")
+    parser.add_argument(
+        "--depth", type=int, help="draft tree depth (unset: the engine's, else 8; --max-nodes where fewer)"
+    )
+    parser.add_argument("--branching", type=int, help="draft top-k a node (unset: 4)")
+    parser.add_argument(
+        "--max-nodes", type=int, help="draft tokens (unset: the engine's, else 63; +1 pending: 64)"
+    )
     parser.add_argument("--warmup", type=int, default=16,
                         help="tokens per request of the untimed run before each (batch, mode)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=1,
@@ -467,10 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     modes, batches, bole_args = check_args(parser, args)
-    llm = LLM(
-        args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype, max_batch_size=1
-    )
-    try:
+    try:  # a missing engine, a device this torch does not see: one line, as for the flags above
+        llm = LLM(args.engine, speculative_config=BoleConfig(), device=args.device, dtype=args.dtype,
+                  max_batch_size=1)  # fmt: skip
+        bole_args = speculation(llm, bole_args)
         dataset = load_dataset(args.dataset, llm)
         check_engine(llm, args.dtype, batches, ["ar", *modes], bole_args, dataset)
     except ValueError as e:

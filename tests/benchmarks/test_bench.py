@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -393,6 +394,7 @@ def test_bench_refuses_a_bad_dataset_or_command_line_with_a_message(tmp_path):
         (["--modes", "ar,medusa"], "--modes ar,medusa: each of ar, chain, tree-serial, bole"),
         (["--batch-sizes", "1,0"], "--batch-sizes 1,0: comma-separated integers of 1 or more"),
         (["--repeats", "0"], "--repeats 0 (1 or more)"),
+        (["--engine", str(tmp_path / "no")], f"model {tmp_path / 'no'} is not a directory"),  # a traceback
     ):
         done = subprocess.run([*bench, *extra], capture_output=True, text=True)
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
@@ -425,7 +427,7 @@ def test_bench_refuses_a_bad_command_line_before_the_model_loads(tmp_path, monke
     for extra, message in (
         (["--depth", "16"], "--depth: Input should be less than or equal to 15 (got 16)"),
         (["--branching", "0"], "--branching: Input should be greater than or equal to 1 (got 0)"),
-        (["--max-nodes", "4"], "--max-nodes 4: --max-nodes (4) must be at least --depth (8)"),
+        (["--depth", "8", "--max-nodes", "4"], "--depth 8, --max-nodes 4: --max-nodes (4) must be at least"),
         (["--batch-sizes", "8,8"], "--batch-sizes 8,8: comma-separated integers of 1 or more, each at most"),
         (["--batch-sizes", "1,01"], "each at most once"),
         (["--modes", "ar,bole,ar"], "--modes ar,bole,ar: each of ar, chain, tree-serial, bole at most once"),
@@ -578,6 +580,12 @@ def test_an_engine_is_benchmarked_within_its_build(tmp_path):
     dataset = [([5, 7, 9] * 10, 16)]  # 46 tokens: within 64, not with the bench's 32 tokens of room
     bench.check_engine(llm, "auto", [1, 2], ["ar", "bole"], small, dataset)
     assert bench.max_seq_len_for(dataset, llm) == 64
+    # Unset tree sizes are the engine's (bench's own defaults, depth 8, failed on this engine), else 8 / 63.
+    assert bench.speculation(llm, {}) == {"max_depth": 2, "top_k": 4, "max_nodes": 3}
+    assert bench.speculation(llm, {"max_nodes": 1}) == {"max_depth": 1, "top_k": 4, "max_nodes": 1}
+    checkpoint = types.SimpleNamespace(engine=None)
+    assert bench.speculation(checkpoint, {}) == {"max_depth": 8, "top_k": 4, "max_nodes": 63}
+    assert bench.speculation(checkpoint, {"max_nodes": 4}) == {"max_depth": 4, "top_k": 4, "max_nodes": 4}
     # A chain's max_nodes is no tree's (it was checked as bole's: "max_nodes (1) must be at least ...").
     bench.check_engine(llm, "auto", [1], ["ar", "chain"], {**small, "max_nodes": 1}, dataset)
     for batches, modes, bole_args, data, words in (

@@ -94,12 +94,7 @@ class Engine:
             )
         given = bole.model_dump(include=bole.model_fields_set) if bole else {}
         mode = given.pop("mode", BoleConfig.model_fields["mode"].default)
-        nodes = given.get("max_nodes", b["max_draft_nodes"])
-        engine = {
-            "max_depth": default_depth(nodes, b["max_draft_depth"]),
-            "max_nodes": b["max_draft_nodes"],
-        }
-        bole = BoleConfig.for_mode(mode, **{**engine, **given})
+        bole = BoleConfig.for_mode(mode, **self.drafts(given))
         asked = {
             "max_batch_size": b["max_batch_size"] if max_batch_size is None else max_batch_size,
             "max_seq_len": b["max_seq_len"] if max_seq_len is None else max_seq_len,
@@ -113,6 +108,18 @@ class Engine:
                     f"with --{name.replace('_', '-')} {value}"
                 )
         return asked["max_batch_size"], asked["max_seq_len"], bole
+
+    def drafts(self, given: dict) -> dict:
+        """Draft settings ``given`` (``max_depth``, ``max_nodes``, ``top_k``: any of them), the unset tree
+        size and depth the build's: its ``max_draft_nodes``, and its ``max_draft_depth`` or the nodes where
+        fewer (:func:`~trtllm_bole.config.default_depth`)."""
+        b = self.build
+        nodes = given.get("max_nodes", b["max_draft_nodes"])
+        return {
+            "max_depth": default_depth(nodes, b["max_draft_depth"]),
+            "max_nodes": b["max_draft_nodes"],
+            **given,
+        }
 
     def load_model(self, *, device: str = "cpu", mtp: bool = True, progress: bool = True) -> Qwen35Model:
         """The model, filled from the runtime-layout weights (names and shapes checked)."""
