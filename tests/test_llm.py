@@ -328,6 +328,9 @@ def test_a_prompt_that_is_no_sequence_is_named(llm):
             next(llm.generate_stream(prompt))
     with pytest.raises(ValueError, match="sampling_params must be SamplingParams or a list of them, got 5"):
         llm.generate("def f():", 5, use_tqdm=False)  # was a TypeError from list()
+    # A dict's keys were taken for the list: "must be SamplingParams, got 'max_tokens'"
+    with pytest.raises(ValueError, match=r"got a dict: pass SamplingParams\(\*\*\{'max_tokens': 4\}\)"):
+        llm.generate("def f():", {"max_tokens": 4}, use_tqdm=False)
 
 
 def test_bytes_are_refused_rather_than_read_as_token_ids(llm):

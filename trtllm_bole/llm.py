@@ -555,6 +555,11 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n:
         return [SamplingParams()] * n
     if isinstance(params, SamplingParams):
         return [params] * n
+    if isinstance(params, Mapping):  # its keys became the list: "got 'max_tokens'"
+        raise ValueError(
+            f"sampling_params must be SamplingParams or a list of them, got a dict: pass "
+            f"SamplingParams(**{short_repr(params)})"
+        )
     try:
         params = list(params)
     except TypeError:
