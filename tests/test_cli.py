@@ -106,6 +106,7 @@ def test_generate_refuses_what_it_cannot_serve_in_one_line(tmp_path):
         (["--model", str(checkpoint)], "has no tokenizer.json"),
         (["--device", "tpu"], "device must be 'cpu', 'cuda' or 'cuda:N'"),
         (["--prompt-ids", "1,,2"], "--prompt-ids takes comma-separated integers"),
+        (["--prompt", "a", "--prompt-ids", "1"], "--prompt-ids: not allowed with argument --prompt"),
     ]
     for args, words in cases:
         done = subprocess.run(

@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=HelpWithDefaults,
     )  # fmt: skip
     gen.add_argument("--model", default=None, help="checkpoint or engine dir (default: the embedded model)")
-    gen.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue")
-    gen.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of --prompt")
+    prompt = gen.add_mutually_exclusive_group()  # both given: --prompt had been dropped without a word
+    prompt.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue")
+    prompt.add_argument("--prompt-ids", default=None, help="comma-separated token ids instead of --prompt")
     gen.add_argument(
         "--mode", choices=["ar", "chain", "tree-serial", "bole"], default="bole",
         help="plain decoding, a drafted chain, or a drafted tree verified node by node or in closed form",
