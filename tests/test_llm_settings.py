@@ -20,6 +20,26 @@ def test_kv_cache_tokens_round_up_to_whole_blocks():
     )  # 48 KV tokens hold max_seq_len - 1 and a one-token tree
 
 
+def test_an_output_stops_where_one_request_fits_whichever_limit_sets_it():
+    """A KV cache that holds fewer tokens than the context lowers the request limit, and a max_tokens past
+    it ends there ("length"), as past the context: it was refused instead. Both read alike (greedy,
+    speculative), and a prompt that leaves no room for a token is refused by either."""
+    from trtllm_bole import SamplingParams
+
+    by_context, by_cache = LLM(max_seq_len=104), LLM(kv_cache_tokens=112)
+    params = SamplingParams(max_tokens=200)
+    outputs = []
+    for llm in (by_context, by_cache):
+        assert llm.executor.scheduler.request_limit == 103
+        [out] = llm.generate([[5] * 5], params, use_tqdm=False)
+        done = out.outputs[0]
+        assert (out.error, done.finish_reason, len(done.token_ids)) == (None, "length", 98)
+        outputs.append(done.token_ids)
+        [refused] = llm.generate([[5] * 103], SamplingParams(max_tokens=1), use_tqdm=False)
+        assert "so a prompt of at most 102" in refused.error
+    assert outputs[0] == outputs[1]
+
+
 def test_no_prompts_give_no_outputs(llm):
     assert llm.generate([], use_tqdm=False) == []
 

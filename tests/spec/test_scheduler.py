@@ -89,13 +89,17 @@ def test_the_context_limit_is_the_same_in_every_mode():
 
 
 def test_a_cache_smaller_than_one_context_lowers_the_request_limit():
+    """A request's output stops at the request limit as at the context limit (finish "length"): a
+    max_tokens past what the KV cache holds was refused, one past the context cut short. A prompt that
+    leaves no room for a token is refused."""
     s = make(n_blocks=4, block_size=4, max_seq_len=32, tree_tokens=4)  # 16 positions, 4 of them headroom
     assert (s.context_limit, s.request_limit) == (31, 12)
-    fits, too_big = req(0, 4, max_tokens=8), req(1, 4, max_tokens=9)
-    s.add(fits)
-    s.add(too_big)
-    assert list(s.waiting) == [fits]
-    assert "need 5 KV blocks" in too_big.error and "at most 12 prompt + output tokens" in too_big.error
+    fits, more, too_long = req(0, 4, max_tokens=8), req(1, 4, max_tokens=100), req(2, 12, max_tokens=1)
+    for r in (fits, more, too_long):
+        s.add(r)
+    assert list(s.waiting) == [fits, more] and s.reservation(4, 100) == s.reservation(4, 8) == 4
+    assert "prompt of 12 tokens exceeds what the KV cache holds" in too_long.error
+    assert "4 blocks of 4 hold 12 prompt + output tokens" in too_long.error and "at most 11" in too_long.error
     assert make().request_limit == make().context_limit  # a cache that holds a whole context
 
 

@@ -332,7 +332,7 @@ class Executor:
                 continue
             seed = r.params.seed
             generator = None if seed is None else request_generator(seed, device)
-            room = self.scheduler.context_limit - len(r.prompt_ids)
+            room = self.scheduler.request_limit - len(r.prompt_ids)
             last = hidden[end - 1].clone()  # a copy: a replayed prefill's hidden is reused
             r.runtime = RequestRuntime(-1, last, generator, min(r.params.max_tokens, room))
             whole.append(r)

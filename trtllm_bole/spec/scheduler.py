@@ -194,12 +194,13 @@ class Scheduler:
                 f"max_seq_len {self.max_seq_len} holds {self.context_limit} prompt + output tokens, so a "
                 f"prompt of at most {limit}",
             )
-        elif (needed := self._reservation(request)) > self.blocks.num_blocks:
+        elif len(request.prompt_ids) >= self.request_limit:
             self._fail(
                 request,
-                f"prompt + max_tokens of {len(request.prompt_ids) + request.params.max_tokens} tokens need "
-                f"{needed} KV blocks (with {self.tree_tokens} of tree headroom) and the whole cache holds "
-                f"{self.blocks.num_blocks}: at most {self.request_limit} prompt + output tokens per request",
+                f"prompt of {len(request.prompt_ids)} tokens exceeds what the KV cache holds for one "
+                f"request: {self.blocks.num_blocks} blocks of {self.blocks.block_size} hold "
+                f"{self.request_limit} prompt + output tokens and {self.tree_tokens} of tree headroom, so a "
+                f"prompt of at most {self.request_limit - 1}",
             )
         else:
             self.waiting.append(request)
@@ -248,8 +249,8 @@ class Scheduler:
 
     def reservation(self, prompt: int, max_tokens: int) -> int:
         """KV blocks a request of ``prompt`` tokens and ``max_tokens`` holds from its admission on: its
-        context up to the limit, and a tree's headroom past it."""
-        return self.blocks.blocks_for(min(prompt + max_tokens, self.context_limit) + self.tree_tokens)
+        context up to the request limit (where its output stops), and a tree's headroom past it."""
+        return self.blocks.blocks_for(min(prompt + max_tokens, self.request_limit) + self.tree_tokens)
 
     def _reservation(self, request: Request) -> int:
         return self.reservation(len(request.prompt_ids), request.params.max_tokens)
