@@ -301,15 +301,15 @@ MUTANTS = [
     Mutant(
         "E10",
         "trtllm_bole/spec/executor.py",
-        "room = self.scheduler.context_limit - len(r.prompt_ids)",
-        "room = self.scheduler.context_limit - len(r.prompt_ids) + 1",
+        "room = self.scheduler.request_limit - len(r.prompt_ids)",
+        "room = self.scheduler.request_limit - len(r.prompt_ids) + 1",
         ["tests/spec/test_executor.py"],
     ),
     Mutant(
         "SC1",
         "trtllm_bole/spec/scheduler.py",
-        "return self.blocks.blocks_for(min(prompt + max_tokens, self.context_limit) + self.tree_tokens)",
-        "return self.blocks.blocks_for(min(prompt + max_tokens, self.context_limit))",
+        "return self.blocks.blocks_for(min(prompt + max_tokens, self.request_limit) + self.tree_tokens)",
+        "return self.blocks.blocks_for(min(prompt + max_tokens, self.request_limit))",
         ["tests/spec/test_scheduler.py", "tests/spec/test_executor.py"],
     ),
     Mutant(
@@ -3443,5 +3443,19 @@ MUTANTS = [
         "            if own:\n",
         "            if False:\n",
         ["tests/test_llm.py", "-k", "served"],
+    ),
+    Mutant(
+        "E20",
+        "trtllm_bole/spec/executor.py",
+        "room = self.scheduler.request_limit - len(r.prompt_ids)",
+        "room = self.scheduler.context_limit - len(r.prompt_ids)",
+        ["tests/test_llm_settings.py", "tests/spec/test_executor.py"],
+    ),
+    Mutant(
+        "SC9",
+        "trtllm_bole/spec/scheduler.py",
+        "return self.blocks.blocks_for(min(prompt + max_tokens, self.request_limit) + self.tree_tokens)",
+        "return self.blocks.blocks_for(min(prompt + max_tokens, self.context_limit) + self.tree_tokens)",
+        ["tests/spec/test_scheduler.py", "tests/test_llm_settings.py"],
     ),
 ]
