@@ -3458,4 +3458,11 @@ MUTANTS = [
         "return self.blocks.blocks_for(min(prompt + max_tokens, self.context_limit) + self.tree_tokens)",
         ["tests/spec/test_scheduler.py", "tests/test_llm_settings.py"],
     ),
+    Mutant(
+        "E21",
+        "trtllm_bole/spec/executor.py",
+        "if not self._stepping.acquire(blocking=False):",
+        "if not self._stepping.acquire(blocking=True):",
+        ["tests/spec/test_executor.py", "-k", "second_thread"],
+    ),
 ]

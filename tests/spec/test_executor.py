@@ -4,6 +4,7 @@ and no leaked slots or blocks under churn."""
 import contextlib
 import itertools
 import re
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -227,6 +228,36 @@ def test_a_later_executor_on_the_model_stops_the_earlier_one(config):
     with pytest.raises(RuntimeError, match="given its cache to a later executor"):
         first.step()
     assert run(later, [PROMPTS[0]], SamplingParams(max_tokens=5))[0].finish_reason == "length"
+
+
+def test_a_step_on_a_second_thread_is_refused_while_one_runs(config, monkeypatch):
+    """Two threads stepping one executor at once (two ServingEngines on it, or an LLM's generate beside
+    its server) mixed their batches: wrong tokens on both sides, an IndexError, a GDN slot of -1. The
+    second step is refused; the first one ends as it would, and steps go on after it."""
+    spec = Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=2)
+    request = spec.submit(PROMPTS[0], SamplingParams(max_tokens=4))
+    inside, leave = threading.Event(), threading.Event()
+    step = spec._step
+
+    def held_step():
+        inside.set()
+        assert leave.wait(30)
+        return step()
+
+    monkeypatch.setattr(spec, "_step", held_step)
+    first = threading.Thread(target=spec.step)
+    first.start()
+    assert inside.wait(30)
+    try:
+        with pytest.raises(RuntimeError, match="already stepping on another thread"):
+            spec.step()
+    finally:
+        leave.set()
+        first.join(30)
+    monkeypatch.setattr(spec, "_step", step)
+    while spec.has_unfinished:
+        spec.step()
+    assert request.finish_reason == "length" and len(request.output_ids) == 4
 
 
 def test_a_sampled_request_s_first_token_comes_from_its_own_prompt(config):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -195,6 +196,7 @@ class Executor:
         # With graphs, one more state slot than requests: a prefill graph's padding chain (prefill_graphs).
         self.cache = model.allocate_cache(max_batch_size + graphs, num_blocks, block_size)
         self._allocation = model.cache_allocations  # a later executor on this model takes the cache over
+        self._stepping = threading.Lock()  # held by the step under way: a second thread's is refused
         self.scheduler = Scheduler(
             BlockManager(num_blocks, block_size),
             SlotPool(max_batch_size),
@@ -291,8 +293,16 @@ class Executor:
                 "this executor's model has given its cache to a later executor (which zeroed it): its "
                 "requests' states are gone. Run one executor per model at a time"
             )
-        with on_device(self.model.device):
-            return self._step()
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError(
+                "this executor is already stepping on another thread: one thread at a time steps it (an "
+                "LLM's calls share its lock; a ServingEngine's thread is the only one to step what it serves)"
+            )
+        try:
+            with on_device(self.model.device):
+                return self._step()
+        finally:
+            self._stepping.release()
 
     def _step(self) -> list[StepEvent]:
         admitted = self.scheduler.admit(self.max_batch_size)
