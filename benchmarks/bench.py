@@ -486,8 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         bole_args = speculation(llm, bole_args)
         dataset = load_dataset(args.dataset, llm)
         check_engine(llm, args.dtype, batches, ["ar", *modes], bole_args, dataset)
-    except ValueError as e:
-        parser.error(str(e))
+    except ValueError as e:  # a tree given deeper than the engine's nodes: pydantic's, in one line
+        parser.error(one_line(e, SPECULATION_FLAGS) if isinstance(e, ValidationError) else str(e))
     # Prompts of every prefill chunk shape first: the per-(batch, mode) warm-ups serve only the dataset's
     # first prompts, and a commit variant met first inside a timed run compiled there (ar, batch 1).
     llm.warm_up(use_tqdm=False)

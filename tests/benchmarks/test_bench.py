@@ -563,7 +563,7 @@ def test_acceptance_eval_refuses_counts_it_cannot_run(capsys):
         assert exit_.value.code == 2 and "(1 to the 64 held out)" in capsys.readouterr().err
 
 
-def test_an_engine_is_benchmarked_within_its_build(tmp_path):
+def test_an_engine_is_benchmarked_within_its_build(tmp_path, capsys):
     """As LLM(engine) refuses: a batch, a request length or a tree past the build names the flag to rebuild
     with; within it the executors' max_seq_len stays inside the build's."""
     from trtllm_bole import LLM
@@ -586,6 +586,12 @@ def test_an_engine_is_benchmarked_within_its_build(tmp_path):
     checkpoint = types.SimpleNamespace(engine=None)
     assert bench.speculation(checkpoint, {}) == {"max_depth": 8, "top_k": 4, "max_nodes": 63}
     assert bench.speculation(checkpoint, {"max_nodes": 4}) == {"max_depth": 4, "top_k": 4, "max_nodes": 4}
+    deeper = ["--modes", "bole", "--batch-sizes", "2", "--depth", "4"]  # than the engine's 3 nodes hold
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["throughput", "--dataset", str(tiny_dataset(tmp_path)), "--engine", str(path), *deeper,
+                    "--out", str(tmp_path / "out")])  # fmt: skip
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--max-nodes (3) must be at least --depth (4)" in error, error
     # A chain's max_nodes is no tree's (it was checked as bole's: "max_nodes (1) must be at least ...").
     bench.check_engine(llm, "auto", [1], ["ar", "chain"], {**small, "max_nodes": 1}, dataset)
     for batches, modes, bole_args, data, words in (
