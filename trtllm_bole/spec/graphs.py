@@ -135,8 +135,7 @@ class CacheGraphs(Generic[Owner]):
         """Drop the graphs of a replaced cache (they read its addresses), and their memory pool with them:
         a pool whose graphs are all gone is released, and cannot take a new capture."""
         if self.owner.cache is not self._cache:
-            self._graphs.clear()
-            self._pool = None
+            self.release()
             self._cache = self.owner.cache
 
 
