@@ -155,3 +155,21 @@ def test_encoding_a_long_text_lets_other_threads_run():
     ticker.join()
     longest = max(b - a for a, b in itertools.pairwise(stamps))
     assert took > 0.05 and longest < took / 2, (took, longest)
+
+
+def test_a_run_of_tokens_without_text_does_not_widen_the_decoded_window():
+    """Special tokens decode to no text (``ignore_eos`` can make thousands of them): each update decoded
+    every one of them since the last text again, quadratic in the run. They leave the window where it was;
+    the text around them reads as before, a SentencePiece-style leading space included."""
+    vocab = {0: "", 1: "\u2581def", 2: "\u2581f"}
+    windows = []
+
+    def decode(ids):
+        windows.append(len(ids))
+        return "".join(vocab[t] for t in ids).replace("\u2581", " ").removeprefix(" ")
+
+    ids = [1] + [0] * 200 + [2]
+    delta = TextDelta(decode, prompt_ids=[1])
+    pieces = [delta(ids[:n], n == len(ids)) for n in range(1, len(ids) + 1)]
+    assert max(windows) <= 3
+    assert "".join(pieces) == output_text(decode, [1], ids) == " def f"

@@ -83,7 +83,10 @@ class TextDelta:
     """Incremental detokenization that hands out only new text, decoding a short window per update.
 
     Only the tokens new since the last settled point are decoded (together with the tokens just
-    before them, whose context a merge may need). Text that may still change is held back until the
+    before them, whose context a merge may need). Tokens of no text, alone or after the context
+    (special tokens, which decoding skips; not the bytes of a character still cut), leave that context
+    as it is: a run of them under ``ignore_eos`` grew the window, and each update decoded the whole run
+    again. Text that may still change is held back until the
     request finishes: a trailing U+FFFD (a multi-byte character cut between tokens) and a tail that
     could be the start of a stop string; on finish the text is cut at the first stop string, as
     :meth:`LLM.generate` cuts it. The first window starts in the prompt's last tokens, so the output's
@@ -100,7 +103,7 @@ class TextDelta:
         self.stop = [s for s in stop if s]
         self.lead = list(prompt_ids[-LEAD_TOKENS:])  # the output's text is read after them (output_text)
         self.text = ""  # the decoded output_ids[: self.read]
-        self.prefix = -len(self.lead)  # where the decoding window starts: the last settled point (< 0: lead)
+        self.context = self.lead  # the tokens the new ones are decoded after: the last ones settled
         self.read = 0
         self.sent = 0  # characters of self.text already handed out
         self.pending = ""  # the unsettled window's text but its trailing U+FFFD, which can no longer change
@@ -112,15 +115,16 @@ class TextDelta:
         if self.decode is None:
             return ""
         if len(output_ids) > self.read:
-            settled = self.lead[self.prefix :] if self.prefix < 0 else output_ids[self.prefix : self.read]
-            piece = text_after(self.decode, settled, output_ids[self.read :])
+            piece = text_after(self.decode, self.context, output_ids[self.read :])
             whole = piece is None  # the decoder rewrote text before the new tokens: decode all again
             if whole:
                 piece = output_text(self.decode, self.lead, output_ids)
                 self.cut, self.searched = None, 0  # and search it all again
-            if finished or (piece and not piece.endswith("\ufffd")):
+            if not (piece or whole or finished) and not self.decode(output_ids[self.read :]):
+                self.read, self.pending = len(output_ids), ""  # no text of their own: the context stays
+            elif finished or (piece and not piece.endswith("\ufffd")):
                 self.text = piece if whole else self.text + piece
-                self.prefix, self.read = self.read, len(output_ids)
+                self.context, self.read = output_ids[self.read :], len(output_ids)
                 self.pending = ""
             else:  # only the last character (a trailing U+FFFD) may still change: the rest can be sent
                 self.pending = "" if whole else piece.removesuffix("\ufffd")

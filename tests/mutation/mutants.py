@@ -1485,8 +1485,8 @@ MUTANTS = [
     Mutant(
         "X2",
         "trtllm_bole/text.py",
-        'if finished or (piece and not piece.endswith("\\ufffd")):',
-        'if piece and not piece.endswith("\\ufffd"):',
+        'elif finished or (piece and not piece.endswith("\\ufffd")):',
+        'elif piece and not piece.endswith("\\ufffd"):',
         [
             "tests/test_text.py",
             "tests/serving/test_serving_engine.py",
@@ -1504,8 +1504,8 @@ MUTANTS = [
     Mutant(
         "X4",
         "trtllm_bole/text.py",
-        "self.prefix, self.read = self.read, len(output_ids)",
-        "self.prefix = self.read = len(output_ids)",
+        "self.context, self.read = output_ids[self.read :], len(output_ids)",
+        "self.context, self.read = [], len(output_ids)",
         [
             "tests/test_text.py",
             "tests/serving/test_serving_engine.py",
@@ -1524,6 +1524,20 @@ MUTANTS = [
             "tests/test_llm.py",
             "tests/spec/test_executor.py",
         ],
+    ),
+    Mutant(
+        "X6",
+        "trtllm_bole/text.py",
+        "if not (piece or whole or finished) and not self.decode(output_ids[self.read :]):",
+        "if not (piece or whole or finished):",
+        ["tests/test_text.py"],
+    ),
+    Mutant(
+        "X7",
+        "trtllm_bole/text.py",
+        'self.read, self.pending = len(output_ids), ""  # no text',
+        'self.pending = ""  # no text',
+        ["tests/test_text.py"],
     ),
     Mutant(
         "U3",
