@@ -94,7 +94,9 @@ def test_cuda_without_a_gpu_is_refused_by_name():
 
 
 def test_generate_refuses_what_it_cannot_serve_in_one_line(tmp_path):
-    """A text prompt for a checkpoint without a tokenizer, a bad device, malformed ids: before streaming."""
+    """A text prompt for a checkpoint without a tokenizer, a bad device, malformed ids or ones outside the
+    vocabulary: before streaming (ids past the vocabulary were the request's error, exit 1 after a blank
+    line)."""
     import shutil
 
     from trtllm_bole.llm import DEFAULT_MODEL
@@ -106,6 +108,11 @@ def test_generate_refuses_what_it_cannot_serve_in_one_line(tmp_path):
         (["--model", str(checkpoint)], "has no tokenizer.json"),
         (["--device", "tpu"], "device must be 'cpu', 'cuda' or 'cuda:N'"),
         (["--prompt-ids", "1,,2"], "--prompt-ids takes comma-separated integers"),
+        (["--prompt-ids=-1"], "--prompt-ids takes token ids (>= 0), got [-1]"),  # was exit 1, after loading
+        (
+            ["--prompt-ids", "1,8192"],
+            "the prompt's token ids [8192] are outside the model's vocabulary [0, 8192)",
+        ),
         (["--prompt", "a", "--prompt-ids", "1"], "--prompt-ids: not allowed with argument --prompt"),
     ]
     for args, words in cases:

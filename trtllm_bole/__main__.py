@@ -69,9 +69,16 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
             prompt = [int(t) for t in args.prompt_ids.split(",")]
         except ValueError:
             raise ValueError(f"--prompt-ids takes comma-separated integers: {args.prompt_ids!r}") from None
+        if negative := [t for t in prompt if t < 0]:
+            raise ValueError(f"--prompt-ids takes token ids (>= 0), got {negative[:5]}")
     llm = LLM(args.model, speculative_config=bole, device=args.device, dtype=args.dtype,
               max_seq_len=args.max_seq_len, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
     ids = llm.encode(prompt)  # a text prompt needs the model's tokenizer: say so before anything streams
+    vocab = llm.model.config.vocab_size
+    if outside := [t for t in ids if t >= vocab]:  # else the request's error, exit 1 after loading
+        raise ValueError(
+            f"the prompt's token ids {outside[:5]} are outside the model's vocabulary [0, {vocab})"
+        )
     scheduler, positions = llm.executor.scheduler, llm.model.config.max_position_embeddings
     if len(ids) > scheduler.prompt_limit:
         # An engine's own limit (no --max-seq-len given): only a rebuild raises it.
