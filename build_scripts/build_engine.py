@@ -206,8 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     from trtllm_bole.llm import DEFAULT_MODEL
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
+    try:  # a flag's value out of range is a usage error, as a malformed one is (exit 2)
         check_device(device)
+        settings = BuildSettings(
+            args.dtype, args.max_batch_size, args.max_seq_len, args.max_draft_depth, args.max_draft_nodes
+        ).validated(device)
     except ValueError as e:
         cli.error(str(e))
     checkpoint = args.checkpoint or DEFAULT_MODEL
@@ -227,9 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     calibration = None
     if args.calibrate:
         calibration = _calibration(cli, args)
-    settings = BuildSettings(
-        args.dtype, args.max_batch_size, args.max_seq_len, args.max_draft_depth, args.max_draft_nodes
-    )
     start = time.perf_counter()
     try:
         path, built = build_engine(

@@ -57,7 +57,8 @@ def test_a_terminated_build_leaves_nothing_behind(tmp_path):
 
 
 def test_user_mistakes_get_one_line_errors(tmp_path):
-    """Usage errors exit 2 and unwritable outputs 1, each with one line naming the problem (no traceback)."""
+    """Usage errors exit 2 (a flag out of range too: it exited 1, as a failed build does) and unwritable
+    outputs 1, each with one line naming the problem (no traceback)."""
     (tmp_path / "file").write_text("")
     cases = [
         (["--calibration-repeats", "3"], 2, "--calibration-repeats applies only with --calibrate"),
@@ -66,7 +67,9 @@ def test_user_mistakes_get_one_line_errors(tmp_path):
         (["--calibrate", "--epsilon", "-1"], 2, "epsilon must be a number >= 0, got -1.0"),
         (["--device", "tpu"], 2, "device must be 'cpu', 'cuda' or 'cuda:N'"),
         (["--calibrate", "--calibration-batches", "1,1"], 2, "batch_buckets must not repeat a value"),
-        (["--calibrate", "--max-draft-depth", "-5"], 1, "max_draft_depth must be a positive integer, got -5"),
+        (["--calibrate", "--max-draft-depth", "-5"], 2, "max_draft_depth must be a positive integer, got -5"),
+        (["--max-draft-depth", "9", "--max-draft-nodes", "1000"], 2, "cannot be served"),  # were exit 1
+        (["--max-seq-len", "2"], 2, "max_seq_len must be at least"),
         (["--output", str(tmp_path / "file" / "engine")], 1, "error: "),
     ]
     for args, code, words in cases:
