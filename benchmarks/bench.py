@@ -44,7 +44,7 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from trtllm_bole import LLM, BoleConfig, SamplingParams
-from trtllm_bole.config import default_depth, one_line, short_repr
+from trtllm_bole.config import default_depth, one_line, short_repr, unused_drafts
 from trtllm_bole.kernels.compiles import recording_compiles
 from trtllm_bole.spec.calibration import device_name
 from trtllm_bole.spec.executor import Executor
@@ -437,6 +437,10 @@ def check_args(
         parser.error(f"--repeats {args.repeats} (1 or more), --warmup {args.warmup} (0 or more)")
     flags = {"max_depth": args.depth, "top_k": args.branching, "max_nodes": args.max_nodes}
     bole_args = {name: value for name, value in flags.items() if value is not None}
+    if unused := [name for name in bole_args if all(name in unused_drafts(m, bole_args)[0] for m in modes)]:
+        # Each executor takes only the settings its mode uses: one that no listed mode uses went unseen.
+        given = ", ".join(SPECULATION_FLAGS[name] for name in unused)
+        parser.error(f"{given}: used by none of --modes {args.modes}")
     try:
         for mode in ["ar", *modes]:  # the executors' configs: ar always runs
             BoleConfig.for_mode(mode, **bole_args)

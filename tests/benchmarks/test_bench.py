@@ -415,7 +415,8 @@ def no_model(*args, **kwargs):
 
 
 def test_bench_refuses_a_bad_command_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    """A tree the executors refuse (a pydantic traceback after the model's load and warm-up), a batch size
+    """A tree the executors refuse (a pydantic traceback after the model's load and warm-up), a draft
+    setting no listed mode uses (each executor takes only its mode's: it went unseen), a batch size
     listed twice (its second speed-up taken against the first's ar run), or results that cannot be written
     (lost after every timed run): each flag named, before the model loads."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -428,6 +429,11 @@ def test_bench_refuses_a_bad_command_line_before_the_model_loads(tmp_path, monke
         (["--depth", "16"], "--depth: Input should be less than or equal to 15 (got 16)"),
         (["--branching", "0"], "--branching: Input should be greater than or equal to 1 (got 0)"),
         (["--depth", "8", "--max-nodes", "4"], "--depth 8, --max-nodes 4: --max-nodes (4) must be at least"),
+        (["--modes", "ar", "--depth", "0"], "--depth: used by none of --modes ar"),  # was let through
+        (
+            ["--modes", "ar,chain", "--branching", "2", "--max-nodes", "4"],
+            "--branching, --max-nodes: used by",
+        ),
         (["--batch-sizes", "8,8"], "--batch-sizes 8,8: comma-separated integers of 1 or more, each at most"),
         (["--batch-sizes", "1,01"], "each at most once"),
         (["--modes", "ar,bole,ar"], "--modes ar,bole,ar: each of ar, chain, tree-serial, bole at most once"),
@@ -440,7 +446,7 @@ def test_bench_refuses_a_bad_command_line_before_the_model_loads(tmp_path, monke
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     out = tmp_path / "new" / "results"
-    chain = ["--modes", "chain", "--max-nodes", "4"]  # fewer nodes than the depth: only a tree needs more
+    chain = ["--modes", "chain,bole", "--max-nodes", "4"]  # bole's: its depth follows (4), the chain's stays
     with pytest.raises(AssertionError, match="the model loaded"):
         bench.main(["latency", "--dataset", str(data), *chain, "--out", str(out)])
     assert out.is_dir()
