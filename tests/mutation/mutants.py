@@ -1932,6 +1932,13 @@ MUTANTS = [
         "return scaled.softmax(-1)",
         ["tests/spec/test_sampling.py"],
     ),
+    Mutant(
+        "A15",
+        "trtllm_bole/spec/acceptance.py",
+        "torch.rand(count, generator=g, device=device, dtype=torch.float64)",
+        "torch.rand(count, generator=g, device=device)",
+        ["tests/spec/test_acceptance.py"],
+    ),
     # The top-k / top-p floor by radix select (trtllm_bole/kernels/filter_floor.py), in Triton's interpreter.
     Mutant(
         "F1",

@@ -167,6 +167,19 @@ def test_a_request_s_coins_come_from_its_own_generator():
     assert all(((c >= 0) & (c < 1)).all() for c in (batched, mixed))
 
 
+def test_coins_are_fine_enough_for_a_token_of_tiny_probability():
+    """Float32 coins are multiples of 2⁻²⁴: a draft of probability 1e-9 passed whenever its coin was 0 (60
+    times too often), and a bonus token whose CDF interval held no multiple was never drawn. Float64 coins
+    resolve both: a coin between the two tokens' CDF bounds picks the tiny one."""
+    coins = draw_coins([torch.Generator().manual_seed(3), None], 500_000, "cpu")
+    assert coins.dtype == torch.float64
+    assert (coins * 2**24 != (coins * 2**24).floor()).any()  # not all multiples of 2⁻²⁴
+    tiny = 1e-9
+    weights = torch.tensor([[1 - tiny, tiny]], dtype=torch.float64)
+    between = torch.tensor([1 - tiny / 2], dtype=torch.float64)  # no float32 lies there: it rounds to 1
+    assert inverse_cdf(weights, between).item() == 1 and float(torch.tensor(1 - tiny / 2).float()) == 1.0
+
+
 def chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 

@@ -184,7 +184,7 @@ class StepGraphs(ForestGraphs[Qwen35Model]):
         temperature, top_p = torch.ones(batch, device=device), torch.ones(batch, device=device)
         top_k, coins = (
             torch.zeros(batch, dtype=torch.long, device=device),
-            torch.zeros(batch, self.coins, device=device),
+            torch.zeros(batch, self.coins, dtype=torch.float64, device=device),  # as draw_coins draws them
         )
         return tokens, armed, *Sampling(temperature, top_k, top_p, coins)  # each its own buffer
 
