@@ -63,8 +63,8 @@ MUTANTS = [
     Mutant(
         "A5",
         "trtllm_bole/spec/acceptance.py",
-        "else torch.rand(count, generator=g, device=device)",
-        "else torch.rand(count, generator=generators[-1], device=device)",
+        "else torch.rand(count, generator=g, device=device, dtype=torch.float64)",
+        "else torch.rand(count, generator=generators[-1], device=device, dtype=torch.float64)",
         ["tests/spec/test_acceptance.py"],
     ),
     Mutant(
@@ -1935,8 +1935,8 @@ MUTANTS = [
     Mutant(
         "A15",
         "trtllm_bole/spec/acceptance.py",
-        "torch.rand(count, generator=g, device=device, dtype=torch.float64)",
-        "torch.rand(count, generator=g, device=device)",
+        "else torch.rand(count, generator=g, device=device, dtype=torch.float64)",
+        "else torch.rand(count, generator=g, device=device)",
         ["tests/spec/test_acceptance.py"],
     ),
     # The top-k / top-p floor by radix select (trtllm_bole/kernels/filter_floor.py), in Triton's interpreter.
