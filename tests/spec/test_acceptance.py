@@ -173,7 +173,7 @@ def test_coins_are_fine_enough_for_a_token_of_tiny_probability():
     resolve both: a coin between the two tokens' CDF bounds picks the tiny one."""
     coins = draw_coins([torch.Generator().manual_seed(3), None], 500_000, "cpu")
     assert coins.dtype == torch.float64
-    assert (coins * 2**24 != (coins * 2**24).floor()).any()  # not all multiples of 2⁻²⁴
+    assert (coins * 2**24 != (coins * 2**24).floor()).any(dim=1).all()  # each row: not all multiples of 2⁻²⁴
     tiny = 1e-9
     weights = torch.tensor([[1 - tiny, tiny]], dtype=torch.float64)
     between = torch.tensor([1 - tiny / 2], dtype=torch.float64)  # no float32 lies there: it rounds to 1
