@@ -62,6 +62,27 @@ def test_ids_prompt_trimmed_by_input_lengths_and_parameters_as_fallback():
     assert parse_request({"text_input": text("x")}, triton_own).params == SamplingParams()
 
 
+def test_token_ids_past_the_context_are_refused_before_they_become_python_ints():
+    """40M ids were turned into a list of Python ints (10 s, 2.3 GB in the model's process, every other
+    request waiting) before their length was checked; the check now reads the array's size, after
+    input_lengths trims it (a padded tensor of a short prompt is served)."""
+
+    class Unconverted(np.ndarray):  # the refusal may not turn the ids into Python ints
+        def tolist(self):
+            raise AssertionError("converted")
+
+        def __iter__(self):
+            raise AssertionError("iterated")
+
+    huge = {"input_ids": np.zeros((1, 5_000_000), dtype=np.int32)}
+    with pytest.raises(RequestError, match=r"prompt of 5000000 tokens is too long: .* at most 1024 prompt"):
+        parse_request({"input_ids": huge["input_ids"].view(Unconverted)}, context_limit=1024)
+    padded = parse_request(huge, {"input_lengths": 3}, context_limit=1024)
+    assert padded.prompt == [0, 0, 0] and all(type(t) is int for t in padded.prompt)
+    with pytest.raises(RequestError, match="prompt of 1024 tokens is too long"):
+        parse_request({"input_ids": np.ones((1, 1024), dtype=np.int64)}, context_limit=1024)
+
+
 def test_the_smallest_temperature_arrives_as_the_client_wrote_it():
     """An FP32 tensor holds 1e-5 as 9.9999997e-06; read as that double it fell below the minimum."""
     params = parse_request({"text_input": text("x"), "temperature": scalar(1e-5, np.float32)}).params
