@@ -20,15 +20,32 @@ from string import Template
 
 _UNQUOTED = re.compile(r"^[^\"#]*\$\{(\w+)\}", re.MULTILINE)
 
+TRITON_FIELDS = {
+    "triton_max_batch_size": (
+        re.compile(r"[1-9][0-9]*"),
+        "a positive integer (requests carry batch dimension 1)",
+    ),
+    "instance_kind": (
+        re.compile(r"KIND_(AUTO|CPU|GPU|MODEL)"),
+        "KIND_CPU, KIND_GPU, KIND_AUTO or KIND_MODEL",
+    ),
+}
+"""Triton's own fields, written into ``config.pbtxt`` unquoted: a value is checked here, or Triton reads a
+model that refuses every request (``max_batch_size: 0`` drops the batch dimension) or a value that starts
+a line of its own."""
+
 
 def parse_substitutions(text: str) -> dict[str, str]:
     """``"a:1,b:x"`` -> ``{"a": "1", "b": "x"}`` (values may contain ``:``, not ``,``)."""
     values = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, value = item.partition(":")
+        key = key.strip()
         if not sep or not key:
             raise ValueError(f"substitution {item!r} is not key:value")
-        values[key.strip()] = value.strip()
+        if key in values:
+            raise ValueError(f"{key} is given twice ({values[key]!r} and {value.strip()!r})")
+        values[key] = value.strip()
     return values
 
 
@@ -41,6 +58,9 @@ def fill(template: str, values: dict[str, str]) -> str:
     if unknown:
         names = ", ".join(f"${{{name}}}" for name in unknown)
         raise ValueError(f"the template has no placeholder {names} (misspelt, or filled already?)")
+    for name, (pattern, meaning) in TRITON_FIELDS.items():
+        if values.get(name) and not pattern.fullmatch(values[name]):
+            raise ValueError(f"{name} must be {meaning}, got {values[name]!r}")
     escaped = {k: v.replace("\\", "\\\\").replace('"', '\\"') for k, v in values.items()}
     filled = parsed.safe_substitute(escaped)
     blank = {name for name in _UNQUOTED.findall(template) if name in values and not values[name]}

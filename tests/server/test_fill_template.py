@@ -35,6 +35,21 @@ def test_a_name_the_template_lacks_is_refused():
     assert fill(template, {"max_batch_size": "4"}) == 'a: "4" b: "${device}"'
 
 
+def test_tritons_own_fields_are_checked_and_a_name_is_given_once():
+    """``triton_max_batch_size:0`` made a model that loaded, reported ready and refused every request (no
+    batch dimension); ``abc``, an unknown kind or a value with a newline (a line of its own in the
+    config) were written as given; a name given twice kept its last value without a word."""
+    template = TEMPLATE.read_text()
+    good = {"triton_max_batch_size": "16", "instance_kind": "KIND_GPU"}
+    assert "max_batch_size: 16" in fill(template, good)
+    for name, value in [("triton_max_batch_size", "0"), ("triton_max_batch_size", "abc"),
+                        ("triton_max_batch_size", "4\nname: x"), ("instance_kind", "KIND_FOO")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"{name} must be .*, got {re.escape(repr(value))}"):
+            fill(template, {**good, name: value})
+    with pytest.raises(ValueError, match="device is given twice \\('cpu' and 'cuda'\\)"):
+        parse_substitutions("device:cpu,device:cuda")
+
+
 def test_filled_values_reach_triton_as_given(tmp_path):
     """Parsed by Triton's own ModelConfig message: a quote or a backslash in a path is kept (a quote once
     ended the string early, and Triton refused the config)."""
