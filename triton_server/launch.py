@@ -617,6 +617,11 @@ def main(argv: list[str] | None = None) -> int:
     repository = args.model_repository.resolve() if args.model_repository is not None else None
     drain_file = repository_drain_file(repository) if repository is not None else None
     workdir = Path(tempfile.mkdtemp(prefix="bole-triton-")) if args.workdir is None else args.workdir
+    if repository is not None:
+        hold(repository, "--model-repository")
+    elif args.workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        hold(workdir, "--workdir")
     if repository is None:
         drain_file = (workdir / "drain").resolve()  # the model's process has another working directory
         repository = make_repository(workdir / "model_repository", template_values(args, drain_file))
@@ -638,6 +643,21 @@ def main(argv: list[str] | None = None) -> int:
             drain_file.unlink(missing_ok=True)
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def hold(directory: Path, flag: str) -> None:
+    """Lock ``directory`` for this launcher's life (the lock goes with the process). Two launchers on one
+    directory share its drain file, so stopping one drained and stopped the other too; a second one now
+    stops before it starts anything."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)  # left open: the lock lasts while it is
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(
+            f"error: {flag} {directory} is in use by another launcher (their drain file would be one: "
+            "stopping either would stop both); give each server its own"
+        ) from None
 
 
 def serve(
@@ -696,16 +716,19 @@ def serve(
     if code is None:
         print(f"error: tritonserver did not stop within {stop_timeout:.0f} s and was killed", file=sys.stderr,
               flush=True)  # fmt: skip
-        return 1
-    print(f"tritonserver stopped (exit code {code})", flush=True)
-    if stop_flag.asked and code == 1:
+    else:
+        print(f"tritonserver stopped (exit code {code})", flush=True)
+    if stop_flag.asked and code in (None, 1):
         print(
-            "note: Triton 2.51 exits 1 when its stop outlasts its exit timeout (the drain's grace + 10 s), "
-            "as an HTTP client holding an idle keep-alive connection makes it: it waits for every HTTP "
-            "connection to close before it unloads the model",
+            "note: Triton 2.51 exits 1 (or hangs) when its stop outlasts its exit timeout (the drain's grace "
+            "+ 10 s), as an HTTP client holding an idle keep-alive connection or a gRPC client holding its "
+            "stream open makes it: it waits for every HTTP connection and gRPC stream to close before it "
+            "unloads the model",
             file=sys.stderr,
             flush=True,
         )
+    if code is None:
+        return 1
     if stop_flag.asked and code == -signal.SIGTERM:  # a stop during the model's load: what was asked
         return 0
     return 1 if engine_stopped or code < 0 else code

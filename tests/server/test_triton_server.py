@@ -352,6 +352,18 @@ def test_client_cli(server, llm):
 
 
 @pytest.mark.parametrize("repository", ["filled", "served as is"])
+def test_a_second_launcher_on_a_served_workdir_is_refused(server):
+    """Two launchers on one --workdir shared its drain file: stopping one drained and stopped the other
+    too (whose engine then reported stopping unasked). The second stops before it writes anything."""
+    workdir = server.log.parent
+    ports = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "-1"]
+    run = subprocess.run([sys.executable, str(LAUNCH), "--workdir", str(workdir), *SERVER_ARGS, *ports],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert f"error: --workdir {workdir} is in use by another launcher" in run.stderr, run.stderr
+    assert "tritonserver" not in run.stdout and server.ready()
+
+
 def test_stopping_the_server_drains_requests_in_flight(tmp_path, repository):
     """SIGTERM while a request streams: it gets the drain grace, then UNAVAILABLE ("shut down"), so that
     Triton unloads the model and stops by itself with 0 (it used to wait for the request, give up,
@@ -878,7 +890,11 @@ def test_launch_refuses_a_taken_port_and_a_missing_engine_dir_before_starting(tm
         (["--max-queue-size", "0"], "error: model parameter max_queue_size must be positive, got 0"),
         (["--max-seq-len", "x"], "error: model parameter max_seq_len must be an integer, got 'x'"),
         (["--max-depth", "40"], "error: --max-depth: Input should be less than or equal to 15 (got 40)"),
-        (["--mode", "ar", "--draft-top-k", "4"], "error: model parameter speculative_mode ar does not use"),
+        (["--mode", "ar", "--draft-top-k", "4"], "error: --mode ar does not use --draft-top-k: it drafts"),
+        (
+            ["--mode", "chain", "--max-nodes", "5"],
+            "error: --mode chain does not use --max-nodes",
+        ),  # were params
         # the LLM's own checks before its weights load: these failed in tritonserver's log
         (["--max-seq-len", "2"], "error: max_seq_len must be an integer of at least 3, got 2"),
         (["--max-seq-len", "5000"], "error: max_seq_len 5000 exceeds the model's max_position_embeddings"),

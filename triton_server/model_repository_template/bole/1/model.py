@@ -50,6 +50,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 "the bole model streams tokens: set model_transaction_policy { decoupled: true }"
             )
+        if config.get("max_batch_size", 0) < 1:  # without a batch dimension every request is refused
+            raise pb_utils.TritonModelException(
+                f"max_batch_size {config.get('max_batch_size', 0)}: the bole model reads its inputs with a "
+                "batch dimension (of 1, one prompt a request); set max_batch_size >= 1"
+            )
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         kwargs = llm_kwargs(parameters, args["model_instance_kind"], args["model_instance_device_id"])
         served, drain = engine_kwargs(parameters), drain_file(parameters)  # refused before the weights load
@@ -98,18 +103,17 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 tensors[name] = tensor.as_numpy()
-        parsed = parse_request(tensors, json.loads(request.parameters() or "{}"))
+        limit = self.engine.request_limit
+        parsed = parse_request(tensors, json.loads(request.parameters() or "{}"), context_limit=limit)
         if isinstance(parsed.prompt, str) and self.llm.tokenizer is not None:
             check_prompt_text(
-                parsed.prompt,
-                context_limit=self.engine.request_limit,
-                max_token_bytes=self.llm.tokenizer.max_token_bytes,
+                parsed.prompt, context_limit=limit, max_token_bytes=self.llm.tokenizer.max_token_bytes
             )
         prompt_ids = self.llm.encode(parsed.prompt)
         check_request(
             prompt_ids,
             parsed.params,
-            context_limit=self.engine.request_limit,
+            context_limit=limit,
             vocab_size=self.llm.model.config.vocab_size,
             has_tokenizer=self.llm.tokenizer is not None,
             special_texts=self.llm.tokenizer.special_texts if self.llm.tokenizer is not None else (),
