@@ -48,7 +48,7 @@ def inputs(batch: int, vocab: int, top_p: float, device: str, gen: torch.Generat
     temperature, top_p = torch.full((batch,), 0.8, device=device), torch.full((batch,), top_p, device=device)
     top_k, coins = (
         torch.full((batch,), top_k, dtype=torch.long, device=device),
-        torch.rand(batch, 66, generator=gen, device=device),
+        torch.rand(batch, 66, generator=gen, device=device, dtype=torch.float64),  # as draw_coins draws
     )
     sampling = Sampling(temperature, top_k, top_p, coins)
     return tree, tokens, logits, sampling, bool(top_p[0] < 1 or top_k[0] > 0)
