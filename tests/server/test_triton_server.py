@@ -351,7 +351,6 @@ def test_client_cli(server, llm):
     assert wrong.returncode == 1 and "has no ready model 'llama'" in wrong.stderr
 
 
-@pytest.mark.parametrize("repository", ["filled", "served as is"])
 def test_a_second_launcher_on_a_served_workdir_is_refused(server):
     """Two launchers on one --workdir shared its drain file: stopping one drained and stopped the other
     too (whose engine then reported stopping unasked). The second stops before it writes anything."""
@@ -364,6 +363,7 @@ def test_a_second_launcher_on_a_served_workdir_is_refused(server):
     assert "tritonserver" not in run.stdout and server.ready()
 
 
+@pytest.mark.parametrize("repository", ["filled", "served as is"])
 def test_stopping_the_server_drains_requests_in_flight(tmp_path, repository):
     """SIGTERM while a request streams: it gets the drain grace, then UNAVAILABLE ("shut down"), so that
     Triton unloads the model and stops by itself with 0 (it used to wait for the request, give up,
