@@ -1569,8 +1569,8 @@ MUTANTS = [
     Mutant(
         "SV3",
         "trtllm_bole/serving/protocol.py",
-        "if not 0 <= length <= len(ids):",
-        "if not 0 <= length < len(ids):",
+        "if not 0 <= length <= ids.size:",
+        "if not 0 <= length < ids.size:",
         ["tests/serving/test_protocol_fields.py", "tests/serving/test_serving_protocol.py", "tests/server"],
     ),
     Mutant(
@@ -1823,8 +1823,8 @@ MUTANTS = [
     Mutant(
         "SV12",
         "triton_server/model_repository_template/bole/1/model.py",
-        "                max_token_bytes=self.llm.tokenizer.max_token_bytes,",
-        "                max_token_bytes=2 * self.llm.tokenizer.max_token_bytes,",
+        "parsed.prompt, context_limit=limit, max_token_bytes=self.llm.tokenizer.max_token_bytes",
+        "parsed.prompt, context_limit=limit, max_token_bytes=2 * self.llm.tokenizer.max_token_bytes",
         ["tests/server/test_text_byte_bound.py"],
     ),
     Mutant(
@@ -3485,5 +3485,40 @@ MUTANTS = [
         "if not self._stepping.acquire(blocking=False):",
         "if not self._stepping.acquire(blocking=True):",
         ["tests/spec/test_executor.py", "-k", "second_thread"],
+    ),
+    Mutant(
+        "E22",
+        "trtllm_bole/spec/executor.py",
+        "        self._check_held()\n        if self.model.cache_allocations",
+        "        if self.model.cache_allocations",
+        ["tests/spec/test_executor.py"],
+    ),
+    Mutant(
+        "E23",
+        "trtllm_bole/spec/executor.py",
+        "        self._check_held()\n        params = params.model_copy(deep=True)",
+        "        params = params.model_copy(deep=True)",
+        ["tests/spec/test_executor.py"],
+    ),
+    Mutant(
+        "SV34",
+        "trtllm_bole/serving/protocol.py",
+        "    if context_limit is not None:\n        check_prompt_length(ids.size, context_limit)\n",
+        "",
+        ["tests/serving/test_serving_protocol.py"],
+    ),
+    Mutant(
+        "SV35",
+        "triton_server/fill_template.py",
+        "        if values.get(name) and not pattern.fullmatch(values[name]):",
+        "        if values.get(name) and not pattern.match(values[name]):",
+        ["tests/server/test_fill_template.py"],
+    ),
+    Mutant(
+        "SV36",
+        "triton_server/fill_template.py",
+        "        if key in values:",
+        "        if False:",
+        ["tests/server/test_fill_template.py"],
     ),
 ]

@@ -230,6 +230,17 @@ def test_a_later_executor_on_the_model_stops_the_earlier_one(config):
     assert run(later, [PROMPTS[0]], SamplingParams(max_tokens=5))[0].finish_reason == "length"
 
 
+def test_a_released_executor_refuses_steps_and_requests(config):
+    """After release() (LLM.shutdown) a step with a request waiting failed on the missing cache with an
+    AttributeError, and a request could still be queued that would never run."""
+    spec = Executor(random_model(config, seed=3), BoleConfig(mode="ar"), max_batch_size=2)
+    spec.submit(PROMPTS[0], SamplingParams(max_tokens=4))
+    spec.release()
+    for call in (spec.step, lambda: spec.submit(PROMPTS[1], SamplingParams(max_tokens=4))):
+        with pytest.raises(RuntimeError, match=r"this executor was released \(LLM.shutdown\)"):
+            call()
+
+
 def test_a_step_on_a_second_thread_is_refused_while_one_runs(config, monkeypatch):
     """Two threads stepping one executor at once (two ServingEngines on it, or an LLM's generate beside
     its server) mixed their batches: wrong tokens on both sides, an IndexError, a GDN slot of -1. The

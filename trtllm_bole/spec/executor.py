@@ -249,6 +249,7 @@ class Executor:
         """Queue a request; one that can never fit is finished at once with an error. The request keeps a
         copy of ``params``: a caller that changes its object later (SamplingParams validates assignments)
         changes nothing here, where a larger max_tokens would outgrow the KV blocks reserved for it."""
+        self._check_held()
         params = params.model_copy(deep=True)
         if params.stop and self.decode_text is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
@@ -288,6 +289,7 @@ class Executor:
 
     @torch.no_grad()
     def step(self) -> list[StepEvent]:
+        self._check_held()
         if self.model.cache_allocations != self._allocation:
             raise RuntimeError(
                 "this executor's model has given its cache to a later executor (which zeroed it): its "
@@ -537,6 +539,10 @@ class Executor:
                 graphs.release()
         self.model.release_cache()
         self.cache = None  # type: ignore[assignment]
+
+    def _check_held(self) -> None:
+        if self.cache is None:  # a step met the missing cache as an AttributeError; a request never ran
+            raise RuntimeError("this executor was released (LLM.shutdown): it serves nothing any more")
 
     @property
     def graph_sets(self) -> tuple:
