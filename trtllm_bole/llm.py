@@ -76,7 +76,10 @@ class LLM:
     ``"float32"`` or ``"bfloat16"``. ``max_batch_size`` requests run at once (one GDN state slot
     each; default 8); ``max_seq_len`` bounds prompt + output (at most ``max_seq_len - 1`` tokens in
     every mode; default 1024); ``kv_cache_tokens`` sizes the paged KV cache (default: every slot can hold
-    ``max_seq_len - 1`` tokens and the longest path a step accepts past them, ``max_depth + 1``).
+    ``max_seq_len - 1`` tokens and the longest path a step accepts past them, ``max_depth + 1``). A cache
+    smaller than one such request bounds each request to what it holds less that headroom, which a
+    drafting mode needs and ``ar`` does not: there the same request ends sooner, or is refused, in the
+    drafting modes (its tokens still those of plain decoding, as far as they go).
     ``max_prefill_tokens``: prompt tokens a step prefills at most, in one forward (default 8,192);
     prompts beyond it, a longer one included, go on over the next steps, each piece on top of the last,
     while the running requests decode in between.
