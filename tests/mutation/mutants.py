@@ -3521,4 +3521,18 @@ MUTANTS = [
         "        if False:",
         ["tests/server/test_fill_template.py"],
     ),
+    Mutant(
+        "SV37",
+        "triton_server/model_repository_template/bole/1/model.py",
+        'if config.get("max_batch_size", 0) < 1:',
+        'if config.get("max_batch_size", 0) < 0:',
+        ["tests/server/test_triton_server.py", "-k", "batch_dimension"],
+    ),
+    Mutant(
+        "SV38",
+        "triton_server/launch.py",
+        '        hold(workdir, "--workdir")',
+        "        pass",
+        ["tests/server/test_triton_server.py", "-k", "second_launcher"],
+    ),
 ]

@@ -363,6 +363,24 @@ def test_a_second_launcher_on_a_served_workdir_is_refused(server):
     assert "tritonserver" not in run.stdout and server.ready()
 
 
+def test_a_repository_without_a_batch_dimension_fails_to_load_by_name(tmp_path):
+    """``max_batch_size: 0`` (a repository served as is; fill_template refuses it) loaded, reported ready and
+    refused every request for its shape; the model's initialize now refuses it, and tritonserver stops."""
+    import launch
+
+    values = launch.template_values(launch.parse_args(SERVER_ARGS), tmp_path / "drain")
+    repository = launch.make_repository(tmp_path / "repository", values)
+    config = repository / "bole" / "config.pbtxt"
+    config.write_text(re.sub(r"(?m)^max_batch_size: \d+$", "max_batch_size: 0", config.read_text()))
+    ports = ["--http-port", str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", "-1"]
+    run = subprocess.run([sys.executable, str(LAUNCH), "--model-repository", str(repository), *ports],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert (
+        "max_batch_size 0: the bole model reads its inputs with a batch dimension" in run.stdout + run.stderr
+    )
+
+
 @pytest.mark.parametrize("repository", ["filled", "served as is"])
 def test_stopping_the_server_drains_requests_in_flight(tmp_path, repository):
     """SIGTERM while a request streams: it gets the drain grace, then UNAVAILABLE ("shut down"), so that
