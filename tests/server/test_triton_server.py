@@ -372,9 +372,10 @@ def test_a_repository_without_a_batch_dimension_fails_to_load_by_name(tmp_path):
     repository = launch.make_repository(tmp_path / "repository", values)
     config = repository / "bole" / "config.pbtxt"
     config.write_text(re.sub(r"(?m)^max_batch_size: \d+$", "max_batch_size: 0", config.read_text()))
+    # It fails in ~10 s; loaded, it would serve on until the timeout.
     ports = ["--http-port", str(free_port()), "--grpc-port", str(free_port()), "--metrics-port", "-1"]
     run = subprocess.run([sys.executable, str(LAUNCH), "--model-repository", str(repository), *ports],
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 1, run.stdout[-3000:]
     assert (
         "max_batch_size 0: the bole model reads its inputs with a batch dimension" in run.stdout + run.stderr
