@@ -3,6 +3,7 @@ MTP head, the calibration's capacities."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +57,17 @@ def test_the_current_folder_is_refused_as_an_output_before_anything_is_built(tmp
         with pytest.raises(ValueError, match=r"holds the current folder.*--output \./engine"):
             build_engine(DEFAULT_MODEL, output, SMALL, device="cpu", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inner"] and not any((tmp_path / "inner").iterdir())
+
+
+def test_a_mount_point_is_refused_as_an_output_before_anything_is_built(tmp_path, monkeypatch):
+    """A volume mounted at --output (a container's /engine) failed after the whole build: the swap renames
+    the output folder, which Linux refuses for a mount point (EBUSY)."""
+    output = tmp_path / "volume"
+    output.mkdir()
+    monkeypatch.setattr(Path, "is_mount", lambda self: self == output)
+    with pytest.raises(ValueError, match=rf"output {output} is a mount point.*--output {output}/engine"):
+        build_engine(DEFAULT_MODEL, output, SMALL, device="cpu", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["volume"] and not any(output.iterdir())
 
 
 def test_an_edited_tokenizer_rebuilds(tmp_path):

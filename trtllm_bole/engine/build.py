@@ -127,6 +127,11 @@ def build_engine(
             f"output {output} holds the current folder, which a build replaces as a whole: name a folder "
             "inside it (--output ./engine, say)"
         )
+    if output.is_mount():  # a volume mounted there: the swap renames it, which Linux refuses (EBUSY)
+        raise ValueError(
+            f"output {output} is a mount point, which a build cannot replace as a whole (it renames the "
+            f"folder): name a folder inside it (--output {output}/engine, say)"
+        )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device)
     settings = (settings or BuildSettings()).validated(device)
