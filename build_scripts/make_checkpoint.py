@@ -88,6 +88,10 @@ def main(argv: list[str] | None = None) -> None:
     # Refused before anything is written (a NaN shard size left a folder holding only config.json).
     if args.shard_size is not None and not (math.isfinite(args.shard_size) and args.shard_size > 0):
         parser.error(f"--shard-size takes megabytes above 0, got {args.shard_size}")
+    least = 256 + len(_SPECIAL)  # the bytes and the special tokens: below, 259 all the same (or a traceback)
+    if args.vocab_size < least:
+        parser.error(f"--vocab-size must be at least {least} (256 bytes + {len(_SPECIAL)} special tokens), "
+                     f"got {args.vocab_size}")  # fmt: skip
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is a file, not a checkpoint directory")
 

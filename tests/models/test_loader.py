@@ -421,3 +421,27 @@ def test_make_checkpoint_refuses_a_shard_size_before_writing(tmp_path, capsys, m
         make_checkpoint(["--out", str(tmp_path / "ckpt"), "--shard-size", size])
     assert exit_info.value.code == 2 and "--shard-size takes megabytes above 0" in capsys.readouterr().err
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("size", ["-3", "0", "258"])
+def test_make_checkpoint_refuses_a_vocabulary_below_its_bytes_and_specials(
+    tmp_path, capsys, make_checkpoint, size
+):
+    """-3 was a traceback from the tokenizer's trainer; 0 or 258 gave 259 tokens without a word."""
+    with pytest.raises(SystemExit) as exit_info:
+        make_checkpoint(["--out", str(tmp_path / "ckpt"), "--vocab-size", size])
+    assert (
+        exit_info.value.code == 2
+        and f"--vocab-size must be at least 259 (256 bytes + 3 special tokens), got {size}"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_checkpoint_weights_are_readable_by_others(tmp_path, make_checkpoint):
+    """safetensors writes its files owner-only (0600, whatever the umask): a server running as another user
+    could not load a checkpoint made here, while its config and tokenizer were 0644."""
+    make_checkpoint(["--out", str(tmp_path / "one"), "--no-mtp"])
+    make_checkpoint(["--out", str(tmp_path / "sharded"), "--no-mtp", "--shard-size", "0.1"])
+    weights = [*tmp_path.glob("*/*.safetensors")]
+    assert len(weights) > 2 and {w.stat().st_mode & 0o777 for w in weights} == {0o644}

@@ -146,7 +146,7 @@ def write_safetensors(
         old.unlink(missing_ok=True)
     tensors = {name: t.contiguous() for name, t in sorted(tensors.items())}
     if shard_bytes is None:
-        save_file(tensors, out_dir / SINGLE_FILE, metadata={"format": "pt"})
+        _save(tensors, out_dir / SINGLE_FILE)
         return [out_dir / SINGLE_FILE]
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -160,10 +160,17 @@ def write_safetensors(
     files, weight_map = [], {}
     for i, shard in enumerate(shards, start=1):
         file = out_dir / f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, file, metadata={"format": "pt"})
+        _save(shard, file)
         files.append(file)
         weight_map.update(dict.fromkeys(shard, file.name))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return files
+
+
+def _save(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """``save_file``, readable by others as the config and tokenizer beside it are: safetensors creates its
+    files owner-only (0600, whatever the umask), so a server running as another user could not load them."""
+    save_file(tensors, file, metadata={"format": "pt"})
+    file.chmod(0o644)
