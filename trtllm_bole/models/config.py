@@ -388,4 +388,10 @@ def eos_token_ids(
                 f"{source} ({where}): eos_token_id must be a token id or a list of ids, got {eos!r}"
             )
         ids += [t for t in listed if t not in ids]
+    vocab = (hf_config.get("text_config") or hf_config).get("vocab_size")
+    if isinstance(vocab, int) and (outside := [t for t in ids if t >= vocab]):  # never met: no end at all
+        raise ValueError(
+            f"{source}: eos_token_id {outside} outside the vocabulary [0, {vocab}) (a stale "
+            f"{GENERATION_CONFIG}?): such an id never ends a request"
+        )
     return ids
