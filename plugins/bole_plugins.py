@@ -18,11 +18,11 @@ No ``from __future__ import annotations`` here: ``tensorrt.plugin`` validates th
 
 from typing import Any
 
-import tensorrt as trt
-import tensorrt.plugin as trtp
-
-from plugins.network import plugin_arch
+from plugins.network import plugin_arch, require_tensorrt
 from trtllm_bole.engine.aot import SPECS, PluginSpec, aot_payload
+
+trt = require_tensorrt()  # without it, a RuntimeError naming the package to install (not a bare import error)
+trtp = trt.plugin
 
 _NAMES = {trt.float32: "float32", trt.bfloat16: "bfloat16", trt.float16: "float16", trt.int64: "int64"}
 _TYPES = {v: k for k, v in _NAMES.items()}

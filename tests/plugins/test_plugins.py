@@ -107,6 +107,8 @@ def test_require_tensorrt_names_the_missing_package():
         pass
     with pytest.raises(RuntimeError, match=r"full TensorRT Python package `tensorrt`.*pip install"):
         require_tensorrt()
+    with pytest.raises(RuntimeError, match=r"full TensorRT Python package `tensorrt`.*pip install"):
+        importlib.import_module("plugins.bole_plugins")  # was a bare ModuleNotFoundError
 
 
 def test_the_plugins_arch_is_checked_against_the_build_device(monkeypatch):
