@@ -3535,4 +3535,25 @@ MUTANTS = [
         "        pass",
         ["tests/server/test_triton_server.py", "-k", "second_launcher"],
     ),
+    Mutant(
+        "G12",
+        "trtllm_bole/engine/build.py",
+        "    if output.is_mount():",
+        "    if False:",
+        ["tests/engine/test_engine_identity.py", "-k", "mount_point"],
+    ),
+    Mutant(
+        "WS2",
+        "trtllm_bole/models/checkpoint.py",
+        "    file.chmod(0o644)",
+        "    pass",
+        ["tests/models/test_loader.py", "-k", "readable_by_others"],
+    ),
+    Mutant(
+        "C10",
+        "trtllm_bole/models/config.py",
+        "(outside := [t for t in ids if t >= vocab])",
+        "(outside := [t for t in ids if t > vocab])",
+        ["tests/models/test_loader.py", "-k", "end_tokens"],
+    ),
 ]
