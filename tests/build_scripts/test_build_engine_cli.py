@@ -65,6 +65,7 @@ def test_user_mistakes_get_one_line_errors(tmp_path):
         (["--calibrate", "--calibration-repeats", "0"], 2, "repeats must be at least 1"),
         (["--calibrate", "--epsilon", "nan"], 2, "epsilon must be a number >= 0, got nan"),
         (["--calibrate", "--epsilon", "-1"], 2, "epsilon must be a number >= 0, got -1.0"),
+        (["--calibrate", "--epsilon", "inf"], 2, "epsilon must be finite to calibrate"),  # wrote Infinity
         (["--device", "tpu"], 2, "device must be 'cpu', 'cuda' or 'cuda:N'"),
         (["--calibrate", "--calibration-batches", "1,1"], 2, "batch_buckets must not repeat a value"),
         (["--calibrate", "--max-draft-depth", "-5"], 2, "max_draft_depth must be a positive integer, got -5"),

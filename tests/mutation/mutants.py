@@ -3556,4 +3556,11 @@ MUTANTS = [
         "(outside := [t for t in ids if t > vocab])",
         ["tests/models/test_loader.py", "-k", "end_tokens"],
     ),
+    Mutant(
+        "CB1",
+        "trtllm_bole/spec/calibration.py",
+        'if self.epsilon == float("inf"):',
+        "if False:",
+        ["tests/build_scripts/test_build_engine_cli.py", "-k", "one_line_errors"],
+    ),
 ]

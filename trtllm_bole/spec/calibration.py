@@ -207,6 +207,11 @@ class CalibrationSettings:
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)  # before the build times anything
+        if self.epsilon == float("inf"):  # fine at run time (BoleConfig), but the table is written as JSON
+            raise ValueError(
+                "epsilon must be finite to calibrate: the engine's config.json and budget.json would hold "
+                "Infinity, which strict JSON readers refuse (a large value lets any verify fit as well)"
+            )
         for name in ("capacities", "batch_buckets", "kv_buckets"):
             values = getattr(self, name)
             if not values or not positive_ints(values):
