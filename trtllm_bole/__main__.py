@@ -52,6 +52,7 @@ def _one_line(e: ValueError) -> str:
 def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingParams]:
     from trtllm_bole import LLM, BoleConfig, SamplingParams
     from trtllm_bole.config import unused_drafts
+    from trtllm_bole.spec.executor import outside_vocabulary
 
     drafts = {"top_k": args.branching, "max_depth": args.depth, "max_nodes": args.max_nodes}
     unused, why = unused_drafts(args.mode, [name for name, value in drafts.items() if value is not None])
@@ -75,7 +76,7 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
               max_seq_len=args.max_seq_len, max_prefill_tokens=args.max_prefill_tokens)  # fmt: skip
     ids = llm.encode(prompt)  # a text prompt needs the model's tokenizer: say so before anything streams
     vocab = llm.model.config.vocab_size
-    if outside := [t for t in ids if t >= vocab]:  # else the request's error, exit 1 after loading
+    if outside := outside_vocabulary(ids, vocab):  # else the request's error, exit 1 after loading
         raise ValueError(
             f"the prompt's token ids {outside[:5]} are outside the model's vocabulary [0, {vocab})"
         )

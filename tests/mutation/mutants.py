@@ -1562,8 +1562,8 @@ MUTANTS = [
     Mutant(
         "SV2",
         "trtllm_bole/serving/protocol.py",
-        "bad = [int(t) for t in prompt_ids if not 0 <= t < vocab_size]",
-        "bad = [int(t) for t in prompt_ids if not 0 <= t <= vocab_size]",
+        "if bad := outside_vocabulary(prompt_ids, vocab_size):",
+        "if bad := outside_vocabulary(prompt_ids, vocab_size + 1):",
         ["tests/serving/test_protocol_fields.py", "tests/serving/test_serving_protocol.py", "tests/server"],
     ),
     Mutant(
@@ -3524,8 +3524,8 @@ MUTANTS = [
     Mutant(
         "SV37",
         "triton_server/model_repository_template/bole/1/model.py",
-        'if config.get("max_batch_size", 0) < 1:',
-        'if config.get("max_batch_size", 0) < 0:',
+        'if (batch := config.get("max_batch_size", 0)) < 1:',
+        'if (batch := config.get("max_batch_size", 0)) < 0:',
         ["tests/server/test_triton_server.py", "-k", "batch_dimension"],
     ),
     Mutant(
@@ -3562,5 +3562,12 @@ MUTANTS = [
         'if self.epsilon == float("inf"):',
         "if False:",
         ["tests/build_scripts/test_build_engine_cli.py", "-k", "one_line_errors"],
+    ),
+    Mutant(
+        "CL4",
+        "trtllm_bole/__main__.py",
+        "if outside := outside_vocabulary(ids, vocab):",
+        "if outside := outside_vocabulary(ids, vocab + 1):",
+        ["tests/test_cli.py", "-k", "refuses_what"],
     ),
 ]

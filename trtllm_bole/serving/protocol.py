@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from trtllm_bole.config import FLOAT32_MAX, BoleConfig, SamplingParams, one_line, unused_drafts
 from trtllm_bole.serving.engine import Update
+from trtllm_bole.spec.executor import outside_vocabulary
 from trtllm_bole.text import stops_never_met
 
 # SamplingParams field -> (tensor name, Python type of its value)
@@ -154,8 +155,7 @@ def check_request(
     if n == 0:
         raise RequestError("empty prompt: send a non-empty text_input or input_ids")
     check_prompt_length(n, context_limit)
-    bad = [int(t) for t in prompt_ids if not 0 <= t < vocab_size]
-    if bad:
+    if bad := outside_vocabulary(prompt_ids, vocab_size):
         raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
     if outside := [t for t in params.stop_token_ids if not 0 <= t < vocab_size]:  # from end_id
         raise RequestError(

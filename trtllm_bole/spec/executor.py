@@ -150,6 +150,12 @@ def _is_token_id(t: Any, vocab: int) -> bool:
         return False
 
 
+def outside_vocabulary(ids: Sequence[Any], vocab: int) -> list:
+    """The entries of ``ids`` that are not token ids in ``[0, vocab)``: the executor's refusal, and the
+    server's and the command line's before they submit."""
+    return [t for t in ids if not _is_token_id(t, vocab)]
+
+
 def no_mtp_error(mode: str, why: str) -> ValueError:
     """A speculative ``mode`` refused for want of an MTP module to draft with (``why`` there is none)."""
     return ValueError(
@@ -263,7 +269,7 @@ class Executor:
             raise ValueError(
                 f"stop_token_ids {outside[:5]} are outside the vocabulary [0, {vocab}): never met"
             )
-        bad = [t for t in prompt_ids if not _is_token_id(t, vocab)]
+        bad = outside_vocabulary(prompt_ids, vocab)
         ids = list(prompt_ids) if bad else [token_id(t) for t in prompt_ids]
         request = Request(self._next_id, ids, params)
         self._next_id += 1

@@ -50,10 +50,10 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 "the bole model streams tokens: set model_transaction_policy { decoupled: true }"
             )
-        if config.get("max_batch_size", 0) < 1:  # without a batch dimension every request is refused
+        if (batch := config.get("max_batch_size", 0)) < 1:  # without a batch dimension, every request refused
             raise pb_utils.TritonModelException(
-                f"max_batch_size {config.get('max_batch_size', 0)}: the bole model reads its inputs with a "
-                "batch dimension (of 1, one prompt a request); set max_batch_size >= 1"
+                f"max_batch_size {batch}: the bole model reads its inputs with a batch dimension (of 1, "
+                "one prompt a request); set max_batch_size >= 1"
             )
         parameters = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         kwargs = llm_kwargs(parameters, args["model_instance_kind"], args["model_instance_device_id"])
