@@ -126,7 +126,7 @@ class LLM:
                 path, dtype=settings.dtype, device=device, mtp=self.speculative_config.speculates
             )
             hf_config, generation_config = load_json(path / "config.json"), read_generation_config(path)
-        self.tokenizer = Tokenizer.find(path)
+        self.tokenizer = Tokenizer.find(path, self.model.config.vocab_size)
         budget = _find_budget(self.speculative_config, self.engine, self.model)
         num_blocks = None if kv_cache_tokens is None else -(-kv_cache_tokens // block_size)
         self.executor = Executor(

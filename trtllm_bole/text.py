@@ -19,9 +19,24 @@ class Tokenizer:
             raise ValueError(f"{path}: not a tokenizer the `tokenizers` library can read ({e})") from None
 
     @classmethod
-    def find(cls, model_dir: Path) -> Tokenizer | None:
+    def find(cls, model_dir: Path, vocab_size: int | None = None) -> Tokenizer | None:
+        """The checkpoint's ``tokenizer.json`` (None without one). Given the model's ``vocab_size``, a
+        tokenizer with ids past it is refused: another model's, whose prompts would fail one by one."""
         path = model_dir / "tokenizer.json"
-        return cls(path) if path.is_file() else None
+        if not path.is_file():
+            return None
+        tokenizer = cls(path)
+        if vocab_size is not None and tokenizer.max_id >= vocab_size:
+            raise ValueError(
+                f"{path}: its ids reach {tokenizer.max_id}, past the model's vocabulary (vocab_size "
+                f"{vocab_size} in config.json): the tokenizer of another model?"
+            )
+        return tokenizer
+
+    @functools.cached_property
+    def max_id(self) -> int:
+        """The largest id the tokenizer can give, added tokens included."""
+        return max(self._tok.get_vocab(with_added_tokens=True).values())
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text``. Through ``encode_batch``, which lets go of the GIL while it works (``encode``

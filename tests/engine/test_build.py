@@ -293,6 +293,23 @@ def test_tokenizer_files_are_checked_at_build_and_load(tmp_path):
         LLM(path)
 
 
+def test_a_tokenizer_with_ids_past_the_models_vocabulary_is_refused_at_build_and_load(tmp_path):
+    """Another model's tokenizer beside the weights: its prompts would fail one by one, each past the
+    vocabulary; the load and the build refuse it once, naming the file and both sizes."""
+    checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
+    tokenizer = json.loads((checkpoint / "tokenizer.json").read_text())
+    vocab_size = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+    added = dict(tokenizer["added_tokens"][0], id=vocab_size, content="<|another model's|>")
+    tokenizer["added_tokens"].append(added)
+    (checkpoint / "tokenizer.json").write_text(json.dumps(tokenizer))
+    refused = rf"ckpt/tokenizer\.json: its ids reach {vocab_size}, past the model's vocabulary \(vocab_size "
+    with pytest.raises(ValueError, match=refused):
+        LLM(checkpoint)
+    with pytest.raises(ValueError, match=refused):
+        build_engine(checkpoint, tmp_path / "e", device="cpu", progress=False)
+    assert not (tmp_path / "e").exists()
+
+
 def test_end_ids_every_load_would_refuse_are_refused_by_the_build(tmp_path):
     checkpoint = shutil.copytree(DEFAULT_MODEL, tmp_path / "ckpt")
     (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))

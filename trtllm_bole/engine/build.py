@@ -348,6 +348,7 @@ def _stage(
     env: dict,
     progress: bool,
 ) -> dict[str, Any]:
+    Tokenizer.find(checkpoint, model_config.vocab_size)  # refuse now one that every load would refuse
     dtype = DTYPES[settings.dtype]
     model = load_model(checkpoint, dtype=dtype, device=device, mtp=True, progress=progress)
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()}
@@ -355,8 +356,6 @@ def _stage(
     for name in fmt.TOKENIZER_FILES:
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, staging / name)
-    if (checkpoint / "tokenizer.json").is_file():
-        Tokenizer(checkpoint / "tokenizer.json")  # refuse now one that every load would refuse
     hf_config = load_json(checkpoint / "config.json")
     config: dict[str, Any] = {
         "format": fmt.FORMAT,
