@@ -3570,4 +3570,18 @@ MUTANTS = [
         "if outside := outside_vocabulary(ids, vocab + 1):",
         ["tests/test_cli.py", "-k", "refuses_what"],
     ),
+    Mutant(
+        "TK1",
+        "trtllm_bole/text.py",
+        "if vocab_size is not None and tokenizer.max_id >= vocab_size:",
+        "if vocab_size is not None and tokenizer.max_id > vocab_size:",
+        ["tests/engine/test_build.py", "-k", "past_the_models_vocabulary"],
+    ),
+    Mutant(
+        "TK2",
+        "trtllm_bole/engine/build.py",
+        "    Tokenizer.find(checkpoint, model_config.vocab_size)  # refuse now one that every load would refuse\n",
+        "",
+        ["tests/engine/test_build.py", "-k", "past_the_models_vocabulary"],
+    ),
 ]
