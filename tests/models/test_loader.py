@@ -199,6 +199,15 @@ def test_an_index_without_a_map_of_file_names_is_named(tmp_path, tiny_settings, 
         _load(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["config.json", INDEX_FILE])
+def test_a_config_or_index_that_is_not_utf8_text_is_named(tmp_path, tiny_settings, name):
+    """A binary file saved under the name: the error names the file, not only the codec."""
+    _write(tmp_path, tiny_settings(), shard_bytes=20_000)
+    (tmp_path / name).write_bytes(b"\xff\xfe{")
+    with pytest.raises(ValueError, match=rf"{name}: not valid JSON \('utf-8' codec can't decode"):
+        _load(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [

@@ -205,7 +205,7 @@ def load_json(path: Path) -> dict[str, Any]:
         raw = json.loads(path.read_text())
     except OSError as e:
         raise ValueError(f"{path}: cannot read it ({e.strerror})") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # bytes that are not UTF-8 are not JSON either
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a JSON object at the top level")

@@ -16,7 +16,6 @@ absent a warning says so (fine without speculation); a partial one is an error.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from trtllm_bole.models.checkpoint import (
     checkpoint_layout,
     random_tensors,
 )
-from trtllm_bole.models.config import WEIGHT_LAYOUTS, Qwen35Config, load_config
+from trtllm_bole.models.config import WEIGHT_LAYOUTS, Qwen35Config, load_config, load_json
 from trtllm_bole.models.model import Qwen35Model
 
 log = logging.getLogger(__name__)
@@ -157,10 +156,7 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 def _weight_map(index: Path) -> dict[str, str]:
     """Tensor name -> shard file name, from a ``model.safetensors.index.json``."""
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{index}: not a safetensors index with a weight_map ({e!r})") from None
+    weight_map = load_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
         raise ValueError(
             f"{index}: not a safetensors index with a weight_map (an object of tensor name: file name)"
