@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,8 +276,9 @@ class _Fields:
         return default
 
     def number(self, name: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{self.source}: {self.where}{name} = {value!r} must be a number")
+        """A finite number (Python's json reads NaN, Infinity and 1e400 as floats)."""
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"{self.source}: {self.where}{name} = {value!r} must be a finite number")
         return float(value)
 
     def positive_int(self, name: str, value: Any) -> int:
