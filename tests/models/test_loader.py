@@ -127,6 +127,25 @@ def test_index_naming_an_absent_shard_names_it(tmp_path, tiny_settings):
         _load(tmp_path)
 
 
+def test_a_weights_file_that_is_a_dangling_link_or_a_folder_is_named(tmp_path, tiny_settings):
+    """As a Hugging Face cache snapshot holds it (a link to a blob) once the blob is gone: named, not taken
+    for a folder with no weights, nor for a shard an index lists."""
+    _write(tmp_path, tiny_settings())
+    blob = tmp_path / "blob"
+    (tmp_path / "model.safetensors").rename(blob)
+    (tmp_path / "model.safetensors").symlink_to(blob)
+    assert _load(tmp_path).config.vocab_size == 96  # a link is followed
+    blob.unlink()
+    with pytest.raises(
+        ValueError, match=r"model\.safetensors: missing or not a file \(a link to .*blob, which"
+    ):
+        _load(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "model.safetensors").mkdir()
+    with pytest.raises(ValueError, match=r"model\.safetensors: missing or not a file$"):
+        _load(tmp_path)
+
+
 def test_a_leftover_single_file_beside_shards_is_refused(tmp_path, tiny_settings):
     _write(tmp_path, tiny_settings(), shard_bytes=20_000)
     shard = sorted(tmp_path.glob("model-*.safetensors"))[0]

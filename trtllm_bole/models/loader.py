@@ -131,16 +131,17 @@ def _check_finite(file: Path, name: str, tensor: torch.Tensor, loaded: torch.Ten
 
 def checkpoint_files(path: Path) -> list[Path]:
     """The safetensors files of a checkpoint directory (sharded or single), checked to exist."""
-    index = path / INDEX_FILE
-    if index.exists() and (path / SINGLE_FILE).exists():
+    index, single = path / INDEX_FILE, path / SINGLE_FILE
+    single_there = single.exists() or single.is_symlink()  # a dangling link is named below, not overlooked
+    if index.exists() and single_there:
         raise ValueError(
             f"{path}: holds both {SINGLE_FILE} and {INDEX_FILE} (shards): one of them is left over from an "
             "earlier save; remove it"
         )
     if index.exists():
         files = [path / name for name in sorted(set(_weight_map(index).values()))]
-    elif (path / SINGLE_FILE).exists():
-        files = [path / SINGLE_FILE]
+    elif single_there:
+        files = [single]
     elif any(path.glob("pytorch_model*.bin")):
         raise ValueError(
             f"{path}: holds pytorch_model*.bin weights, which are not read (pickles run code when loaded); "
@@ -150,7 +151,9 @@ def checkpoint_files(path: Path) -> list[Path]:
         raise ValueError(f"{path}: no {SINGLE_FILE} or {INDEX_FILE}; is this a checkpoint directory?")
     for file in files:
         if not file.is_file():
-            raise ValueError(f"{file}: listed in {INDEX_FILE} but missing")
+            listed = f"listed in {INDEX_FILE} but " if index.exists() else ""
+            link = f" (a link to {file.readlink()}, which is not there)" if file.is_symlink() else ""
+            raise ValueError(f"{file}: {listed}missing or not a file{link}")
     return files
 
 
