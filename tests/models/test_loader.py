@@ -248,6 +248,10 @@ def test_a_config_or_index_that_is_not_utf8_text_is_named(tmp_path, tiny_setting
         ({"hidden_act": "gelu"}, r"hidden_act = 'gelu' is not supported"),
         ({"mtp_use_dedicated_embeddings": True}, r"mtp_use_dedicated_embeddings = True is not supported"),
         ({"rope_parameters": {"rope_type": "yarn"}}, r"rope_type = 'yarn'; only 'default'"),
+        (
+            {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5}}},
+            r"rope_parameters holds settings per layer type \(full_attention\)",
+        ),
         ({"rms_norm_eps": "1e-6"}, r"rms_norm_eps = '1e-6' must be a finite number"),
         ({"rms_norm_eps": float("inf")}, r"rms_norm_eps = inf must be a finite number"),
         (

@@ -323,6 +323,11 @@ def _rope(f: _Fields) -> dict[str, Any]:
     rope = f.get("rope_scaling", None) or f.get("rope_parameters", None) or {}
     if not isinstance(rope, dict):
         raise ValueError(f"{f.source}: {f.where}rope_parameters = {rope!r} must be an object")
+    if nested := [key for key, value in rope.items() if isinstance(value, dict)]:
+        raise ValueError(
+            f"{f.source}: {f.where}rope_parameters holds settings per layer type ({', '.join(nested)}); "
+            "Qwen3.5 takes one set for all its attention layers (transformers' qwen3_5 cannot build it)"
+        )
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise ValueError(
