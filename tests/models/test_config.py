@@ -2,6 +2,7 @@
 config without an MTP layer; and the model's KV cache reuse."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -83,6 +84,22 @@ def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_reads_it():
     assert (rope["rope_theta"], rope["partial_rotary_factor"]) == (5e5, 0.5)
     ours = load_config(both)
     assert (ours.rope_theta, ours.rotary_dim) == (5e5, 8)
+
+
+@pytest.mark.parametrize(
+    ("rope", "field"),
+    [
+        ({"rope_theta": "1e6"}, "rope_theta = '1e6'"),
+        ({"partial_rotary_factor": None}, "partial_rotary_factor = None"),
+        ({"rope_parameters": {"rope_theta": "1e6"}}, "rope_parameters.rope_theta = '1e6'"),
+        ({"rope_scaling": {"rope_theta": "1e6"}}, "rope_scaling.rope_theta = '1e6'"),
+        ({"rope_scaling": {"type": "yarn"}}, "rope_scaling.rope_type = 'yarn'"),
+        ({"rope_scaling": "yarn"}, "rope_scaling = 'yarn'"),
+    ],
+)
+def test_a_bad_rope_setting_names_the_field_it_is_in(rope, field):
+    with pytest.raises(ValueError, match=rf"^<dict>: {re.escape(field)}"):
+        load_config({**TINY_CONFIG, **rope})
 
 
 def test_an_end_token_only_the_text_config_declares_is_read(tmp_path):

@@ -317,24 +317,34 @@ def _layer_types(f: _Fields, num_layers: Any) -> tuple[str, ...]:
     return tuple(layer_types)
 
 
-def _rope(f: _Fields) -> dict[str, Any]:
+def _rope(f: _Fields) -> tuple[str, dict[str, Any]]:
     """``rope_parameters``, or the older ``rope_scaling``, which transformers takes first when a config has
-    both; only default RoPE."""
-    rope = f.get("rope_scaling", None) or f.get("rope_parameters", None) or {}
+    both (with the field's name, for errors); only default RoPE."""
+    name = "rope_scaling" if f.get("rope_scaling", None) else "rope_parameters"
+    rope = f.get(name, None) or {}
     if not isinstance(rope, dict):
-        raise ValueError(f"{f.source}: {f.where}rope_parameters = {rope!r} must be an object")
+        raise ValueError(f"{f.source}: {f.where}{name} = {rope!r} must be an object")
     if nested := [key for key, value in rope.items() if isinstance(value, dict)]:
         raise ValueError(
-            f"{f.source}: {f.where}rope_parameters holds settings per layer type ({', '.join(nested)}); "
+            f"{f.source}: {f.where}{name} holds settings per layer type ({', '.join(nested)}); "
             "Qwen3.5 takes one set for all its attention layers (transformers' qwen3_5 cannot build it)"
         )
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise ValueError(
-            f"{f.source}: {f.where}rope_parameters.rope_type = {rope_type!r}; only 'default' RoPE is "
+            f"{f.source}: {f.where}{name}.rope_type = {rope_type!r}; only 'default' RoPE is "
             f"supported (Qwen3.5's multimodal sections reduce to plain 1-D positions for text)"
         )
-    return rope
+    return name, rope
+
+
+def _rope_number(f: _Fields, rope: tuple[str, dict[str, Any]], name: str, default: float) -> float:
+    """A RoPE setting as transformers reads it: from the RoPE object, else the top level, else ``default``;
+    errors name the field it came from."""
+    field, values = rope
+    if name in values:
+        return f.number(f"{field}.{name}", values[name])
+    return f.number(name, f.get(name, default))
 
 
 def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
@@ -363,11 +373,8 @@ def _parse(raw: dict[str, Any], source: str) -> Qwen35Config:
         layer_types=layer_types,
         linear_conv_kernel_dim=get("linear_conv_kernel_dim", 4),
         rms_norm_eps=f.number("rms_norm_eps", get("rms_norm_eps", 1e-6)),
-        rope_theta=f.number("rope_parameters.rope_theta", rope.get("rope_theta", get("rope_theta", 10000.0))),
-        partial_rotary_factor=f.number(
-            "rope_parameters.partial_rotary_factor",
-            rope.get("partial_rotary_factor", get("partial_rotary_factor", 0.25)),
-        ),
+        rope_theta=_rope_number(f, rope, "rope_theta", 10000.0),
+        partial_rotary_factor=_rope_number(f, rope, "partial_rotary_factor", 0.25),
         tie_word_embeddings=tie,
         mtp_num_hidden_layers=get("mtp_num_hidden_layers", 1),
         max_position_embeddings=get("max_position_embeddings", 32768),
