@@ -1331,8 +1331,8 @@ MUTANTS = [
     Mutant(
         "C2",
         "trtllm_bole/models/config.py",
-        'rope.get("partial_rotary_factor", get("partial_rotary_factor", 0.25))',
-        'rope.get("partial_rotary_factor", get("partial_rotary_factor", 0.5))',
+        '_rope_number(f, rope, "partial_rotary_factor", 0.25)',
+        '_rope_number(f, rope, "partial_rotary_factor", 0.5)',
         [
             "tests/models/test_config.py",
             "tests/models/test_loader.py",
@@ -1344,8 +1344,8 @@ MUTANTS = [
     Mutant(
         "C3",
         "trtllm_bole/models/config.py",
-        'rope.get("rope_theta", get("rope_theta", 10000.0))',
-        'rope.get("rope_theta", get("rope_theta", 1000000.0))',
+        '_rope_number(f, rope, "rope_theta", 10000.0)',
+        '_rope_number(f, rope, "rope_theta", 1000000.0)',
         [
             "tests/models/test_config.py",
             "tests/models/test_loader.py",
@@ -1409,8 +1409,8 @@ MUTANTS = [
     Mutant(
         "C8",
         "trtllm_bole/models/config.py",
-        'rope = f.get("rope_scaling", None) or f.get("rope_parameters", None) or {}',
-        'rope = f.get("rope_parameters", None) or {}',
+        'name = "rope_scaling" if f.get("rope_scaling", None) else "rope_parameters"',
+        'name = "rope_parameters"',
         [
             "tests/models/test_config.py",
             "tests/models/test_loader.py",
@@ -2154,8 +2154,8 @@ MUTANTS = [
     Mutant(
         "RS1",
         "trtllm_bole/models/config.py",
-        'rope = f.get("rope_scaling", None) or f.get("rope_parameters", None) or {}',
-        'rope = f.get("rope_parameters", None) or f.get("rope_scaling", None) or {}',
+        'name = "rope_scaling" if f.get("rope_scaling", None) else "rope_parameters"',
+        'name = "rope_parameters" if f.get("rope_parameters", None) else "rope_scaling"',
         ["tests/models/test_config.py"],
     ),
     Mutant(
@@ -3583,5 +3583,40 @@ MUTANTS = [
         "    Tokenizer.find(checkpoint, model_config.vocab_size)  # refuse now one that every load would refuse\n",
         "",
         ["tests/engine/test_build.py", "-k", "past_the_models_vocabulary"],
+    ),
+    Mutant(
+        "C11",
+        "trtllm_bole/models/config.py",
+        "not isinstance(value, int | float) or not math.isfinite(value):",
+        "not isinstance(value, int | float):",
+        ["tests/models/test_loader.py", "-k", "bad_config_field"],
+    ),
+    Mutant(
+        "C12",
+        "trtllm_bole/models/config.py",
+        "if nested := [key for key, value in rope.items() if isinstance(value, dict)]:",
+        "if nested := [key for key, value in rope.items() if isinstance(value, list)]:",
+        ["tests/models/test_loader.py", "-k", "bad_config_field"],
+    ),
+    Mutant(
+        "C13",
+        "trtllm_bole/models/config.py",
+        "return f.number(f\"{field}.{name}\", values[name])",
+        "return f.number(f\"rope_parameters.{name}\", values[name])",
+        ["tests/models/test_config.py", "-k", "names_the_field"],
+    ),
+    Mutant(
+        "C14",
+        "trtllm_bole/models/config.py",
+        "except (json.JSONDecodeError, UnicodeDecodeError) as e:",
+        "except json.JSONDecodeError as e:",
+        ["tests/models/test_loader.py", "-k", "not_utf8"],
+    ),
+    Mutant(
+        "LD1",
+        "trtllm_bole/models/loader.py",
+        "single_there = single.exists() or single.is_symlink()",
+        "single_there = single.exists()",
+        ["tests/models/test_loader.py", "-k", "dangling_link"],
     ),
 ]
