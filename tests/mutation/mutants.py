@@ -3601,8 +3601,8 @@ MUTANTS = [
     Mutant(
         "C13",
         "trtllm_bole/models/config.py",
-        "return f.number(f\"{field}.{name}\", values[name])",
-        "return f.number(f\"rope_parameters.{name}\", values[name])",
+        'return f.number(f"{field}.{name}", values[name])',
+        'return f.number(f"rope_parameters.{name}", values[name])',
         ["tests/models/test_config.py", "-k", "names_the_field"],
     ),
     Mutant(
