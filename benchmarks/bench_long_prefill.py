@@ -146,8 +146,26 @@ def admission(model, bound: int, ids: torch.Tensor) -> dict:
             "peak_mib": peak, "outputs": outputs}  # fmt: skip
 
 
+COMPARED = ("device", "model", "dtype")  # what two runs must share for their bars to stand side by side
+
+
+def paired(before: dict, after: dict) -> list[tuple[dict, dict]]:
+    """Each point of ``after`` with ``before``'s of the same prompts and tokens, or a ValueError where the
+    runs are no like for like: another device, model or dtype, or other points (bars were paired by
+    position, so that a run's 8 x 4096 stood beside the other's 1 x 4096 as its "before")."""
+    if differs := [k for k in COMPARED if before.get(k) != after.get(k)]:
+        raise ValueError(
+            "runs of other " + ", ".join(f"{k}s ({before.get(k)}, {after.get(k)})" for k in differs)
+        )
+    points = {(p["prompts"], p["tokens_each"]): p for p in before["points"]}
+    if sorted(points) != sorted((p["prompts"], p["tokens_each"]) for p in after["points"]):
+        raise ValueError("the runs measured other points: run both with the same --points")
+    return [(points[p["prompts"], p["tokens_each"]], p) for p in after["points"]]
+
+
 def plot(before: dict, after: dict, png: Path) -> str:
     """Peak memory and time of each point, two runs side by side (e.g. before and after a change)."""
+    pairs = paired(before, after)
     try:
         import matplotlib
 
@@ -155,12 +173,12 @@ def plot(before: dict, after: dict, png: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib missing: no PNG"
-    labels = [f"{p['prompts']} x {p['tokens_each']}" for p in after["points"]]
+    labels = [f"{p['prompts']} x {p['tokens_each']}" for _, p in pairs]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, unit in ((axes[0], "peak_mib", "peak memory above the caches, MiB"), (axes[1], "ms", "ms")):
-        for offset, run in ((-0.2, before), (0.2, after)):
+        for offset, side, run in ((-0.2, 0, before), (0.2, 1, after)):
             # A point that failed its check has no figure: no bar (a bar of 0 would read as the best).
-            values = [float("nan") if p.get(key) is None else p[key] for p in run["points"]]
+            values = [float("nan") if pair[side].get(key) is None else pair[side][key] for pair in pairs]
             ax.bar([i + offset for i in range(len(values))], values, 0.4, label=run["tag"])
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlabel("prompts x tokens each")
@@ -177,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.compare:
         before, after = (json.loads(Path(f).read_text()) for f in args.compare)
-        print(plot(before, after, Path(args.out) / f"{Path(args.compare[1]).stem}.png"))
+        try:
+            print(plot(before, after, Path(args.out) / f"{Path(args.compare[1]).stem}.png"))
+        except ValueError as e:
+            print(f"--compare {' '.join(args.compare)}: {e}", file=sys.stderr)
+            return 2
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA GPU here: pass --device cpu for a smoke run", file=sys.stderr)
