@@ -569,11 +569,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def add_speedups(runs: list[dict]) -> None:
     """``speedup_vs_ar``: tokens/s against ``ar``'s at the same batch size, for a run whose every trial's
-    tokens equal ``ar``'s; None, with the reason in ``error``, for any other (near-ties included)."""
+    tokens equal ``ar``'s, where ``ar``'s own trials all decoded alike; None, with the reason in
+    ``error``, for any other (near-ties included)."""
     for r in runs:
         base = next(x for x in runs if x["mode"] == "ar" and x["max_batch_size"] == r["max_batch_size"])
-        if r["identical_to_ar"]:
+        if r["identical_to_ar"] and base["identical_to_ar"]:
             r["speedup_vs_ar"] = r["output_tokens_per_s"] / base["output_tokens_per_s"]
+        elif r["identical_to_ar"]:  # ar's first trial, the reference, is not what its timed trials decoded
+            r["speedup_vs_ar"] = None
+            r["error"] = "ar's own trials decoded differently: no reference, no speed-up reported"
         else:
             r["speedup_vs_ar"] = None
             kind = "at near-ties only" if r["exact_up_to_near_ties"] else "beyond near-ties"

@@ -119,6 +119,22 @@ def test_a_speedup_needs_every_token_equal_to_plain_decoding():
     assert runs[3]["error"] == "greedy output parts from ar (beyond near-ties): no speed-up reported"
 
 
+def test_no_speedup_over_an_ar_whose_own_trials_decoded_differently():
+    """``ar``'s first trial is the reference; where its other trials decoded other tokens, ``ar`` got no
+    speed-up but every mode equal to that first trial was still given one over ``ar``'s median trial."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench import add_speedups
+
+    def row(mode, speed, identical):
+        return {"mode": mode, "max_batch_size": 4, "output_tokens_per_s": speed, "identical_to_ar": identical,
+                "exact_up_to_near_ties": identical}  # fmt: skip
+
+    runs = [row("ar", 100.0, False), row("bole", 250.0, True)]
+    add_speedups(runs)
+    assert [r["speedup_vs_ar"] for r in runs] == [None, None]
+    assert runs[1]["error"] == "ar's own trials decoded differently: no reference, no speed-up reported"
+
+
 def test_acceptance_eval_of_one_token_takes_no_step():
     """``--max-tokens 1`` passed the check, then divided by zero steps (the prompt's prefill makes it)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
