@@ -355,7 +355,9 @@ def _sglang_copy(b, sg, state: torch.Tensor, leaf: torch.Tensor, layers: int, si
 
 
 def _check_commit(b, factors, state: torch.Tensor, leaf: torch.Tensor, cfg) -> bool:
-    """The first three layers against the float64 factored commit; -1 requests stay bit-identical."""
+    """The first three layers against the float64 factored commit; request 0 rejects (-1) and stays
+    bit-identical where another request commits (at batch 1 it commits: with it rejecting, the check
+    compared no state and passed a commit that wrote nothing)."""
     from trtllm_bole.ops import GDNTreeFactors
     from trtllm_bole.reference import gdn_tree
 
@@ -364,14 +366,15 @@ def _check_commit(b, factors, state: torch.Tensor, leaf: torch.Tensor, cfg) -> b
             factors.tree, *(t[:3].contiguous() for t in (factors.k, factors.u, factors.log_decay))
         )
         accepted = leaf.clone()
-        accepted[0] = -1
+        kept = int(len(accepted) > 1)  # requests that keep their state
+        accepted[:kept] = -1
         s = state[:3].clone()
         ref = s.double()
         for i in range(3):
             gdn_tree.factored_commit(ref[i], sub.k[i], sub.u[i], sub.log_decay[i], sub.tree, accepted)
         b.commit_mod.gdn_commit(s, sub, accepted, config=cfg)
-        untouched = float(not torch.equal(s[:, 0], state[:3, 0]))
-        return {"state": U.rel_rms(s[:, 1:], ref[:, 1:]), "untouched_changed": untouched}, 1e-5
+        untouched = float(not torch.equal(s[:, :kept], state[:3, :kept]))
+        return {"state": U.rel_rms(s[:, kept:], ref[:, kept:]), "untouched_changed": untouched}, 1e-5
 
     return b._check(("commit", str(cfg)), f"gdn_commit {cfg}", run)
 

@@ -236,6 +236,31 @@ def test_kernel_bench_exits_1_when_a_check_fails(tmp_path, monkeypatch):
     assert result["summary"]["speedup_table_T64"] == [] and not any("bole_us" in p for p in result["grid"])
 
 
+def test_kernel_bench_commit_check_compares_a_committed_state_at_batch_1(tmp_path, monkeypatch):
+    """At batch 1 the commit check made its one request reject and compared no state: the relative RMS of
+    nothing was 0, so a commit that wrote nothing passed and was timed."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _bench_util
+    import _sections
+    import bench_gdn_verify
+
+    import trtllm_bole.kernels.gdn_commit as commit
+
+    monkeypatch.setattr(commit, "gdn_commit", lambda state, factors, leaf, config=None: None)
+    args = argparse.Namespace(
+        quick=False, focus=None, timing=None, smoke=True, budget_s=60.0, out=str(tmp_path), seed=0,
+        no_warm=True, warm_workers=0, plot_only=None,
+    )  # fmt: skip
+    bench = bench_gdn_verify.Bench(args)
+    row = _sections._commit_batch(bench, 1)
+    check = next(c for c in bench.r["checks"] if c["what"].startswith("gdn_commit"))
+    assert not check["ok"] and check["state"] > 0.5
+    assert "bole_us" not in row and "bole_half_accepted_us" not in row
+    assert math.isnan(_bench_util.rel_rms(torch.empty(0), torch.empty(0)))  # nothing compared never passes
+
+
 def test_prefill_bench_check_fails_on_nan_states(monkeypatch):
     """A scheme with the right outputs and NaN final states fails the float64 check (max() and > let the
     NaN through: it passed)."""
