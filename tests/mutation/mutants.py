@@ -3619,4 +3619,43 @@ MUTANTS = [
         "single_there = single.exists()",
         ["tests/models/test_loader.py", "-k", "dangling_link"],
     ),
+    Mutant(
+        "BE3",
+        "benchmarks/bench.py",
+        'if r["identical_to_ar"] and base["identical_to_ar"]:',
+        'if r["identical_to_ar"]:',
+        ["tests/benchmarks/test_bench.py::test_no_speedup_over_an_ar_whose_own_trials_decoded_differently"],
+    ),
+    Mutant(
+        "BE4",
+        "benchmarks/_bench_util.py",
+        "    if ref.numel() == 0:\n        return math.nan\n",
+        "",
+        [
+            "tests/benchmarks/test_bench.py::test_kernel_bench_commit_check_compares_a_committed_state_at_batch_1"
+        ],
+    ),
+    Mutant(
+        "BE5",
+        "benchmarks/_sections.py",
+        "kept = int(len(accepted) > 1)",
+        "kept = 1",
+        [
+            "tests/benchmarks/test_bench.py::test_kernel_bench_commit_check_compares_a_committed_state_at_batch_1"
+        ],
+    ),
+    Mutant(
+        "BE6",
+        "benchmarks/bench_long_prefill.py",
+        'COMPARED = ("device", "model", "dtype")',
+        'COMPARED = ("model", "dtype")',
+        ["tests/benchmarks/test_long_prefill.py::test_compare_pairs_the_same_points_of_runs_on_one_device"],
+    ),
+    Mutant(
+        "BE7",
+        "benchmarks/bench_long_prefill.py",
+        'return [(points[p["prompts"], p["tokens_each"]], p) for p in after["points"]]',
+        'return list(zip(before["points"], after["points"], strict=True))',
+        ["tests/benchmarks/test_long_prefill.py::test_compare_pairs_the_same_points_of_runs_on_one_device"],
+    ),
 ]
