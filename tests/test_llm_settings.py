@@ -20,6 +20,22 @@ def test_kv_cache_tokens_round_up_to_whole_blocks():
     )  # 48 KV tokens hold max_seq_len - 1 and a one-token tree
 
 
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("block_size", "block_size must be an integer of at least 1, got None"),
+        ("max_prefill_tokens", "max_prefill_tokens must be an integer of at least 1, got None"),
+        ("cuda_graphs", "cuda_graphs must be True or False, got None"),
+    ],
+)
+def test_a_setting_without_an_unset_value_is_refused_as_none(setting, words):
+    """None is the default of max_batch_size, max_seq_len and kv_cache_tokens only: these three had been a
+    TypeError from inside the executor (block_size, cuda_graphs) or from the scheduler at the first
+    generate, after the weights had loaded (max_prefill_tokens)."""
+    with pytest.raises(ValueError, match=words):
+        LLM(speculative_config=BoleConfig(mode="ar"), **{setting: None})
+
+
 def test_an_output_stops_where_one_request_fits_whichever_limit_sets_it():
     """A KV cache that holds fewer tokens than the context lowers the request limit, and a max_tokens past
     it ends there ("length"), as past the context: it was refused instead. Both read alike (greedy,

@@ -112,6 +112,8 @@ class LLM:
         cuda_graphs: bool = True,
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
     ) -> None:
+        if not isinstance(cuda_graphs, bool):  # None had been a TypeError from inside the executor
+            raise ValueError(f"cuda_graphs must be True or False, got {short_repr(cuda_graphs)}")
         settings = resolve_settings(model, speculative_config, device, dtype, max_batch_size, max_seq_len,
                                     kv_cache_tokens, block_size, max_prefill_tokens)  # fmt: skip
         path = self.model_dir = settings.path
@@ -529,9 +531,13 @@ def _check_settings(
     max_prefill_tokens: int,
 ) -> None:
     check_device(device)
-    check_limits(max_batch_size=(max_batch_size, 1), max_seq_len=(max_seq_len, MIN_SEQ_LEN),
-                 kv_cache_tokens=(kv_cache_tokens, 1), block_size=(block_size, 1),
-                 max_prefill_tokens=(max_prefill_tokens, 1))  # fmt: skip
+    optional = {  # None: the default
+        "max_batch_size": (max_batch_size, 1),
+        "max_seq_len": (max_seq_len, MIN_SEQ_LEN),
+        "kv_cache_tokens": (kv_cache_tokens, 1),
+    }
+    check_limits(**{name: limit for name, limit in optional.items() if limit[0] is not None},
+                 block_size=(block_size, 1), max_prefill_tokens=(max_prefill_tokens, 1))  # fmt: skip
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

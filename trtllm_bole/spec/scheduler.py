@@ -114,10 +114,11 @@ MIN_SEQ_LEN = 3
 every mode) holding a prompt token and the token its prefill emits."""
 
 
-def check_limits(**limits: tuple[int | None, int]) -> None:
-    """Each ``name=(value, least)``: ``value`` an integer of at least ``least``, or None (unset)."""
+def check_limits(**limits: tuple[int, int]) -> None:
+    """Each ``name=(value, least)``: ``value`` an integer of at least ``least`` (None too is refused: a caller
+    leaves an unset limit out)."""
     for name, (value, least) in limits.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
 
 
