@@ -333,6 +333,16 @@ def test_a_prompt_that_is_no_sequence_is_named(llm):
         llm.generate("def f():", {"max_tokens": 4}, use_tqdm=False)
 
 
+def test_settings_in_place_of_the_prompts_or_the_sampling_params_are_named(llm):
+    """A pydantic model iterates as its (field, value) pairs: a BoleConfig for the sampling params was "got 6
+    sampling params for 1 prompts", and SamplingParams for the prompts six prompts, the first refused as
+    "got ('max_tokens', 64)"."""
+    with pytest.raises(ValueError, match=r"sampling_params must be .* got BoleConfig\(mode='bole'"):
+        llm.generate("def f():", BoleConfig(), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"prompts are a string, .* got a SamplingParams: "):
+        llm.generate(SamplingParams(max_tokens=4), use_tqdm=False)
+
+
 def test_bytes_are_refused_rather_than_read_as_token_ids(llm):
     """Bytes are a sequence of ints: ``b"def f"`` was served as the token ids 100, 101, 102, 32, 102."""
     for call in (llm.generate, lambda p: next(llm.generate_stream(p))):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import torch
+from pydantic import BaseModel
 from tqdm import tqdm
 
 from trtllm_bole.config import BoleConfig, SamplingParams, check_device, short_repr
@@ -543,7 +544,9 @@ def _check_settings(
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str | bytes | bytearray):
         return [prompts]  # bytes: one prompt, that encode refuses
-    if isinstance(prompts, Mapping | Set):  # a dict's keys became the prompts, a set's order is none
+    # A dict's keys became the prompts, a set's order is none, a SamplingParams' (field, value) pairs were
+    # prompts ("got ('max_tokens', 64)").
+    if isinstance(prompts, Mapping | Set | BaseModel):
         raise ValueError(
             f"prompts are a string, token ids or a list of them, got a {type(prompts).__name__}: "
             f"{short_repr(prompts)}"
@@ -570,6 +573,8 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n:
             f"SamplingParams(**{short_repr(params)})"
         )
     try:
+        if isinstance(params, BaseModel):  # a BoleConfig's (field, value) pairs: "got 6 sampling params"
+            raise TypeError
         params = list(params)
     except TypeError:
         raise ValueError(
