@@ -81,6 +81,27 @@ def test_bad_generate_settings_end_in_one_error_line():
         assert words in done.stderr and "default factory" not in done.stderr, done.stderr  # pydantic's echo
 
 
+def test_sampling_flags_under_greedy_decoding_are_refused(capsys):
+    """--top-k, --top-p and --seed shape sampling only: without a --temperature they decoded greedily,
+    silently (a flag for nothing, as a draft flag its mode does not use)."""
+    import trtllm_bole.__main__ as cli
+
+    cases = [
+        (
+            ["--top-k", "5"],
+            "error: --temperature 0 decodes greedily, which uses no --top-k: give a --temperature",
+        ),
+        (["--seed", "1", "--top-p", "0.9", "--mode", "ar"], "which uses no --top-p or --seed: give"),
+    ]
+    for flags, words in cases:
+        assert cli.main(["generate", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and words in err and err.count("\n") == 1, err
+    assert (
+        cli.main(["generate", "--top-p", "1", "--max-tokens", "1", "--mode", "ar"]) == 0
+    )  # at its default: off
+
+
 def test_cuda_without_a_gpu_is_refused_by_name():
     import pytest
     import torch

@@ -64,6 +64,13 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed,
     )  # fmt: skip
+    fields = SamplingParams.model_fields  # those of sampling alone, given off their defaults:
+    off = [name for name in ("top_k", "top_p", "seed") if getattr(params, name) != fields[name].default]
+    if params.temperature == 0 and off:  # greedy decoding (--top-k 5 had decoded greedily, silently)
+        flags = " or ".join(FLAGS["SamplingParams"][name] for name in off)
+        raise ValueError(
+            f"--temperature 0 decodes greedily, which uses no {flags}: give a --temperature to sample"
+        )
     prompt = args.prompt
     if args.prompt_ids is not None:
         try:
