@@ -102,6 +102,15 @@ def test_sampling_flags_under_greedy_decoding_are_refused(capsys):
     )  # at its default: off
 
 
+def test_an_empty_prompt_is_refused_in_one_line_before_loading(capsys):
+    """It was the request's error: the model loaded, a blank line, "error: empty prompt", exit 1."""
+    import trtllm_bole.__main__ as cli
+
+    assert cli.main(["generate", "--prompt", ""]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "error: --prompt is empty: give it text to continue\n")
+
+
 def test_cuda_without_a_gpu_is_refused_by_name():
     import pytest
     import torch

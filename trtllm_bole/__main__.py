@@ -72,6 +72,8 @@ def _setup(args: argparse.Namespace) -> tuple[LLM, str | list[int], SamplingPara
             f"--temperature 0 decodes greedily, which uses no {flags}: give a --temperature to sample"
         )
     prompt = args.prompt
+    if not prompt and args.prompt_ids is None:  # it was "empty prompt", exit 1, after loading the model
+        raise ValueError("--prompt is empty: give it text to continue")
     if args.prompt_ids is not None:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",")]
