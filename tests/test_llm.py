@@ -318,6 +318,19 @@ def test_prompts_as_arrays_and_tensors_are_token_ids(llm):
         assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == ref
 
 
+def test_a_list_of_a_tensors_items_is_one_prompt_of_token_ids(llm):
+    """``list(torch.tensor([5, 6, 7]))`` holds 0-d tensors, which encode reads as ids: each had been taken
+    for a prompt, and refused ("got tensor(5)")."""
+    params = SamplingParams(max_tokens=4)
+    ref = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids
+    [out] = llm.generate(list(torch.tensor([5, 6, 7])), params, use_tqdm=False)
+    assert (out.prompt_token_ids, out.outputs[0].token_ids) == ([5, 6, 7], ref)
+    streamed = [
+        t for o in llm.generate_stream(list(torch.tensor([5, 6, 7])), params) for t in o.outputs[0].token_ids
+    ]
+    assert streamed == ref
+
+
 def test_a_prompt_that_is_no_sequence_is_named(llm):
     # 5 and None were TypeError tracebacks from list() or len(); a dict's keys were served as the prompts,
     # a set's prompts in no order

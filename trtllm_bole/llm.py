@@ -557,9 +557,15 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         raise ValueError(
             f"prompts are a string, token ids or a list of them, got {short_repr(prompts)}"
         ) from None
-    if prompts and all(isinstance(t, numbers.Integral) for t in prompts):
+    if prompts and all(_is_integer(t) for t in prompts):
         return [prompts]  # one prompt given as token ids
     return prompts
+
+
+def _is_integer(t: object) -> bool:
+    """An integer of any integer type, a tensor's items (0-d tensors: ``list(torch.tensor([5, 6]))``) too:
+    a list of them is one prompt of token ids (each 0-d tensor had been a prompt, refused)."""
+    return isinstance(t, numbers.Integral) or (isinstance(t, torch.Tensor) and t.ndim == 0)
 
 
 def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
