@@ -331,6 +331,15 @@ def test_a_list_of_a_tensors_items_is_one_prompt_of_token_ids(llm):
     assert streamed == ref
 
 
+def test_an_outputs_prompt_token_ids_are_its_own(llm):
+    """Every yield of a stream held the request's own prompt list: extending the first one's (to build the
+    next prompt) changed the prompt the later yields reported, and the one the request's stop strings
+    were read after while it ran."""
+    outputs = llm.generate_stream([5, 6, 7], SamplingParams(max_tokens=5))
+    next(outputs).prompt_token_ids.append(99)
+    assert [o.prompt_token_ids for o in outputs][-1] == [5, 6, 7]
+
+
 def test_a_prompt_that_is_no_sequence_is_named(llm):
     # 5 and None were TypeError tracebacks from list() or len(); a dict's keys were served as the prompts,
     # a set's prompts in no order

@@ -421,7 +421,7 @@ class LLM:
         return RequestOutput(
             request.request_id,
             prompt if isinstance(prompt, str) else None,
-            request.prompt_ids,
+            list(request.prompt_ids),  # the caller's: the request reads its own while it runs (stop strings)
             [CompletionOutput(0, *delta, request.finish_reason)],
             request.finished,
             dataclasses.replace(request.stats),  # a snapshot: the request's own keeps counting
