@@ -400,6 +400,22 @@ def test_booleans_are_refused_as_token_ids(llm):
     assert llm.encode([np.int64(3), torch.tensor(5)]) == [3, 5]  # other integer types are ids
 
 
+def test_sampling_params_changed_in_place_are_validated_when_submitted(llm):
+    """Assignments are validated, a list changed in place is not: an empty stop string stopped every
+    request after its first token, a ``True`` in ``stop_token_ids`` was read as id 1."""
+    for change, refused in (
+        (lambda sp: sp.stop.append(""), "stop.0"),
+        (lambda sp: sp.stop_token_ids.append(True), "stop_token_ids"),
+    ):
+        params = SamplingParams(max_tokens=4)
+        change(params)
+        with pytest.raises(ValueError, match=refused):
+            llm.generate(["def f():"], params, use_tqdm=False)
+    assert settled(llm)
+    fresh = llm.generate(["def f():"], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(fresh[0].outputs[0].token_ids) == 4
+
+
 def test_every_end_token_of_the_checkpoint_is_read(tmp_path):
     """A list of ids (each stops: tests/spec/test_executor.py), or a clear error for anything else."""
     from trtllm_bole.llm import DEFAULT_MODEL

@@ -42,7 +42,8 @@ def no_bools(value: object, info: ValidationInfo) -> object:
 
 
 class SamplingParams(BaseModel):
-    """How one request is decoded. ``temperature == 0`` (the default) is greedy decoding."""
+    """How one request is decoded. ``temperature == 0`` (the default) is greedy decoding, whatever
+    ``top_k``, ``top_p`` and ``seed`` say: they shape sampling only (``temperature > 0``)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 

@@ -1454,8 +1454,8 @@ MUTANTS = [
     Mutant(
         "L3",
         "trtllm_bole/llm.py",
-        "if prompts and all(isinstance(t, numbers.Integral) for t in prompts):",
-        "if all(isinstance(t, numbers.Integral) for t in prompts):",
+        "if prompts and all(_is_integer(t) for t in prompts):",
+        "if all(_is_integer(t) for t in prompts):",
         [
             "tests/test_llm_settings.py",
             "tests/test_llm.py",
@@ -3104,8 +3104,8 @@ MUTANTS = [
     Mutant(
         "U7",
         "trtllm_bole/llm.py",
-        "    if isinstance(prompts, Mapping | Set):",
-        "    if isinstance(prompts, Set):",
+        "    if isinstance(prompts, Mapping | Set | BaseModel):",
+        "    if isinstance(prompts, Set | BaseModel):",
         ["tests/test_llm.py"],
     ),
     Mutant(

@@ -253,10 +253,11 @@ class Executor:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         """Queue a request; one that can never fit is finished at once with an error. The request keeps a
-        copy of ``params``: a caller that changes its object later (SamplingParams validates assignments)
-        changes nothing here, where a larger max_tokens would outgrow the KV blocks reserved for it."""
+        copy of ``params``: a caller that changes its object later changes nothing here, where a larger
+        max_tokens would outgrow the KV blocks reserved for it. The copy is validated again: assignments
+        are, but a list changed in place is not (``stop.append("")`` stopped every request at once)."""
         self._check_held()
-        params = params.model_copy(deep=True)
+        params = SamplingParams.model_validate(params.model_dump())
         if params.stop and self.decode_text is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if unmet := stops_never_met(params.stop, self.special_texts):
