@@ -14,7 +14,7 @@ import numbers
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -578,14 +578,12 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n:
             f"sampling_params must be SamplingParams or a list of them, got a dict: pass "
             f"SamplingParams(**{short_repr(params)})"
         )
-    try:
-        if isinstance(params, BaseModel):  # a BoleConfig's (field, value) pairs: "got 6 sampling params"
-            raise TypeError
-        params = list(params)
-    except TypeError:
+    # A BoleConfig iterates as its (field, value) pairs: "got 6 sampling params".
+    if isinstance(params, BaseModel) or not isinstance(params, Iterable):
         raise ValueError(
             f"sampling_params must be SamplingParams or a list of them, got {short_repr(params)}"
-        ) from None
+        )
+    params = list(params)
     if len(params) != n:
         raise ValueError(f"got {len(params)} sampling params for {n} prompts")
     bad = [p for p in params if not isinstance(p, SamplingParams)]

@@ -3636,8 +3636,8 @@ MUTANTS = [
     Mutant(
         "U10",
         "trtllm_bole/llm.py",
-        "        if isinstance(params, BaseModel):",
-        "        if isinstance(params, SamplingParams):",
+        "    if isinstance(params, BaseModel) or not isinstance(params, Iterable):",
+        "    if not isinstance(params, Iterable):",
         ["tests/test_llm.py::test_settings_in_place_of_the_prompts_or_the_sampling_params_are_named"],
     ),
     Mutant(
