@@ -36,6 +36,16 @@ def test_a_setting_without_an_unset_value_is_refused_as_none(setting, words):
         LLM(speculative_config=BoleConfig(mode="ar"), **{setting: None})
 
 
+@pytest.mark.parametrize("model", ["", 5])
+def test_a_model_that_names_no_directory_is_refused_as_such(model, tmp_path, monkeypatch):
+    """The empty string read the working directory ("config.json: no such file", naming none), 5 was pathlib's
+    TypeError."""
+    monkeypatch.chdir(tmp_path)
+    refused = rf"model must be a checkpoint's or an engine's directory, got {model!r}"
+    with pytest.raises(ValueError, match=refused):
+        LLM(model=model)
+
+
 def test_an_output_stops_where_one_request_fits_whichever_limit_sets_it():
     """A KV cache that holds fewer tokens than the context lowers the request limit, and a max_tokens past
     it ends there ("length"), as past the context: it was refused instead. Both read alike (greedy,

@@ -455,6 +455,8 @@ def resolve_settings(
     """What :class:`LLM` checks before it loads any weight (minutes at 27B), with the same arguments: a
     setting refused here is refused without loading anything, so that a server's launcher can refuse it
     up front (the budget table and the KV cache's size are checked later, by the LLM itself)."""
+    if model is not None and (not isinstance(model, str | Path) or not str(model)):
+        raise ValueError(f"model must be a checkpoint's or an engine's directory, got {short_repr(model)}")
     path = Path(model) if model is not None else DEFAULT_MODEL
     _check_settings(device, max_batch_size, max_seq_len, kv_cache_tokens, block_size, max_prefill_tokens)
     if speculative_config is not None and not isinstance(speculative_config, BoleConfig):

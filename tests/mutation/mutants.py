@@ -3634,6 +3634,13 @@ MUTANTS = [
         ["tests/test_llm_settings.py::test_a_setting_without_an_unset_value_is_refused_as_none"],
     ),
     Mutant(
+        "LS3",
+        "trtllm_bole/llm.py",
+        "if model is not None and (not isinstance(model, str | Path) or not str(model)):",
+        "if model is not None and not isinstance(model, str | Path):",
+        ["tests/test_llm_settings.py::test_a_model_that_names_no_directory_is_refused_as_such"],
+    ),
+    Mutant(
         "U10",
         "trtllm_bole/llm.py",
         "    if isinstance(params, BaseModel) or not isinstance(params, Iterable):",
