@@ -2,7 +2,7 @@
 bole::gdn_tree_factors and bole::gdn_tree_values (the explicit-inverse verify in two launches),
 bole::gdn_commit and bole::tree_conv1d.
 
-Importing this module registers the five plugins (it needs TensorRT >= 10.8 with ``tensorrt.plugin``).
+Importing this module registers the five plugins (it needs TensorRT >= 10.9 with ``tensorrt.plugin``).
 Each plugin is a thin layer over :mod:`trtllm_bole.engine.aot`, which holds the logic as plain
 functions (tested on CPU): ``@trtp.register`` gives TensorRT the output descriptors, ``@trtp.autotune``
 the dtype combinations and one tactic per tiling config, and ``@trtp.aot_impl`` the PTX that Triton

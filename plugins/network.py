@@ -35,10 +35,10 @@ import numpy as np
 from trtllm_bole.engine.aot import inverse_serves
 
 MISSING = (
-    "--tensorrt needs the full TensorRT Python package `tensorrt` (with its Builder, version >= 10.8 for "
+    "--tensorrt needs the full TensorRT Python package `tensorrt` (with its Builder, version >= 10.9 for "
     "the tensorrt.plugin AOT API), which is not installed here. The lean runtime (tensorrt-lean) cannot "
     "build plans, and on PyPI `tensorrt` only downloads from NVIDIA's package index: on a machine that "
-    "reaches it, `pip install tensorrt-cu13` (or tensorrt-cu12), then rerun the build."
+    "reaches it, `pip install tensorrt-cu13` (or `pip install 'tensorrt-cu12>=10.9'`), then rerun the build."
 )
 
 
@@ -54,6 +54,8 @@ def require_tensorrt() -> Any:
         import tensorrt.plugin
     except (ImportError, AttributeError):
         raise RuntimeError(f"TensorRT {trt.__version__} lacks tensorrt.plugin. {MISSING}") from None
+    if not hasattr(tensorrt.plugin, "aot_impl"):  # AOT plugins came in 10.9 (10.8: JIT plugins only)
+        raise RuntimeError(f"TensorRT {trt.__version__} lacks tensorrt.plugin.aot_impl. {MISSING}")
     return trt
 
 

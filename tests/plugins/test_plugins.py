@@ -1,6 +1,6 @@
 """plugins/: the tensorrt.plugin definitions agree with the plain specs, and --tensorrt fails cleanly.
 
-TensorRT's plugin package is exercised for real where it imports (full TensorRT >= 10.8); here no
+TensorRT's plugin package is exercised for real where it imports (full TensorRT >= 10.9); here no
 TensorRT is installed (and the lean runtime, tensorrt-lean-cu13 11.4, carries the same tensorrt.plugin
 code but lacks ``TensorFormat``, so the package cannot be imported on top of it either): those tests
 skip with the reason. What tensorrt.plugin validates at registration (the annotations of every
@@ -12,6 +12,7 @@ import importlib
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def tensorrt_plugin():
     try:
         return importlib.import_module("tensorrt.plugin")
     except ImportError as e:
-        pytest.skip(f"tensorrt.plugin is not importable ({e}); install full TensorRT >= 10.8")
+        pytest.skip(f"tensorrt.plugin is not importable ({e}); install full TensorRT >= 10.9")
     except AttributeError as e:  # the lean runtime's bindings under the `tensorrt` name
         pytest.skip(f"tensorrt.plugin does not import on this TensorRT runtime ({e})")
 
@@ -109,6 +110,32 @@ def test_require_tensorrt_names_the_missing_package():
         require_tensorrt()
     with pytest.raises(RuntimeError, match=r"full TensorRT Python package `tensorrt`.*pip install"):
         importlib.import_module("plugins.bole_plugins")  # was a bare ModuleNotFoundError
+
+
+def fake_tensorrt(monkeypatch, version, **plugin_api):
+    """A ``tensorrt`` module with a Builder and a ``tensorrt.plugin`` holding ``plugin_api``, in place of
+    whatever is installed, for as long as the test runs."""
+    trt = types.ModuleType("tensorrt")
+    trt.__version__, trt.Builder = version, object
+    trt.plugin = types.ModuleType("tensorrt.plugin")
+    for name, value in plugin_api.items():
+        setattr(trt.plugin, name, value)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setitem(sys.modules, "tensorrt.plugin", trt.plugin)
+    return trt
+
+
+def test_require_tensorrt_refuses_a_tensorrt_without_aot_plugins(monkeypatch):
+    """TensorRT 10.8's tensorrt.plugin registers JIT plugins only: aot_impl (and add_plugin's aot=)
+    came in 10.9, so the build says so instead of an AttributeError deep in bole_plugins' import."""
+    sys.path.insert(0, str(ROOT))
+    from plugins.network import require_tensorrt
+
+    fake_tensorrt(monkeypatch, "10.8.0.43", register=None, impl=None, autotune=None)
+    with pytest.raises(RuntimeError, match=r"10\.8\.0\.43 lacks tensorrt\.plugin\.aot_impl.*>= 10\.9"):
+        require_tensorrt()
+    trt = fake_tensorrt(monkeypatch, "10.9.0.34", register=None, autotune=None, aot_impl=None)
+    assert require_tensorrt() is trt
 
 
 def test_the_plugins_arch_is_checked_against_the_build_device(monkeypatch):
