@@ -435,7 +435,11 @@ class VerifyNetwork:
         )
 
     def _op(self) -> Any:
+        """``tensorrt.plugin.op.bole``: the namespace exists once ``plugins/bole_plugins.py`` has registered
+        the plugins (importing ``tensorrt.plugin`` alone defines none)."""
         import tensorrt.plugin as trtp
+
+        import plugins.bole_plugins  # noqa: F401
 
         return trtp.op.bole
 

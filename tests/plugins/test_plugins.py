@@ -138,6 +138,42 @@ def test_require_tensorrt_refuses_a_tensorrt_without_aot_plugins(monkeypatch):
     assert require_tensorrt() is trt
 
 
+def test_the_network_registers_the_plugins_it_adds(monkeypatch):
+    """build_engine.py --tensorrt imports plugins.network only: the network's trtp.op.bole must not depend
+    on someone having imported plugins.bole_plugins first (tensorrt.plugin's op namespaces exist only for
+    what @trtp.register defined; a missing one raises AttributeError). A stand-in tensorrt.plugin whose
+    register defines op.<namespace>.<name>, as the real one does."""
+    sys.path.insert(0, str(ROOT))
+    from plugins.network import VerifyNetwork
+
+    op = types.SimpleNamespace()
+
+    def register(plugin_id):
+        namespace, name = plugin_id.split("::")
+
+        def define(fn):
+            setattr(op.__dict__.setdefault(namespace, types.SimpleNamespace()), name, fn)
+            return fn
+
+        return define
+
+    def keep(plugin_id):
+        return lambda fn: fn
+
+    trt = fake_tensorrt(
+        monkeypatch, "10.9.0.34", op=op, register=register, autotune=keep, aot_impl=keep,
+        TensorDesc=object, AutoTuneCombination=object, KernelLaunchParams=object, SymIntExprs=object,
+    )  # fmt: skip
+    trt.float32, trt.bfloat16, trt.float16, trt.int64 = "f32", "bf16", "f16", "i64"
+    monkeypatch.delitem(sys.modules, "plugins.bole_plugins", raising=False)
+    try:
+        bole = VerifyNetwork._op(None)
+        for plugin in SPECS:
+            assert hasattr(bole, plugin.split("::")[1])
+    finally:  # the stand-in's registration must not outlive the test
+        sys.modules.pop("plugins.bole_plugins", None)
+
+
 def test_the_plugins_arch_is_checked_against_the_build_device(monkeypatch):
     """Without TensorRT, so that a build is told the device to use before the package to install; a CPU
     build had been told to set BOLE_PLUGIN_ARCH=cpu, which then failed as an int() deep in the import."""
