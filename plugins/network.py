@@ -171,6 +171,11 @@ class VerifyNetwork:
             layer.second_transpose = perm
         return layer.get_output(0)
 
+    def unsqueeze0(self, t: Any) -> Any:
+        """``[a, b]`` -> ``[1, a, b]``, a and b dynamic. A reshape's 0 copies the input dimension of the same
+        index, so ``(1, 0, 0)`` would give ``[1, b, ?]``: reshape to ``[a, b, 1]``, then move the 1 first."""
+        return self.reshape(t, (0, 0, 1), (2, 0, 1))
+
     def transpose(self, t: Any, perm: tuple[int, ...]) -> Any:
         layer = self.net.add_shuffle(t)
         layer.first_transpose = perm
@@ -416,7 +421,7 @@ class VerifyNetwork:
         )
         bias = self.net.add_concatenation([self.ctx_bias, self.tree_bias])
         bias.axis = 1
-        scores = self.ew(scores, self.reshape(bias.get_output(0), (1, 0, 0)), "SUM")
+        scores = self.ew(scores, self.unsqueeze0(bias.get_output(0)), "SUM")  # [N, M+N] -> [1, N, M+N]
         softmax = self.net.add_softmax(scores)
         softmax.axes = 1 << 2
         probs = self.cast(softmax.get_output(0), self.dtype)

@@ -174,6 +174,53 @@ def test_the_network_registers_the_plugins_it_adds(monkeypatch):
         sys.modules.pop("plugins.bole_plugins", None)
 
 
+class ShapeOnly:
+    """Just enough of INetworkDefinition.add_shuffle for shapes, as IShuffleLayer documents it: first
+    transpose, then the reshape (0 copies the input dimension of the same index), then the
+    second transpose; dims are ints or names of dynamic sizes (no -1 here)."""
+
+    class Tensor:
+        def __init__(self, shape):
+            self.shape = tuple(shape)
+
+    class Shuffle:
+        def __init__(self, t):
+            self.input, self.first_transpose, self.reshape_dims, self.second_transpose = t, None, None, None
+
+        def get_output(self, index):
+            shape = self.input.shape
+            if self.first_transpose is not None:
+                shape = tuple(shape[i] for i in self.first_transpose)
+            if self.reshape_dims is not None:
+                if any(d == 0 and i >= len(shape) for i, d in enumerate(self.reshape_dims)):
+                    raise ValueError(f"reshape {self.reshape_dims}: a 0 past the input's rank {len(shape)}")
+                shape = tuple(shape[i] if d == 0 else d for i, d in enumerate(self.reshape_dims))
+            if self.second_transpose is not None:
+                shape = tuple(shape[i] for i in self.second_transpose)
+            return ShapeOnly.Tensor(shape)
+
+    def add_shuffle(self, t):
+        return self.Shuffle(t)
+
+
+def test_the_attention_bias_gains_a_leading_axis():
+    """The attention's [N, M+N] bias is added to [heads, N, M+N] scores (TensorRT's elementwise layers
+    broadcast equal ranks only). It was reshaped with (1, 0, 0), whose 0s copy the input dimensions of the
+    same index: [1, M+N, (none)], not [1, N, M+N]."""
+    sys.path.insert(0, str(ROOT))
+    from plugins.network import VerifyNetwork
+
+    net = VerifyNetwork.__new__(VerifyNetwork)
+    net.net = ShapeOnly()
+    bias = ShapeOnly.Tensor(("N", "M+N"))
+    assert net.unsqueeze0(bias).shape == (1, "N", "M+N")
+    assert net.reshape(ShapeOnly.Tensor(("N", 64)), (0, 1, 64)).shape == ("N", 1, 64)  # the RoPE tables
+    with pytest.raises(ValueError, match="past the input's rank"):
+        net.reshape(bias, (1, 0, 0))
+    source = (ROOT / "plugins" / "network.py").read_text()
+    assert "self.unsqueeze0(bias.get_output(0))" in source
+
+
 def test_the_plugins_arch_is_checked_against_the_build_device(monkeypatch):
     """Without TensorRT, so that a build is told the device to use before the package to install; a CPU
     build had been told to set BOLE_PLUGIN_ARCH=cpu, which then failed as an int() deep in the import."""
