@@ -31,7 +31,8 @@ SETTINGS = BuildSettings(dtype="bfloat16").validated("cuda")
 
 
 class Sym:
-    """A symbolic dimension (what TensorRT hands the plugin for dynamic sizes): records arithmetic."""
+    """A symbolic dimension (what TensorRT hands the plugin for dynamic sizes): records arithmetic. Like
+    tensorrt.plugin's ShapeExpr it has no reflected operators (``2 * expr`` and ``-expr`` fail there)."""
 
     def __init__(self, text):
         self.text = text
@@ -48,14 +49,8 @@ class Sym:
     def __mul__(self, o):
         return self._op("*", o)
 
-    def __rmul__(self, o):
-        return Sym(f"({o} * {self.text})")
-
     def __floordiv__(self, o):
         return self._op("//", o)
-
-    def __neg__(self):
-        return Sym(f"-{self.text}")
 
 
 def sym_cdiv(a, b):
@@ -105,6 +100,9 @@ def test_dynamic_sizes_stay_symbolic_in_grid_and_extra_args():
     grid = commit.grid(shapes, commit.tactics(shapes)[0], sym_cdiv)
     assert grid[2].text == "(B * 24)"
     assert [getattr(a, "text", a) for a in commit.extra_values(shapes)] == ["B", 8, "N", 9]
+    shapes = io["bole::gdn_commit"][0]  # a static batch, a dynamic layer count
+    shapes = {**shapes, "state": (Sym("L"), *shapes["state"][1:])}
+    assert commit.grid(shapes, commit.tactics(shapes)[0], sym_cdiv)[2].text == "(L * 8)"
     conv = SPECS["bole::tree_conv1d"]
     shapes = dynamic(io["bole::tree_conv1d"][0], x="N", global_parents="N")
     assert conv.grid(shapes, conv.tactics(shapes)[0], sym_cdiv)[1].text == "(N cdiv 16)"

@@ -501,7 +501,9 @@ class GDNCommitSpec(PluginSpec):
 
     def grid(self, shapes: Shapes, cfg: Any, cdiv: Callable) -> tuple[Dim, Dim, Dim]:
         layers, requests = shapes["state"][0], shapes["accepted_leaf"][0]
-        return (_const(shapes, "state", 4) // cfg.bv, _const(shapes, "state", 2), requests * layers)
+        # A symbolic factor first: tensorrt.plugin's ShapeExpr has no reflected operators (int * expr fails).
+        lanes = layers * requests if isinstance(requests, int) else requests * layers
+        return (_const(shapes, "state", 4) // cfg.bv, _const(shapes, "state", 2), lanes)
 
     def extra_values(self, shapes: Shapes) -> tuple[Dim, ...]:
         return (shapes["accepted_leaf"][0], shapes["state"][1], shapes["depth"][0], shapes["paths"][1])
