@@ -177,8 +177,10 @@ def point(
             row["floor_fraction"] = row["bole_bytes_per_s"] / copy_bw
     snap_bytes = tree.num_nodes * hv * b.dk * b.dv * 4
     row["per_node_state_bytes"] = snap_bytes
+    row["input_sets"] = {"bole": len(sets)}
     if snap_bytes * len(sets) > b.mem_cap:
-        sets = sets[:1]
+        sets = sets[:1]  # the baselines' per-node buffers of every set would not fit: they time one set
+    row["input_sets"]["baselines"] = len(sets)
     row.update(_sglang_part(b, sets, hv, size, snap_bytes))
     row.update(_serial_part(b, sets, hv, batch, snap_bytes))
     if chain:

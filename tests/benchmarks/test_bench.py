@@ -197,6 +197,7 @@ def test_kernel_bench_focus_pass_checks_before_timing(tmp_path):
     assert result["errors"] == []
     assert result["checks"] and all(c["ok"] for c in result["checks"] if c["what"].startswith("bole"))
     assert {p["tree_size"] for p in result["grid"]} >= {8, 20} and result["depth"]
+    assert all(p["input_sets"]["bole"] >= p["input_sets"]["baselines"] >= 1 for p in result["grid"])
     timed = {name for p in result["grid"] for name in p.get("bole_candidates_us", {})}
     checked = {c["what"].split(" HV=")[0].removeprefix("bole ") for c in result["checks"] if c["ok"]}
     assert timed and timed <= checked
