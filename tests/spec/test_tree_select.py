@@ -3,8 +3,15 @@ import torch
 
 from trtllm_bole.models.config import load_config
 from trtllm_bole.models.loader import random_model
+from trtllm_bole.spec.acceptance import greedy_accept
 from trtllm_bole.spec.draft_graphs import SelectGraphs, _placeholder_pool
-from trtllm_bole.spec.drafter import CandidatePool, _best_per_request, select_tree, selection_size
+from trtllm_bole.spec.drafter import (
+    CandidatePool,
+    DraftSettings,
+    _best_per_request,
+    select_tree,
+    selection_size,
+)
 from trtllm_bole.spec.tree_select import children_log_rho, compact_forest, rank_order, select_nodes
 from trtllm_bole.testing import CUDA_HEADS, TINY_MTP_CONFIG, topk_parents
 from trtllm_bole.tree import TreeBatch
@@ -15,6 +22,30 @@ def test_children_accumulate_log_rho_and_never_beat_their_parent():
     log_rho = children_log_rho(torch.tensor([0.0, -1.0]), log_q)
     assert torch.allclose(log_rho.exp(), torch.tensor([[0.5, 0.3], [0.8 * 0.3679, 0.3679]]), atol=1e-4)
     assert float(log_rho[1, 1]) == -1.0
+
+
+@pytest.mark.parametrize("kind", ["greedy", "sampled"])
+def test_a_draft_row_of_nan_log_probabilities_ranks_last_and_keeps_the_tree_prefix_closed(kind):
+    """An MTP row that overflowed (an infinite logit) gives NaN log-probabilities; its children's log ρ
+    must read as -inf (never likelier than their parent), else they ranked first: a selection kept them
+    without their parent, the compacted forest made each a second root child, and greedy acceptance
+    took it unverified (a token plain greedy decoding never emits)."""
+    settings = DraftSettings.of([0.0 if kind == "greedy" else 0.8], [0], [1.0], "cpu")
+    logits = torch.tensor([[3.0, 2.0, 0.0, 0.0, 0.0], [float("inf"), 1.0, 0.0, -1.0, 2.0]])
+    log_q, _ = settings.top_log_probs(logits, torch.tensor([0, 0]), 2)
+    assert bool(log_q[1].isnan().all())  # what the MTP's overflowed row gives
+    log_rho = children_log_rho(torch.tensor([0.0, -0.5]), log_q)
+    # Pending token 0; its children 1 and 2; node 1's children 3 and 4 from the overflowed row.
+    pool = CandidatePool(torch.tensor([10, 11, 12, 13, 14]), torch.tensor([-1, 0, 0, 1, 1]),
+                         torch.zeros(5, dtype=torch.long), torch.tensor([1, 2, 2, 3, 3]),
+                         torch.cat([torch.tensor([0.0, -5.0, -0.2]), log_rho[1]]), 3, 2)  # fmt: skip
+    for total in (None, 3):
+        tokens, tree, index = select_tree(pool, 1, per_request=2, total=total)
+        assert sorted(index.tolist()) == [0, 1, 2]
+        TreeBatch.build(tree.parents, tree.cu_seqlens)  # one root child: the pending token
+        leaf, bonus = greedy_accept(tree, tokens, torch.tensor([12, 99, 7]))
+        assert tokens[leaf].tolist() == [12] and bonus.tolist() == [7]  # plain greedy: 12, then 7
+    assert log_rho[1].tolist() == [float("-inf")] * 2 and bool((log_rho[0] <= 0).all())
 
 
 def test_rank_order_breaks_ties_by_depth_then_index():

@@ -9,6 +9,8 @@ a node's parent: the kept set is prefix-connected by construction, with no repai
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -16,8 +18,10 @@ def children_log_rho(log_rho: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor
     """The cumulative log ρ ``[F, k]`` of each frontier node's children, from the node's ``log_rho [F]``
     and the children's draft log-probabilities ``log_q [F, k]``
     (:meth:`~trtllm_bole.spec.drafter.DraftSettings.top_log_probs`). ``log q`` is clamped to ``<= 0``
-    so rounding can never make a child look likelier than its parent."""
-    return log_rho[:, None] + log_q.clamp(max=0.0)
+    so rounding can never make a child look likelier than its parent, and a NaN (an MTP row that
+    overflowed) reads as ``-inf``: a NaN ranked first, so a selection kept such a child without its
+    parent."""
+    return log_rho[:, None] + log_q.clamp(max=0.0).nan_to_num(nan=-math.inf, neginf=-math.inf)
 
 
 def rank_order(log_rho: torch.Tensor, depth: torch.Tensor) -> torch.Tensor:
