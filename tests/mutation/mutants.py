@@ -3711,6 +3711,13 @@ MUTANTS = [
         ["tests/engine/test_aot.py::test_dynamic_sizes_stay_symbolic_in_grid_and_extra_args"],
     ),
     Mutant(
+        "TS3",
+        "trtllm_bole/spec/tree_select.py",
+        "log_q.clamp(max=0.0).nan_to_num(nan=-math.inf, neginf=-math.inf)",
+        "log_q.clamp(max=0.0)",
+        ["tests/spec/test_tree_select.py", "-k", "nan_log_probabilities"],
+    ),
+    Mutant(
         "BE3",
         "benchmarks/bench.py",
         'if r["identical_to_ar"] and base["identical_to_ar"]:',
