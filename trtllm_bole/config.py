@@ -223,10 +223,10 @@ class BoleConfig(BaseModel):
         return self
 
     def _set_off_default(self, name: str) -> bool:
-        """Whether field ``name`` was given a value other than its default (``max_depth``'s reads the mode
-        and ``max_nodes``)."""
+        """Whether field ``name`` was given a value other than its default (``max_depth``'s reads
+        ``max_nodes``)."""
         field = type(self).model_fields[name]
-        given = {"mode": self.mode, "max_nodes": self.max_nodes}
+        given = {"max_nodes": self.max_nodes}
         default = field.get_default(call_default_factory=True, validated_data=given)
         return name in self.model_fields_set and getattr(self, name) != default
 
