@@ -203,7 +203,7 @@ class BoleConfig(BaseModel):
         return cls(mode=mode, **{name: value for name, value in drafts.items() if name not in unused})
 
     @model_validator(mode="after")
-    def _tree_fits_depth(self) -> BoleConfig:
+    def _settings_fit_mode(self) -> BoleConfig:
         if self.mode != "bole" and (self.epsilon is not None or self.budget_table is not None):
             raise ValueError(
                 f"epsilon and budget_table set the verify budget of mode 'bole' only; mode {self.mode!r} "
