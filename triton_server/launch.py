@@ -581,8 +581,8 @@ def model_parameters(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def check_args(args: argparse.Namespace) -> None:
+    """The launcher's own flags, refused before anything starts."""
     if not 0 <= args.drain_grace <= 3600:
         raise SystemExit(f"error: --drain-grace must lie in [0, 3600] seconds, got {args.drain_grace}")
     if not 0 < args.ready_timeout <= 86400:  # nan or <= 0 failed at once as "not ready within nan s"
@@ -600,6 +600,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(
                 f"error: {flag} must lie in [{least}, 65535] (0: any free port{none}), got {port}"
             )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    check_args(args)
     if not args.prepare_only:
         ports = {
             "--http-port": args.http_port,
