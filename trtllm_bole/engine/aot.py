@@ -224,7 +224,7 @@ class GDNTreeVerifySpec(PluginSpec):
             "BT": cfg.bt,
             "BK": cfg.bk,
             "BV": cfg.bv,
-            "LB": 64 if cfg.num_warps >= 4 else 32,  # as the runtime launcher picks them
+            "LB": cfg.lb,
             "FUSED": cfg.fused,
             "PREC": "ieee" if exact else "tf32",
         }

@@ -88,6 +88,11 @@ class VerifyConfig:
     num_stages: int = 2
     fused: bool = True  # the block's K Kᵀ, Q Kᵀ from the S-dot loads (fewer loads, more registers)
 
+    @property
+    def lb(self) -> int:
+        """Nodes per block of the logP pass (the kernel's ``LB``): 64 from 4 warps on, else 32."""
+        return 64 if self.num_warps >= 4 else 32
+
 
 CONFIGS = tuple(
     VerifyConfig(bt, bk, bv, w, s, fused)
@@ -293,7 +298,7 @@ def blocked_launch(call: VerifyCall, cfg: VerifyConfig) -> tuple[tuple, tuple, d
         tree.subtree_size, *outputs, *call.gate_params, call.scale, hv,
     )  # fmt: skip
     consts = dict(
-        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, LB=64 if cfg.num_warps >= 4 else 32,
+        H=h, DK=dk, DV=dv, BT=cfg.bt, BK=cfg.bk, BV=cfg.bv, LB=cfg.lb,
         FUSED=cfg.fused, UPCAST=_UPCAST, **call.mode_consts(), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
