@@ -9,6 +9,8 @@
 - :mod:`.gdn_prefill`: chunked prefill in one launch per layer: each program verifies its prompt's chunks
   in turn (a chunk is a chain) and commits each into its columns of the state;
 - :mod:`.tree_conv1d`: tree-aware causal depthwise conv1d + SiLU (BOLE.md §4);
+- :mod:`.tree_attention`: full attention of a forest's nodes over the paged KV cache and their
+  ancestors, flash-style, in one launch (two where a long context is split across programs);
 - :mod:`.kv_commit`: the paged KV cache's commit of the accepted paths, every attention layer in one
   launch; :mod:`.norms`: Qwen3.5's zero-centred RMSNorm in one kernel, and the attention's q/k norm with
   its RoPE in one (the serving forward's glue);
@@ -17,7 +19,8 @@
   :mod:`.softmax_stats`: each row's argmax and filtered softmax normaliser in one read (what sampled
   acceptance needs to read any probability without processing whole rows);
 - :mod:`.baselines`: today's scheme (serial per-node recurrence with per-node state snapshots), the
-  yardstick of the benchmarks.
+  yardstick of the benchmarks;
+- :mod:`.compiles`: which kernel variants Triton compiles, for warm-ups that must meet them all.
 """
 
 from trtllm_bole.kernels._common import MAX_DEPTH
