@@ -47,17 +47,18 @@ class Qwen35Config:
     linear_key_head_dim: int
     linear_value_head_dim: int
     layer_types: tuple[str, ...]
-    linear_conv_kernel_dim: int = 4
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    partial_rotary_factor: float = 0.25
-    tie_word_embeddings: bool = False
-    mtp_num_hidden_layers: int = 1
-    max_position_embeddings: int = 32768
-    """The longest sequence the model was trained for (transformers' default when the file omits it)."""
-    weight_prefix: str = _TEXT_PREFIX
+    # Where config.json omits one of these, _parse gives it transformers' default.
+    linear_conv_kernel_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    partial_rotary_factor: float
+    tie_word_embeddings: bool
+    mtp_num_hidden_layers: int
+    max_position_embeddings: int
+    """The longest sequence the model was trained for."""
+    weight_prefix: str
     """Where the text model's tensors live in the checkpoint (``model.`` or ``model.language_model.``)."""
-    source: str = "<dict>"
+    source: str
     """The file the settings came from, for error messages."""
 
     # Derived in __post_init__.
