@@ -157,7 +157,7 @@ def check_request(
     check_prompt_length(n, context_limit)
     if bad := outside_vocabulary(prompt_ids, vocab_size):
         raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
-    if outside := [t for t in params.stop_token_ids if not 0 <= t < vocab_size]:  # from end_id
+    if outside := outside_vocabulary(params.stop_token_ids, vocab_size):  # from end_id
         raise RequestError(
             f"end_id {outside[0]} is outside the vocabulary [0, {vocab_size}): it would never end"
         )

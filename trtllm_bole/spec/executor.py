@@ -266,7 +266,7 @@ class Executor:
                 "skipped): pass its id in stop_token_ids"
             )
         vocab = self.model.config.vocab_size
-        if outside := [t for t in params.stop_token_ids if not 0 <= t < vocab]:
+        if outside := outside_vocabulary(params.stop_token_ids, vocab):
             raise ValueError(
                 f"stop_token_ids {outside[:5]} are outside the vocabulary [0, {vocab}): never met"
             )
